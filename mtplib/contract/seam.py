@@ -1,0 +1,245 @@
+"""What may cross a seam between shards, and the validator that refuses everything else.
+
+Why: every shard keeps its own caches; only boundary values travel. Shipping cache state
+across a seam would couple shards to each other's layout and break rollback isolation, so the
+validator fails closed on forbidden or unknown kinds and on cache-like extra fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from mtplib.contract.session import Session
+from mtplib.contract.types import (
+    FLOAT_DTYPES,
+    MAX_DRAFT,
+    MAX_PARSED_DRAFT,
+    CacheKind,
+    ContractError,
+    DType,
+    ModelDims,
+    check_identity,
+    check_int,
+    check_positions,
+    fail,
+)
+
+INT_BYTES = DType.I32.itemsize
+VERIFY_RESULT_WIDTH = 4
+"""verify_result record: base_position, n_drafted, n_accepted, correction_token (int32)."""
+
+
+class SeamViolation(ContractError):
+    """A boundary message that must not cross a seam."""
+
+
+@dataclass(frozen=True)
+class SeamValue:
+    """One kind of value allowed across a seam; width(dims) values of an allowed dtype each.
+
+    per == "token": one row per position; per == "message": one fixed record per message.
+    """
+
+    kind: str
+    width: Callable[[ModelDims], int]
+    dtypes: frozenset[DType]
+    per: str
+    note: str
+
+    def bytes_per_row(self, dims: ModelDims, dtype: DType) -> int:
+        return self.width(dims) * dtype.itemsize
+
+
+def _hidden(dims: ModelDims) -> int:
+    return dims.hidden_width
+
+
+def _one(dims: ModelDims) -> int:
+    return 1
+
+
+def _verify(dims: ModelDims) -> int:
+    return VERIFY_RESULT_WIDTH
+
+
+_I32 = frozenset({DType.I32})
+SEAM_VALUES: Mapping[str, SeamValue] = MappingProxyType(
+    {
+        v.kind: v
+        for v in (
+            SeamValue(
+                "boundary_hidden",
+                _hidden,
+                FLOAT_DTYPES,
+                "token",
+                "hc*n_embd residual stream handed from one layer range to the next",
+            ),
+            SeamValue("token_ids", _one, _I32, "token", "int32 token id per position"),
+            SeamValue("positions", _one, _I32, "token", "int32 position per token"),
+            SeamValue(
+                "mtp_hidden",
+                _hidden,
+                FLOAT_DTYPES,
+                "token",
+                "trunk h rows for the MTP block; crosses only if MTP is not on the tail "
+                "shard (zero extra bytes when it is)",
+            ),
+            SeamValue("draft_tokens", _one, _I32, "token", "int32 draft id per draft position"),
+            SeamValue(
+                "verify_result",
+                _verify,
+                _I32,
+                "message",
+                "fixed int32 record: base_position, n_drafted, n_accepted, correction_token",
+            ),
+        )
+    }
+)
+
+_CACHE_REASON = "shard-local cache state never crosses a seam"
+FORBIDDEN_KINDS: Mapping[str, str] = MappingProxyType(
+    {
+        **{k.value: _CACHE_REASON for k in CacheKind},
+        "logits": "the tail shard samples locally; logits never cross a seam",
+        "kv_cache": _CACHE_REASON,
+        "compressed_rows": _CACHE_REASON,
+        "indexer_keys": _CACHE_REASON,
+        "compressor_state": _CACHE_REASON,
+        "mtp_k": _CACHE_REASON,
+        "sequence_state": "a llama_state_seq blob is shard-local cache state",
+    }
+)
+"""Kind -> why it is refused."""
+
+CACHE_MARKERS: tuple[str, ...] = (
+    "cache",
+    "kv",
+    "state",
+    "compress",
+    "indexer",
+    "swa",
+    "mtp_k",
+    "checkpoint",
+    "logit",
+)
+"""Substrings that make a name count as cache state (fail closed on near-misses too)."""
+
+
+def names_cache_state(name: object) -> bool:
+    """True if a kind or extra key names cache state, in any case or separator spelling."""
+    if not isinstance(name, str):
+        return False
+    norm = name.lower().replace("-", "_").replace(" ", "_").replace(".", "_")
+    return norm in FORBIDDEN_KINDS or any(m in norm for m in CACHE_MARKERS)
+
+
+@dataclass(frozen=True)
+class BoundaryMessage:
+    """One value crossing one seam; extra carries anything else so it can be policed."""
+
+    session_id: str
+    epoch: int
+    seq_step: int
+    kind: str
+    positions: tuple[int, ...]
+    width: int
+    dtype: DType
+    nbytes: int
+    payload: bytes | None = None
+    extra: Mapping[str, object] = field(default_factory=dict, hash=False)
+
+
+def _violation(exc: ContractError) -> SeamViolation:
+    return SeamViolation(str(exc))
+
+
+def _check_extra(extra: object, where: str = "extra") -> None:
+    if not isinstance(extra, Mapping):
+        raise SeamViolation(f"{where}: expected a mapping, got {extra!r}")
+    for key in sorted(extra, key=repr):
+        if not isinstance(key, str):
+            raise SeamViolation(f"{where}: expected str keys, got {key!r}")
+        if names_cache_state(key):
+            raise SeamViolation(f"{where}[{key!r}]: names cache state; {_CACHE_REASON}")
+        value = extra[key]
+        if isinstance(value, bytes | bytearray | memoryview):
+            raise SeamViolation(f"{where}[{key!r}]: expected no raw bytes (use payload)")
+        if isinstance(value, Mapping):
+            _check_extra(value, f"{where}[{key!r}]")
+
+
+def validate_boundary(
+    msg: BoundaryMessage, dims: ModelDims, session: Session | None = None
+) -> None:
+    """Raise SeamViolation (or a session error) unless msg is a well-formed boundary value."""
+    kind = msg.kind
+    if isinstance(kind, str) and kind in FORBIDDEN_KINDS:
+        raise SeamViolation(f"kind: {kind!r} is forbidden: {FORBIDDEN_KINDS[kind]}")
+    if names_cache_state(kind):
+        raise SeamViolation(f"kind: {kind!r} is forbidden: {_CACHE_REASON}")
+    spec = SEAM_VALUES.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        raise SeamViolation(f"kind: expected one of {sorted(SEAM_VALUES)}, got {kind!r}")
+    _check_extra(msg.extra)
+    try:
+        check_identity(msg.session_id, msg.epoch)
+        check_int("seq_step", msg.seq_step, minimum=0)
+    except ContractError as exc:
+        raise _violation(exc) from None
+    if not isinstance(msg.dtype, DType) or msg.dtype not in spec.dtypes:
+        allowed = "/".join(sorted(d.value for d in spec.dtypes))
+        got = msg.dtype.value if isinstance(msg.dtype, DType) else repr(msg.dtype)
+        raise SeamViolation(f"dtype: expected {allowed} for {kind}, got {got}")
+    want_width = spec.width(dims)
+    if isinstance(msg.width, bool) or msg.width != want_width:
+        raise SeamViolation(f"width: expected {want_width} for {kind}, got {msg.width!r}")
+    try:
+        positions = check_positions("positions", msg.positions)
+    except ContractError as exc:
+        raise _violation(exc) from None
+    if spec.per == "message" and len(positions) != 1:
+        raise SeamViolation(f"positions: expected 1 position for {kind}, got {len(positions)}")
+    if kind == "draft_tokens" and len(positions) > MAX_PARSED_DRAFT:
+        raise SeamViolation(
+            f"positions: expected <= {MAX_PARSED_DRAFT} drafts, got {len(positions)}"
+        )
+    want_bytes = len(positions) * spec.bytes_per_row(dims, msg.dtype)
+    if isinstance(msg.nbytes, bool) or msg.nbytes != want_bytes:
+        raise SeamViolation(
+            f"nbytes: expected len(positions)*width*itemsize={want_bytes}, got {msg.nbytes!r}"
+        )
+    if msg.payload is not None:
+        if not isinstance(msg.payload, bytes):
+            raise SeamViolation(f"payload: expected bytes or None, got {type(msg.payload)}")
+        if len(msg.payload) != want_bytes:
+            raise SeamViolation(f"payload: expected {want_bytes} bytes, got {len(msg.payload)}")
+    if session is not None:
+        session.check_message(msg.session_id, msg.epoch)
+
+
+def seam_bytes_per_token(dims: ModelDims, dtype: DType) -> dict[str, int]:
+    """Minimum bytes crossing ONE seam per step (multiply by n_shards-1 for a pipeline).
+
+    With H = hc*n_embd*itemsize and I = 4 (int32), MTP on the tail shard:
+      prefill_token = decode_token = H + 2I  (hidden row + position + token id; the token id
+        rides along because the tail's MTP block embeds x_p next to h_{p-1})
+      draft_step = I                          (one draft id back to the head shard)
+      verify_k<k> = (k+1)*(H + 2I) + 4I       (batch [last, d1..dk] + one verify_result)
+      mtp_hidden_remote = H                   (extra per MTP row only if MTP is off the tail)
+    """
+    if dtype not in FLOAT_DTYPES:
+        raise fail("dtype", "one of f32/f16/bf16", getattr(dtype, "value", dtype))
+    h = dims.hidden_width * dtype.itemsize
+    token = h + 2 * INT_BYTES
+    out = {
+        "boundary_hidden": h,
+        "prefill_token": token,
+        "decode_token": token,
+        "draft_step": INT_BYTES,
+        "mtp_hidden_remote": h,
+    }
+    for k in range(1, MAX_DRAFT + 1):
+        out[f"verify_k{k}"] = (k + 1) * token + VERIFY_RESULT_WIDTH * INT_BYTES
+    return out
