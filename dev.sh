@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# mtplib developer entry point. Every command first makes sure .venv is complete.
+#
+#   ./dev.sh run  [--params FILE]   run every notebook on a lane (default: params/cpu-fixture.yaml)
+#   ./dev.sh test [PYTEST ARGS]     run the test suite
+#   ./dev.sh lab                    open JupyterLab with the project's kernel
+#   ./dev.sh setup                  only create/refresh .venv
+#
+# The pinned llama-cpp-python is an sdist: it is compiled once (about 7 minutes on 2 cores)
+# with the RPC backend into a wheel cache outside the repo, keyed on version, build flags,
+# Python and CPU, so fresh clones on the same machine reuse it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+PINS="$ROOT/mtplib/pins.py"
+pin() { sed -n "s/^$1 = \"\(.*\)\"$/\1/p" "$PINS"; }
+LLAMA_VERSION="$(pin LLAMA_CPP_PYTHON_VERSION)"
+LLAMA_CMAKE_ARGS="$(pin CMAKE_ARGS)"
+
+log() { printf '[dev.sh] %s\n' "$*" >&2; }
+
+find_python() {
+  for c in "${PYTHON:-}" python3.11 python3; do
+    [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
+    if "$c" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+      echo "$c"; return 0
+    fi
+  done
+  log "error: Python >= 3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1
+}
+
+llama_ok() {
+  # The right build: pinned version, RPC backend library, MTP bindings importable.
+  "$PY" - "$LLAMA_VERSION" <<'EOF' >/dev/null 2>&1
+import os, sys
+import llama_cpp, llama_cpp.llama_cpp_ext  # noqa: F401
+assert llama_cpp.__version__ == sys.argv[1], llama_cpp.__version__
+lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+assert os.path.exists(os.path.join(lib, "libggml-rpc.so")), "no RPC backend"
+EOF
+}
+
+wheel_dir() {
+  local pyver cpu
+  pyver="$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
+  # GGML_NATIVE builds for this CPU: key the cache on its flags.
+  cpu="$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | sha256sum | cut -c1-8)"
+  echo "${MTPLIB_WHEEL_CACHE:-$HOME/.cache/mtplib/wheels}/llama-cpp-python-$LLAMA_VERSION-rpc-$pyver-$cpu"
+}
+
+setup() {
+  if [ ! -x "$PY" ]; then
+    log "creating $VENV"
+    "$(find_python)" -m venv "$VENV"
+    "$PY" -m pip install -q --upgrade pip
+  fi
+  if ! llama_ok; then
+    local wd; wd="$(wheel_dir)"
+    if ! ls "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+      log "building llama-cpp-python==$LLAMA_VERSION from source with CMAKE_ARGS='$LLAMA_CMAKE_ARGS'"
+      log "(about 7 minutes on 2 cores; cached in $wd)"
+      mkdir -p "$wd"
+      CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$PY" -m pip wheel -q --no-deps --no-cache-dir \
+        --no-binary llama-cpp-python -w "$wd.tmp" "llama-cpp-python==$LLAMA_VERSION"
+      mv "$wd.tmp"/*.whl "$wd"/ && rmdir "$wd.tmp"
+    fi
+    log "installing the cached llama-cpp-python build"
+    "$PY" -m pip install -q --force-reinstall --no-deps "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+    "$PY" -m pip install -q "typing-extensions>=4.5" "diskcache>=5.6.1" "jinja2>=2.11.3"
+    llama_ok || { log "error: llama-cpp-python build lacks the RPC backend or MTP bindings"; exit 1; }
+  fi
+  local stamp="$VENV/.mtplib-deps" want
+  want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing mtplib and its dependencies into .venv"
+    "$PY" -m pip install -q -e "$ROOT[dev]"
+    "$PY" -m ipykernel install --sys-prefix --name mtplib --display-name "mtplib (.venv)" >/dev/null
+    echo "$want" > "$stamp"
+  fi
+}
+
+cmd="${1:-help}"; shift || true
+case "$cmd" in
+  setup) setup ;;
+  run)
+    setup
+    if [ $# -eq 0 ]; then set -- --params "$ROOT/params/cpu-fixture.yaml"; fi
+    exec "$VENV/bin/mtplib" run "$@" ;;
+  test)
+    setup
+    cd "$ROOT"
+    exec "$PY" -m pytest "$@" ;;
+  lab)
+    setup
+    cd "$ROOT"
+    exec "$VENV/bin/jupyter" lab --notebook-dir "$ROOT/notebooks" "$@" ;;
+  help|-h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) log "unknown command '$cmd'"; sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

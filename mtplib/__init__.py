@@ -1,0 +1,1 @@
+"""mtplib: DeepSeek-V4 MTP contract, runtime and evidence on upstream llama.cpp."""

@@ -1,0 +1,6 @@
+"""One module per `mtplib` sub-command; each exposes ``register(subparsers)``.
+
+Adding a command = adding a module here and its name to COMMANDS (order = --help order).
+"""
+
+COMMANDS = ["fixture", "generate", "run", "info"]

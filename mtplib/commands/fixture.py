@@ -1,0 +1,30 @@
+"""`mtplib fixture`: write a tiny DeepSeek-V4 trunk and its mtp- sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def run(a: argparse.Namespace) -> int:
+    from mtplib.fixture import write_fixture
+
+    pair = write_fixture(a.out, seed=a.seed, preset=a.preset, force=a.force)
+    print(json.dumps(pair.summary(), indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    from mtplib.v4.presets import PRESETS
+
+    f = sub.add_parser("fixture", help="write a DeepSeek-V4 trunk GGUF and its mtp- sidecar",
+                       description="Write a deterministic DeepSeek-V4 trunk GGUF and its MTP "
+                       "sidecar mtp-<name>.gguf in upstream's layout; print a JSON summary "
+                       "(paths, sha256, config). Same seed, same bytes.")
+    f.add_argument("--out", required=True, help="output directory")
+    f.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    f.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                   help="configuration preset (default tiny)")
+    f.add_argument("--force", action="store_true",
+                   help="overwrite existing files with the same names but other contents")
+    f.set_defaults(fn=run)

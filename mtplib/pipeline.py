@@ -1,0 +1,151 @@
+"""`mtplib run`: execute a lane's notebooks with papermill into outputs/<run-id>/.
+
+A lane is one YAML file in params/. The pipeline prepares the models (generating the
+built-in fixture when the lane asks for it), injects their paths into every notebook's
+`parameters` cell, and writes a run record next to the executed notebooks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from mtplib.record import base_record, file_hashes, now_iso, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+
+
+class LaneError(ValueError):
+    """A params file that is malformed or asks for what this machine lacks."""
+
+
+@dataclass
+class Lane:
+    name: str
+    path: Path
+    notebooks: list[dict]
+    fixture: dict | None = None
+    models: dict | None = None
+    threads: int = 2
+    parameters: dict = field(default_factory=dict)
+    description: str = ""
+
+
+def load_lane(path: str | Path) -> Lane:
+    p = Path(path)
+    if not p.exists():
+        raise LaneError(f"params file not found: {p} (lanes live in params/*.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise LaneError(f"{p}: not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise LaneError(f"{p}: expected a mapping at the top level")
+    unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
+                           "parameters"}
+    if unknown:
+        raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
+    nbs = data.get("notebooks") or []
+    if not nbs:
+        raise LaneError(f"{p}: 'notebooks' must list at least one notebook")
+    norm = []
+    for item in nbs:
+        item = {"notebook": item} if isinstance(item, str) else dict(item)
+        nb = NOTEBOOKS / item["notebook"]
+        if not nb.exists():
+            raise LaneError(f"{p}: notebook {item['notebook']} not found in {NOTEBOOKS}")
+        norm.append(item)
+    if bool(data.get("fixture")) == bool(data.get("models")):
+        raise LaneError(f"{p}: give exactly one of 'fixture' (generated) or 'models' (files)")
+    return Lane(name=str(data.get("lane", p.stem)), path=p, notebooks=norm,
+                fixture=data.get("fixture"), models=data.get("models"),
+                threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
+                description=str(data.get("description", "")))
+
+
+def _storage_root(models: dict) -> Path:
+    root = models.get("storage_root") or os.environ.get("MTPLIB_MODEL_ROOT")
+    if not root:
+        raise LaneError("this lane needs real model files: set models.storage_root in the "
+                        "params file or MTPLIB_MODEL_ROOT to the mounted storage")
+    return Path(root)
+
+
+def resolve_models(lane: Lane, run_dir: Path) -> dict:
+    """Paths of the trunk and sidecar the notebooks use, generating the fixture if asked."""
+    if lane.fixture:
+        from mtplib.fixture import write_fixture
+
+        pair = write_fixture(run_dir / "models", seed=int(lane.fixture.get("seed", 0)),
+                             preset=str(lane.fixture.get("preset", "tiny")))
+        return {"trunk": str(pair.trunk), "sidecar": str(pair.sidecar)}
+    root = _storage_root(lane.models)
+    out = {}
+    for key in ("trunk", "sidecar"):
+        p = (root / lane.models[key]).resolve()
+        if str(p).startswith("/home/") or str(root.resolve()).startswith("/home/"):
+            raise LaneError(f"refusing model path under /home: {p} (use mounted storage)")
+        if not p.exists():
+            raise LaneError(f"lane {lane.name}: {key} not found at {p}; this machine lacks "
+                            "the real model, so the lane stops here")
+        out[key] = str(p)
+    return out
+
+
+def new_run_id(lane: str) -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + re.sub(r"[^\w.-]", "_", lane)
+
+
+def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
+             run_id: str | None = None, progress: bool = True, argv: list[str] | None = None
+             ) -> Path:
+    """Execute every notebook of the lane; return the run directory."""
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    lane = load_lane(params)
+    run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise LaneError(f"{run_dir} already exists and is not empty; pick another --run-id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = base_record(REPO, argv=argv)
+    record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(run_dir),
+                   "threads": lane.threads, "network": "loopback", "notebooks": []})
+    record_path = run_dir / "run_record.json"
+    write_json(record_path, record)
+    models = resolve_models(lane, run_dir)
+    record["models"] = models
+    record["model_sha256"] = file_hashes(list(models.values()))
+    status = "ok"
+    try:
+        for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
+            name = item["notebook"]
+            params_in = {**lane.parameters, **(item.get("parameters") or {}), **models,
+                         "threads": lane.threads, "run_dir": str(run_dir)}
+            out_nb = run_dir / name
+            t0 = now_iso()
+            entry = {"notebook": name, "parameters": params_in, "started": t0}
+            record["notebooks"].append(entry)
+            try:
+                pm.execute_notebook(str(NOTEBOOKS / name), str(out_nb), parameters=params_in,
+                                    kernel_name="python3", progress_bar=progress,
+                                    cwd=str(run_dir), log_output=False)
+                entry["status"] = "ok"
+            except Exception as e:
+                entry["status"] = f"failed: {type(e).__name__}"
+                status = "failed"
+                raise
+            finally:
+                entry["ended"] = now_iso()
+                write_json(record_path, record)
+    finally:
+        record["ended"] = now_iso()
+        record["status"] = status
+        write_json(record_path, record)
+    return run_dir

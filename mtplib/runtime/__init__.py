@@ -1,0 +1,1 @@
+"""The only layer that touches llama.cpp (ctypes): models, contexts, decoding loops."""

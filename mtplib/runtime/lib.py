@@ -1,0 +1,112 @@
+"""Loading the pinned upstream: pin check, backend init, and where upstream's logs go.
+
+This module (and its siblings in `mtplib.runtime`) is the only code that imports
+`llama_cpp`. Import is lazy so that `mtplib --help`, the contract and the fixture writer
+work without the compiled library.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from mtplib import pins
+
+
+class UpstreamError(RuntimeError):
+    """The installed upstream is missing, the wrong build, or refused a call."""
+
+
+_lock = threading.Lock()
+_state: dict = {"llama": None, "ext": None, "cb": None, "log_file": None, "verbose": False}
+#: The most recent upstream log lines (parsed for buffer sizes; kept short).
+LOG_TAIL: collections.deque[str] = collections.deque(maxlen=4000)
+
+
+def check_pins(llama_cpp: ModuleType) -> dict:
+    """Verify the imported llama_cpp is the pinned build with RPC and MTP bindings."""
+    problems = []
+    version = getattr(llama_cpp, "__version__", "?")
+    if version != pins.LLAMA_CPP_PYTHON_VERSION:
+        problems.append(f"llama-cpp-python is {version}, pinned {pins.LLAMA_CPP_PYTHON_VERSION}")
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in pins.REQUIRED_LIBS:
+        if not (lib_dir / name).exists():
+            what = "the RPC backend" if "rpc" in name else "the llama library"
+            problems.append(f"{name} (for {what}) missing in {lib_dir}")
+    try:
+        from llama_cpp import llama_cpp_ext
+    except Exception as e:  # noqa: BLE001 - any import failure means no MTP bindings
+        problems.append(f"llama_cpp.llama_cpp_ext does not import ({e})")
+    else:
+        for sym in pins.REQUIRED_EXT_SYMBOLS:
+            if not hasattr(llama_cpp_ext, sym):
+                problems.append(f"llama_cpp_ext lacks {sym}")
+    if problems:
+        raise UpstreamError(
+            "upstream llama.cpp is not the pinned build: " + "; ".join(problems)
+            + ". Fix: " + pins.FIX_HINT)
+    return {"version": version, "lib_dir": str(lib_dir), **pins.as_dict()}
+
+
+def _install_logger() -> None:
+    llama = _state["llama"]
+    last = {"level": 1}
+
+    @llama.llama_log_callback
+    def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level == 5:  # GGML_LOG_LEVEL_CONT continues the previous line's level
+            level = last["level"]
+        last["level"] = level
+        s = text.decode("utf-8", "replace") if text else ""
+        LOG_TAIL.append(s)
+        f = _state["log_file"]
+        if f is not None:
+            f.write(s)
+        if _state["verbose"] or level == 3 and os.environ.get("MTPLIB_SHOW_ERRORS"):
+            sys.stderr.write(s)
+
+    _state["cb"] = _log  # keep a reference: upstream holds the pointer
+    llama.llama_log_set(_log, ctypes.c_void_p(0))
+
+
+def load() -> tuple[ModuleType, ModuleType]:
+    """Import llama_cpp once, check the pins, route its logs, init the backend."""
+    with _lock:
+        if _state["llama"] is None:
+            try:
+                import llama_cpp
+                from llama_cpp import llama_cpp as llama
+                from llama_cpp import llama_cpp_ext
+            except ImportError as e:
+                raise UpstreamError(f"cannot import llama_cpp ({e}). Fix: {pins.FIX_HINT}") from e
+            check_pins(llama_cpp)
+            _state["llama"], _state["ext"] = llama, llama_cpp_ext
+            _install_logger()
+            llama.llama_backend_init()
+        return _state["llama"], _state["ext"]
+
+
+def configure_logging(*, verbose: bool = False, log_file: str | Path | None = None) -> None:
+    """Upstream's log lines are silent by default; ``verbose`` shows them on stderr."""
+    _state["verbose"] = verbose
+    old = _state["log_file"]
+    if old is not None:
+        old.close()
+    _state["log_file"] = open(log_file, "a", buffering=1) if log_file else None  # noqa: SIM115
+
+
+def upstream_info() -> dict:
+    """Pins plus what the loaded build says about itself (system info line)."""
+    llama, _ = load()
+    import llama_cpp
+
+    info = check_pins(llama_cpp)
+    sysinfo = llama.llama_print_system_info()
+    info["system_info"] = sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo)
+    return info
