@@ -67,8 +67,8 @@ setup() {
       mv "$wd.tmp"/*.whl "$wd"/ && rmdir "$wd.tmp"
     fi
     log "installing the cached llama-cpp-python build"
+    "$PY" -m pip install -q "numpy>=1.26" "typing-extensions>=4.5" "diskcache>=5.6.1" "jinja2>=2.11.3"
     "$PY" -m pip install -q --force-reinstall --no-deps "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
-    "$PY" -m pip install -q "typing-extensions>=4.5" "diskcache>=5.6.1" "jinja2>=2.11.3"
     llama_ok || { log "error: llama-cpp-python build lacks the RPC backend or MTP bindings"; exit 1; }
   fi
   local stamp="$VENV/.mtplib-deps" want
