@@ -1,4 +1,4 @@
-"""`mtplib generate`: decode from a trunk (MTP off: plain greedy)."""
+"""`mtplib generate`: decode from a trunk, plainly or with MTP speculative decoding."""
 
 from __future__ import annotations
 
@@ -10,41 +10,68 @@ from mtplib.commands.common import add_log_args, parse_tokens, setup_logging
 
 def run(a: argparse.Namespace) -> int:
     setup_logging(a)
-    from mtplib.runtime.generate import greedy
-    from mtplib.runtime.model import Context, ContextConfig, Model
+    from mtplib.runtime.sampling import Sampler
+    from mtplib.runtime.speculative import MTPRuntime
 
     if (a.tokens is None) == (a.prompt is None):
         raise ValueError("give exactly one of --tokens IDS or --prompt TEXT")
-    with Model(a.model) as model:
-        prompt = a.tokens if a.tokens is not None else model.tokenize(a.prompt)
-        cfg = ContextConfig(n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
-                            n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn)
-        with Context(model, cfg) as ctx:
-            gen = greedy(ctx, prompt, a.n)
-    out = gen.to_json()
+    if a.draft is not None and a.mtp is None:
+        raise ValueError("--draft needs --mtp SIDECAR (the MTP block drafts)")
+    if a.n < 0:
+        raise ValueError(f"--n must be >= 0, got {a.n}")
+    k = (3 if a.draft is None else a.draft) if a.mtp else 0
+    if a.mtp and not 1 <= k <= 8:
+        raise ValueError(f"--draft must be in 1..8, got {k}")
+    sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
+    with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
+                    n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
+                    sampler=sampler, trace=a.trace) as rt:
+        prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
+        tokens, metrics = rt.generate(prompt, a.n)
+        text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
+    out = {"tokens": tokens, "metrics": metrics}
+    if text is not None:
+        out["text"] = text
     if a.json:
         print(json.dumps(out))
-    else:
-        m = out["metrics"]
-        print("tokens:", " ".join(map(str, gen.tokens)))
-        print(f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s")
+        return 0
+    print("tokens:", " ".join(map(str, tokens)))
+    if text is not None:
+        print("text:  ", text)
+    m = metrics
+    line = f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
+    if k:
+        line += (f", k={k}: accepted {m['accepted']}/{m['drafted']} drafts, per position "
+                 + ", ".join("-" if x is None else f"{x:.2f}" for x in m["accepted_per_position"]))
+    print(line)
     return 0
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="decode tokens from a model",
-                       description="Greedy decoding on upstream llama.cpp. Prints tokens and "
-                       "metrics (TTFT, decode tok/s); --json for machine-readable output.")
+    g = sub.add_parser(
+        "generate", help="decode tokens, plainly or with MTP speculative decoding",
+        description="Decode on upstream llama.cpp. Without --mtp: plain decoding. With --mtp "
+        "SIDECAR: the MTP block drafts --draft K tokens per step and the trunk verifies them "
+        "in one batch (output identical to plain decoding). Greedy unless --temp > 0 "
+        "(sample-and-match with position-keyed randomness: the same tokens with and without "
+        "MTP for one --seed).")
     g.add_argument("--model", required=True, help="trunk GGUF")
+    g.add_argument("--mtp", metavar="SIDECAR", help="the trunk's mtp- sidecar GGUF: turns MTP on")
+    g.add_argument("--draft", type=int, metavar="K", help="draft length with --mtp (default 3)")
     g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
     g.add_argument("--prompt", help="prompt text (tokenized by the model's tokenizer)")
     g.add_argument("--n", type=int, default=32, help="tokens to generate (default 32)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
     g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch")
     g.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    g.add_argument("--trace", action="store_true",
+                   help='add "steps": [{"pos", "drafts", "accepted"}] (one per verify step)')
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_log_args(g)
     g.set_defaults(fn=run)

@@ -1,0 +1,131 @@
+"""What this runtime can honestly advertise per MTP recipe, fail-closed.
+
+`unsupported`: no sidecar, wrong upstream pin, a pair that does not belong together, a
+config upstream would crash on, or an MTP context upstream refused. `implemented`: the
+recipe runs here. `certified`: only with a recorded, passing certification run for the
+exact sha256 of the trunk and the sidecar (see `certify`). Nothing is assumed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtplib import pins
+from mtplib.contract.capabilities import ShardAdvert, Status
+from mtplib.contract.types import CONTRACT_VERSION, MAX_DRAFT, MTP_OFF
+from mtplib.fixture import sha256_file
+from mtplib.record import now_iso
+
+RECIPES = [MTP_OFF] + [f"mtp.v4.draft{k}" for k in range(1, MAX_DRAFT + 1)]
+PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
+
+
+@dataclass(frozen=True)
+class Capability:
+    advert: ShardAdvert
+    reasons: dict[str, str]  # recipe -> why it is not certified
+
+    def to_dict(self) -> dict:
+        return {"contract_version": self.advert.contract_version, "pin": self.advert.pin,
+                "has_mtp_sidecar": self.advert.has_mtp_sidecar,
+                "recipes": {r: s.label for r, s in self.advert.recipes.items()},
+                "reasons": self.reasons}
+
+
+def model_key(trunk: str | Path, sidecar: str | Path | None) -> str:
+    """Identity of a model pair for certification records: both files' sha256."""
+    t = sha256_file(Path(trunk))
+    s = sha256_file(Path(sidecar)) if sidecar else "none"
+    return f"{t[:16]}-{s[:16]}"
+
+
+def _load_cert(cert_dir: Path, key: str) -> dict:
+    p = cert_dir / f"{key}.json"
+    if not p.exists():
+        return {}
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if rec.get("pin") != PIN or rec.get("model_key") != key:
+        return {}
+    return {r: v for r, v in rec.get("recipes", {}).items() if v.get("passed") is True}
+
+
+def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int = 0,
+              cert_dir: str | Path = "certifications", probe: bool = True) -> Capability:
+    """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed."""
+    from mtplib.gguf_header import read_header
+    from mtplib.runtime.lib import UpstreamError, load
+    from mtplib.runtime.model import check_pair
+    from mtplib.v4.arch import config_from_keys
+
+    reasons: dict[str, str] = {}
+    status = {r: Status.UNSUPPORTED for r in RECIPES}
+    mtp_reason = ""
+    try:
+        load()
+    except UpstreamError as e:
+        reasons = {r: f"wrong upstream build: {e}" for r in RECIPES}
+        return Capability(ShardAdvert(shard_index, CONTRACT_VERSION, "unknown", False,
+                                      status), reasons)
+    status[MTP_OFF] = Status.IMPLEMENTED
+    if sidecar is None:
+        mtp_reason = "no MTP sidecar"
+    else:
+        try:
+            th, sh = read_header(trunk), read_header(sidecar)
+            check_pair(th, sh)
+            config_from_keys(sh.kv, sh.n_vocab).validate()
+            if probe:
+                _probe_mtp_context(str(sidecar))
+        except Exception as e:  # noqa: BLE001 - any failure means unsupported, with why
+            mtp_reason = f"{type(e).__name__}: {e}"
+    for r in RECIPES[1:]:
+        if mtp_reason:
+            reasons[r] = mtp_reason
+        else:
+            status[r] = Status.IMPLEMENTED
+    certs = _load_cert(Path(cert_dir), model_key(trunk, sidecar))
+    for r in RECIPES:
+        if status[r] == Status.IMPLEMENTED and r in certs:
+            status[r] = Status.CERTIFIED
+        elif status[r] == Status.IMPLEMENTED:
+            reasons[r] = "implemented; no passing certification run for this model hash"
+    advert = ShardAdvert(shard_index, CONTRACT_VERSION, PIN, sidecar is not None, status)
+    return Capability(advert, reasons)
+
+
+def _probe_mtp_context(sidecar: str) -> None:
+    """Create (and free) an MTP context: upstream may refuse it for this file."""
+    from mtplib.runtime.model import Context, ContextConfig, Model
+
+    with Model(sidecar, load_mtp=True) as m, \
+            Context(m, ContextConfig(n_ctx=256, mtp=True, nextn_rows="masked")):
+        pass
+
+
+def certify(trunk: str, sidecar: str, *, cert_dir: str | Path = "certifications",
+            prompts: list[list[int]] | None = None, n_new: int = 48, n_threads: int = 2
+            ) -> dict:
+    """Certification run: for every MTP recipe, MTP-on greedy output must equal MTP-off on
+    every prompt. Writes ``cert_dir/<model_key>.json``; returns the record."""
+    from mtplib.runtime.speculative import MTPRuntime
+
+    prompts = prompts or [[1, 2, 3, 4, 5, 6, 7, 8], list(range(10, 60, 3)), [42] * 12]
+    with MTPRuntime(trunk, None, k=0, n_threads=n_threads) as rt:
+        ref = [rt.generate(p, n_new)[0] for p in prompts]
+    rec = {"model_key": model_key(trunk, sidecar), "pin": PIN, "when": now_iso(),
+           "n_new": n_new, "prompts": prompts, "recipes": {}}
+    rec["recipes"][MTP_OFF] = {"passed": True, "note": "reference run"}
+    for k in range(1, MAX_DRAFT + 1):
+        with MTPRuntime(trunk, sidecar, k=k, n_threads=n_threads) as rt:
+            outs = [rt.generate(p, n_new)[0] for p in prompts]
+        equal = [o == r for o, r in zip(outs, ref, strict=True)]
+        rec["recipes"][f"mtp.v4.draft{k}"] = {"passed": all(equal), "equal": equal}
+    out = Path(cert_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{rec['model_key']}.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    return rec

@@ -1,0 +1,483 @@
+"""MTP speculative decoding around upstream llama.cpp, implementing mtplib.contract.
+
+One `Engine` owns a target context (and a drafter, e.g. the MTP block in its own context);
+each `SpecSession` is one sequence id in them, with its own contract `Session` (state,
+epoch, position). A step is: propose (DraftProposal) -> verify in one batched target
+decode (VerifyResult) -> commit: roll back the rejected tail of the target's caches (tail
+removal within n_rs_seq, else checkpoint restore + replay), feed the drafter the target's
+rows for what was accepted. With k = 0 drafts a step is a plain one-token decode, so MTP
+off and on run the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mtplib.contract.session import Session
+from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
+from mtplib.runtime.drafters import Drafter
+from mtplib.runtime.model import Context, RuntimeInputError
+from mtplib.runtime.sampling import Sampler
+
+RowFn = Callable[[Context, int], np.ndarray]
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    a, b = np.partition(logits, -2)[-2:]
+    return float(abs(b - a))
+
+
+def api_rows(ctx: Context, n: int) -> np.ndarray:
+    """The target's h_nextn rows as upstream's API returns them (see hidden.py caveats)."""
+    return ctx.nextn_rows(n)
+
+
+@dataclass
+class Metrics:
+    k: int
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    plain_steps: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position_n: list[int] = field(default_factory=list)
+    accept_len_hist: Counter = field(default_factory=Counter)
+    rollbacks: Counter = field(default_factory=Counter)
+    t_prefill: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_feed: float = 0.0
+    t_rollback: float = 0.0
+    t_start: float = 0.0
+    t_first: float | None = None
+    t_end: float = 0.0
+    n_prompt: int = 0
+    n_generated: int = 0
+
+    def __post_init__(self) -> None:
+        self.drafted_per_position = [0] * self.k
+        self.accepted_per_position_n = [0] * self.k
+
+    def to_dict(self) -> dict:
+        dec = self.t_end - self.t_first if self.t_first else 0.0
+        n_dec = max(self.n_generated - 1, 0)
+        return {
+            "k": self.k,
+            "n_prompt": self.n_prompt,
+            "n_generated": self.n_generated,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "accepted_per_position": [a / d if d else None for a, d in
+                                      zip(self.accepted_per_position_n,
+                                          self.drafted_per_position, strict=True)],
+            "accepted_per_position_counts": list(self.accepted_per_position_n),
+            "drafted_per_position": list(self.drafted_per_position),
+            "accept_len_hist": {str(i): self.accept_len_hist.get(i, 0)
+                                for i in range(self.k + 1)},
+            "verify_steps": self.verify_steps,
+            "plain_steps": self.plain_steps,
+            "rollbacks": dict(self.rollbacks),
+            "ttft_s": (self.t_first - self.t_start) if self.t_first else None,
+            "decode_s": dec,
+            "decode_tok_s": n_dec / dec if dec > 0 else None,
+            "time_s": {"prefill": self.t_prefill, "draft": self.t_draft,
+                       "verify": self.t_verify, "feed": self.t_feed,
+                       "rollback": self.t_rollback},
+        }
+
+
+class SpecSession:
+    """One sequence: its tokens, its contract Session, its checkpoints."""
+
+    def __init__(self, engine: Engine, seq_id: int, session_id: str) -> None:
+        self.engine, self.seq = engine, seq_id
+        self.session = Session(session_id)
+        self.tokens: list[int] = []  # committed: prompt + emitted
+        self.rows: dict[int, np.ndarray] = {}  # recent target rows by position
+        self.checkpoints: dict[int, bytes] = {}  # position -> target seq state (cached < pos)
+        self.metrics = Metrics(k=engine.k)
+        self._rows: np.ndarray | None = None
+        self._picks: list[int] = []
+        self._drafts: list[int] = []
+        self.trace: list[dict] | None = [] if engine.trace else None
+        #: position -> top-1 minus top-2 logit of the target's choice there (near-tie audit)
+        self.margins: dict[int, float] | None = {} if engine.trace else None
+        self.n_cached = 0  # target cache holds positions [0, n_cached)
+        self.last_decode_len = 0
+
+    # -- helpers ------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.session.session_id
+
+    @property
+    def last(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def base(self) -> int:
+        """Position of the last emitted token (not yet decoded by the target)."""
+        return len(self.tokens) - 1
+
+    def _keep_rows(self, start: int, rows: np.ndarray | None) -> None:
+        if rows is None:
+            return
+        for i, r in enumerate(rows):
+            self.rows[start + i] = r
+        horizon = start + len(rows) - self.engine.row_horizon
+        for p in [p for p in self.rows if p < horizon]:
+            del self.rows[p]
+
+    def _emit(self, toks: Sequence[int]) -> None:
+        self.tokens.extend(int(t) for t in toks)
+        self.metrics.n_generated += len(toks)
+        if self.metrics.t_first is None:
+            self.metrics.t_first = time.perf_counter()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Decode the prompt (chunked), checkpoint it, emit the first token (TTFT)."""
+        e, m = self.engine, self.metrics
+        m.t_start = time.perf_counter()
+        self.session = self.session.prefill_start()
+        tokens = [int(t) for t in prompt]
+        m.n_prompt = len(tokens)
+        rows = []
+        for a in range(0, len(tokens), e.target.n_batch):
+            chunk = tokens[a : a + e.target.n_batch]
+            last = a + len(chunk) == len(tokens)
+            e.target.decode(chunk, range(a, a + len(chunk)), seq_id=self.seq,
+                            logits=[False] * (len(chunk) - 1) + [last])
+            if e.drafter.needs_rows:
+                rows.append(e.rows(e.target, len(chunk)))
+        logits = e.target.logits(-1)
+        if self.margins is not None:
+            self.margins[len(tokens)] = top2_margin(logits)
+        all_rows = np.concatenate(rows) if rows else None
+        self.n_cached, self.last_decode_len = len(tokens), len(tokens) - a
+        self.tokens = tokens
+        self._keep_rows(0, all_rows)
+        m.t_prefill = time.perf_counter() - m.t_start
+        self._checkpoint(len(tokens))
+        t0 = time.perf_counter()
+        e.drafter.prefill(self.seq, tokens, all_rows)
+        m.t_feed += time.perf_counter() - t0
+        self.session = self.session.prefill_done(len(tokens))
+        first = e.sampler.pick(logits, stream=self.seq, position=len(tokens))
+        self._emit([first])
+        self.session = self.session.decode(1)
+        return first
+
+    def propose(self, k: int | None = None) -> DraftProposal | None:
+        """Draft up to k tokens after the last one; None when none fit (a plain step)."""
+        e = self.engine
+        k = e.k if k is None else k
+        k = max(0, min(k, e.target.n_ctx - 1 - self.base))
+        if k == 0:
+            return None
+        self.session = self.session.draft()
+        t0 = time.perf_counter()
+        drafts = e.drafter.propose(self.seq, self.last, self.base, k)
+        self.metrics.t_draft += time.perf_counter() - t0
+        if len(drafts) != k:
+            raise RuntimeInputError(f"drafter {e.drafter.name} returned {len(drafts)} of {k}")
+        return DraftProposal(self.id, self.session.epoch, self.base, tuple(drafts), 0,
+                             f"mtp.v4.draft{k}")
+
+    def verify(self, proposal: DraftProposal | None) -> VerifyResult | None:
+        """Decode [last, drafts...] in one target batch; accept while the target agrees.
+
+        Refuses a proposal from another session or a stale epoch. Returns None for a
+        plain step (no proposal); the picks and rows wait in the session for commit().
+        """
+        e, m = self.engine, self.metrics
+        if proposal is not None:
+            self.session.check_message(proposal.session_id, proposal.epoch)
+            if proposal.base_position != self.base:
+                raise RuntimeInputError(
+                    f"proposal for base {proposal.base_position}, session is at {self.base}")
+            self.session = self.session.verify()
+        drafts = list(proposal.drafts) if proposal else []
+        k, base = len(drafts), self.base
+        if base + k >= e.target.n_ctx:
+            raise RuntimeInputError(f"context full: {base + k + 1} > n_ctx {e.target.n_ctx}")
+        if k > e.target.n_rs_seq:  # rejecting them all would exceed tail removal
+            t0 = time.perf_counter()
+            self._checkpoint(base)
+            m.t_rollback += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
+                        logits=True)
+        picks = []
+        for i in range(k + 1):
+            lg = e.target.logits(i)
+            picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
+            if self.margins is not None:
+                self.margins[base + 1 + i] = top2_margin(lg)
+        self._rows = e.rows(e.target, k + 1) if e.drafter.needs_rows else None
+        m.t_verify += time.perf_counter() - t0
+        self.n_cached, self.last_decode_len = base + k + 1, k + 1
+        self._picks, self._drafts = picks, drafts
+        if proposal is None:
+            return None
+        n_acc = 0
+        while n_acc < k and picks[n_acc] == drafts[n_acc]:
+            n_acc += 1
+        return VerifyResult(self.id, proposal.epoch, base, k, n_acc, picks[n_acc],
+                            (*drafts[:n_acc], picks[n_acc]))
+
+    def _checkpoint(self, pos: int) -> None:
+        """Save the target's state for this sequence (positions < pos); keep the prefill
+        checkpoint and the newest one only."""
+        keep = {self.metrics.n_prompt}
+        for p in [p for p in self.checkpoints if p not in keep]:
+            del self.checkpoints[p]
+        self.checkpoints[pos] = self.engine.target.state_get(self.seq)
+
+    def _rollback_target(self, keep_until: int) -> str:
+        """Drop target positions >= keep_until: tail removal, else checkpoint + replay."""
+        e = self.engine
+        plan = plan_rollback(self.n_cached, keep_until, e.target.n_rs_seq, self.last_decode_len,
+                             checkpoint_at=self._checkpoint_at(keep_until))
+        if plan.kind == "none":
+            return "none"
+        if plan.kind == "tail" and e.target.seq_rm(self.seq, keep_until, -1):
+            self.n_cached = keep_until
+            return "tail"
+        ckpt = plan.replay_from if plan.kind == "checkpoint_replay" else \
+            self._checkpoint_at(keep_until)
+        self._restore(ckpt)
+        replay = self.tokens[ckpt:keep_until]
+        for a in range(0, len(replay), e.target.n_batch):
+            chunk = replay[a : a + e.target.n_batch]
+            e.target.decode(chunk, range(ckpt + a, ckpt + a + len(chunk)), seq_id=self.seq)
+            if e.drafter.needs_rows:
+                self._keep_rows(ckpt + a, e.rows(e.target, len(chunk)))
+        self.n_cached = keep_until
+        self.last_decode_len = len(replay)
+        return "checkpoint_replay"
+
+    def _checkpoint_at(self, pos: int) -> int:
+        ok = [p for p in self.checkpoints if p <= pos]
+        return max(ok) if ok else 0
+
+    def _restore(self, ckpt: int) -> None:
+        e = self.engine
+        e.target.seq_rm(self.seq, 0, -1)
+        if ckpt > 0:
+            e.target.state_set(self.seq, self.checkpoints[ckpt])
+        for p in [p for p in self.checkpoints if p > ckpt]:
+            del self.checkpoints[p]
+
+    def commit(self, result: VerifyResult | None) -> list[int]:
+        """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit."""
+        e, m = self.engine, self.metrics
+        base, rows = self.base, self._rows
+        if result is None:  # plain step
+            emitted, n_acc, k = self._picks[:1], 0, 0
+            m.plain_steps += 1
+        else:
+            emitted, n_acc, k = list(result.emitted), result.n_accepted, result.n_drafted
+            m.verify_steps += 1
+            m.drafted += k
+            m.accepted += n_acc
+            m.accept_len_hist[n_acc] += 1
+            for i in range(k):
+                m.drafted_per_position[i] += 1
+                m.accepted_per_position_n[i] += i < n_acc
+        last = self.last
+        self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
+        t0 = time.perf_counter()
+        kind = self._rollback_target(base + n_acc + 1)
+        if kind != "none":
+            m.rollbacks[kind] += 1
+        m.t_rollback += time.perf_counter() - t0
+        if rows is not None:
+            rows = rows[: n_acc + 1]
+            self._keep_rows(base, rows)
+        t0 = time.perf_counter()
+        e.drafter.commit(self.seq, base, [last, *emitted[:n_acc]], rows)
+        m.t_feed += time.perf_counter() - t0
+        self.session = self.session.accept(n_acc, k) if k else self.session.decode(1)
+        if self.trace is not None:
+            self.trace.append({"pos": base, "drafts": list(self._drafts), "accepted": n_acc})
+        return emitted
+
+    def step(self, k: int | None = None) -> list[int]:
+        """One propose -> verify -> commit round; returns the emitted tokens."""
+        return self.commit(self.verify(self.propose(k)))
+
+    def generate(self, n_new: int) -> list[int]:
+        """Emit tokens until ``n_new`` have been generated since the prompt."""
+        while self.metrics.n_generated < n_new:
+            self.step(min(self.engine.k, n_new - self.metrics.n_generated - 1))
+        self.metrics.t_end = time.perf_counter()
+        return self.tokens[self.metrics.n_prompt :]
+
+    def truncate(self, keep: int) -> None:
+        """Keep tokens [0, keep): token keep-1 becomes the last (undecoded) one."""
+        if not 1 <= keep <= len(self.tokens):
+            raise RuntimeInputError(f"truncate keep={keep} outside [1, {len(self.tokens)}]")
+        e = self.engine
+        t0 = time.perf_counter()
+        kind = self._rollback_target(keep - 1)
+        if kind != "none":
+            self.metrics.rollbacks["truncate_" + kind] += 1
+        self.metrics.t_rollback += time.perf_counter() - t0
+        del self.tokens[keep:]
+        self.session = self.session.truncate(keep)
+        last_row = self.rows.get(keep - 2)
+        if e.drafter.needs_rows and keep >= 2 and last_row is None:
+            raise RuntimeInputError(f"no target row kept for position {keep - 2}")
+        e.drafter.truncate(self.seq, keep, last_row)
+
+
+class Engine:
+    """A target context, a drafter and the sessions sharing them (one seq id each)."""
+
+    def __init__(self, target: Context, drafter: Drafter, *, k: int,
+                 sampler: Sampler | None = None, rows: RowFn = api_rows,
+                 trace: bool = False) -> None:
+        if k < 0:
+            raise RuntimeInputError(f"draft length k must be >= 0, got {k}")
+        if k + 1 > target.n_batch:
+            raise RuntimeInputError(f"k+1={k + 1} exceeds the target's n_batch {target.n_batch}")
+        if drafter.needs_rows and target.cfg.nextn_rows != "all":
+            raise RuntimeInputError("MTP drafting needs the target created with nextn_rows='all'")
+        self.target, self.drafter, self.k = target, drafter, k
+        self.sampler = sampler or Sampler()
+        self.rows = rows
+        self.row_horizon = max(k, target.n_rs_seq) + 4
+        self.trace = trace
+        self.sessions: dict[int, SpecSession] = {}
+
+    def open(self, prompt: Sequence[int], *, seq_id: int | None = None,
+             session_id: str | None = None) -> SpecSession:
+        if seq_id is None:
+            free = [s for s in range(self.target.n_seq_max) if s not in self.sessions]
+            if not free:
+                raise RuntimeInputError(f"all {self.target.n_seq_max} sequences are in use")
+            seq_id = free[0]
+        if seq_id in self.sessions:
+            raise RuntimeInputError(f"sequence {seq_id} already has a session")
+        if not prompt:
+            raise RuntimeInputError("the prompt is empty: give at least one token")
+        s = SpecSession(self, seq_id, session_id or f"s{seq_id}")
+        self.sessions[seq_id] = s
+        s.prefill(prompt)
+        return s
+
+    def close(self, s: SpecSession) -> None:
+        """Free the session's sequence in every context; its caches are dropped."""
+        self.target.seq_rm(s.seq, 0, -1)
+        self.drafter.truncate(s.seq, 1, None)
+        s.session = s.session.close()
+        del self.sessions[s.seq]
+
+
+def expected_verify_steps(n_new: int, k: int) -> int:
+    """With 100% acceptance: the first token comes from the prefill, then k+1 per step."""
+    return math.ceil((n_new - 1) / (k + 1)) if n_new > 1 else 0
+
+
+class MTPRuntime:
+    """Load a trunk (+ optional `mtp-` sidecar), create the contexts, build the Engine.
+
+    Without a sidecar (or k = 0) it decodes plainly through the same loop, so MTP off and
+    on share every line of code except the drafter.
+    """
+
+    def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
+                 n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
+                 n_seq_max: int = 1, n_rs_seq: int | None = None, n_threads: int = 2,
+                 kv_type: str = "f16", flash_attn: str = "auto",
+                 sampler: Sampler | None = None, rows: RowFn | None = None,
+                 drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
+                 sidecar_kwargs: dict | None = None, trace: bool = False) -> None:
+        from mtplib.gguf_header import read_header
+        from mtplib.runtime.drafters import MTPDrafter
+        from mtplib.runtime.model import ContextConfig, Model, check_pair
+
+        self._owned: list = []
+        use_mtp = sidecar is not None and k > 0 and drafter is None
+        if sidecar is not None:
+            check_pair(read_header(trunk), read_header(sidecar))
+        try:
+            self.trunk = Model(trunk, **(trunk_kwargs or {}))
+            self._owned.append(self.trunk)
+            needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
+            tcfg = ContextConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                 n_seq_max=n_seq_max,
+                                 n_rs_seq=k if n_rs_seq is None else n_rs_seq,
+                                 n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn,
+                                 nextn_rows="all" if needs_rows else "off")
+            self.target = Context(self.trunk, tcfg)
+            self._owned.append(self.target)
+            self.sidecar = self.mtp_ctx = None
+            if use_mtp:
+                self.sidecar = Model(sidecar, load_mtp=True, **(sidecar_kwargs or {}))
+                self._owned.append(self.sidecar)
+                mcfg = ContextConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                     n_seq_max=n_seq_max, n_threads=n_threads,
+                                     kv_type=kv_type, flash_attn=flash_attn, mtp=True,
+                                     nextn_rows="masked")
+                self.mtp_ctx = Context(self.sidecar, mcfg)
+                self._owned.append(self.mtp_ctx)
+                drafter = MTPDrafter(self.mtp_ctx)
+            self.engine = Engine(self.target, drafter or Drafter(), k=k if drafter else 0,
+                                 sampler=sampler, rows=rows or api_rows, trace=trace)
+        except BaseException:
+            self.close()
+            raise
+
+    def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
+                 ) -> tuple[list[int], dict]:
+        if len(prompt) + n_new > self.target.n_ctx:
+            raise RuntimeInputError(
+                f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
+                f"of {self.target.n_ctx} tokens; shorten the prompt or lower --n")
+        s = self.engine.open(prompt, seq_id=seq_id)
+        try:
+            toks = s.generate(n_new)
+            metrics = s.metrics.to_dict()
+            metrics["memory"] = self.memory(s.seq)
+            if s.trace is not None:
+                metrics["steps"] = s.trace
+                metrics["margins"] = {str(p): m for p, m in sorted(s.margins.items())
+                                      if p >= len(prompt)}
+            return toks, metrics
+        finally:
+            self.engine.close(s)
+
+    def memory(self, seq: int = 0) -> dict:
+        """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
+        import resource
+
+        llama = self.trunk.llama
+        mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "trunk_weights_bytes": self.trunk.size_bytes,
+               "target_seq_state_bytes": int(llama.llama_state_seq_get_size(self.target.ptr,
+                                                                            seq))}
+        if self.mtp_ctx is not None:
+            mem["mtp_weights_bytes"] = self.sidecar.size_bytes
+            mem["mtp_seq_state_bytes"] = int(llama.llama_state_seq_get_size(self.mtp_ctx.ptr,
+                                                                            seq))
+        return mem
+
+    def close(self) -> None:
+        for obj in reversed(self._owned):
+            obj.close()
+        self._owned.clear()
+
+    def __enter__(self) -> MTPRuntime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
