@@ -6,90 +6,58 @@ import numpy as np
 import pytest
 
 from mtplib.contract.session import ForeignSessionError, StaleEpochError
-from mtplib.quality import NOISE_BOUND, compare_streams
-from mtplib.runtime.drafters import OracleDrafter
+from mtplib.correctness import equality, forced, rollback_noise, seeded_prompt, sessions
+from mtplib.quality import NOISE_BOUND
 from mtplib.runtime.generate import prefill
 from mtplib.runtime.model import Context, ContextConfig, Model
 from mtplib.runtime.sampling import Sampler
-from mtplib.runtime.speculative import MTPRuntime, expected_verify_steps
+from mtplib.runtime.speculative import MTPRuntime
 
 N_NEW = 32
-
-
-def prompt_for(seed: int, n: int = 12) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(0, 256, n)]
+prompt_for = seeded_prompt
 
 
 @pytest.fixture(scope="module")
-def off_runs(pair):
-    """MTP-off reference outputs (with the target's top-2 margins) for 20 prompt seeds."""
-    with MTPRuntime(str(pair.trunk), None, k=0, trace=True) as rt:
-        return {s: rt.generate(prompt_for(s), N_NEW) for s in range(20)}
+def equality_rows(pair):
+    return equality(str(pair.trunk), str(pair.sidecar), seeds=range(20), ks=(1, 2, 3),
+                    n_new=N_NEW)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_mtp_on_equals_mtp_off_for_20_seeds(pair, off_runs, k):
-    report = []
-    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=k) as rt:
-        for seed, (ref, ref_m) in off_runs.items():
-            on, m = rt.generate(prompt_for(seed), N_NEW)
-            assert m["drafted"] > 0
-            report.append(compare_streams(ref, on, ref_m["margins"], n_prompt=12))
-    diverged = [r for r in report if not r["equal"]]
+def test_mtp_on_equals_mtp_off_for_20_seeds(equality_rows, k):
+    rows = [r for r in equality_rows if r["k"] == k]
+    assert len(rows) == 20 and all(r["drafted"] > 0 for r in rows)
+    diverged = [r for r in rows if not r["equal"]]
     # a divergence is only allowed at a near-tie of the MTP-off logits; counted, not hidden
     for r in diverged:
-        assert r["margin_at_divergence"] < NOISE_BOUND, r
+        assert r["near_tie"] and r["margin_at_divergence"] < NOISE_BOUND, r
     assert len(diverged) <= 2, diverged
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize("n_rs_seq", [None, 0])
-def test_forced_accept_and_reject_accounting_is_exact(pair, off_runs, k, n_rs_seq):
-    ref, _ = off_runs[0]
-    prompt = prompt_for(0)
-    d = OracleDrafter(ref, len(prompt))
-    with MTPRuntime(str(pair.trunk), None, k=k, drafter=d, n_rs_seq=n_rs_seq) as rt:
-        out, m = rt.generate(prompt, N_NEW)
-    assert out == ref
-    steps = m["verify_steps"] + m["plain_steps"]
-    assert steps == expected_verify_steps(N_NEW, k)
-    assert m["accepted"] == m["drafted"]
-    # every token: the prefill's, the accepted drafts, and one target pick per step
-    assert 1 + m["accepted"] + m["verify_steps"] + m["plain_steps"] == N_NEW
-    assert all(x == 1.0 for x in m["accepted_per_position"] if x is not None)
-    assert m["rollbacks"] == {}
-
-    d = OracleDrafter(ref, len(prompt), wrong=True, n_vocab=256)
-    with MTPRuntime(str(pair.trunk), None, k=k, drafter=d, n_rs_seq=n_rs_seq) as rt:
-        out, m = rt.generate(prompt, N_NEW)
-    assert out == ref  # rejection never changes the output
-    assert m["accepted"] == 0 and m["verify_steps"] + m["plain_steps"] == N_NEW - 1
-    assert m["accept_len_hist"]["0"] == m["verify_steps"]
-    assert m["drafted"] == sum(min(k, N_NEW - 2 - i) for i in range(N_NEW - 1))
-    kind = "tail" if n_rs_seq is None else "checkpoint_replay"
-    assert m["rollbacks"] == {kind: m["verify_steps"]}
+def test_forced_accept_and_reject_accounting_is_exact(pair):
+    rows = forced(str(pair.trunk), ks=(1, 2, 3), n_new=N_NEW)
+    assert len(rows) == 12
+    for r in rows:
+        assert r["same_output"], r  # drafts never change the output
+        assert r["target_steps"] == r["expected_steps"], r
+        if r["mode"] == "accept":
+            assert r["accepted"] == r["drafted"] and r["rollbacks"] == {}, r
+            # every token: the prefill's, the accepted drafts, one target pick per step
+            assert 1 + r["accepted"] + r["target_steps"] == N_NEW
+        else:
+            k = r["k"]
+            assert r["accepted"] == 0, r
+            assert r["drafted"] == sum(min(k, N_NEW - 2 - i) for i in range(N_NEW - 1))
+            kind = "tail" if r["n_rs_seq"] == k else "checkpoint_replay"
+            assert r["rollbacks"] == {kind: N_NEW - 2}, r  # the last step is plain
 
 
-def fresh_logits(trunk: Model, tokens: list[int]) -> np.ndarray:
-    with Context(trunk, ContextConfig(n_ctx=512)) as c:
-        return prefill(c, tokens)[0]
-
-
-@pytest.mark.parametrize("n_rs_seq", [3, 0])
-def test_rollback_leaves_caches_as_if_fed_the_accepted_prefix(pair, n_rs_seq):
-    prompt = prompt_for(3)
-    d = OracleDrafter([0] * 64, len(prompt), wrong=True, n_vocab=256)
-    with MTPRuntime(str(pair.trunk), None, k=3, drafter=d, n_rs_seq=n_rs_seq) as rt:
-        s = rt.engine.open(prompt)
-        for _ in range(6):
-            s.step()
-        assert sum(s.metrics.rollbacks.values()) == 6
-        toks = list(s.tokens)
-        rt.target.decode([s.last], [s.base], seq_id=s.seq, logits=True)
-        got = rt.target.logits(-1)
-        want = fresh_logits(rt.trunk, toks)
-    assert np.abs(got - want).max() < NOISE_BOUND
-    assert int(np.argmax(got)) == int(np.argmax(want))
+def test_rollback_leaves_caches_as_if_fed_the_accepted_prefix(pair):
+    rows = rollback_noise(str(pair.trunk), seeds=(3, 5))
+    assert {r["n_rs_seq"] for r in rows} == {3, 0}
+    for r in rows:
+        assert r["within_noise_bound"] and r["argmax_equal"], r
+        assert sum(r["rollbacks"].values()) == 6
 
 
 def test_deep_truncation_goes_through_checkpoint_and_is_lossless(pair):
@@ -112,20 +80,9 @@ def test_deep_truncation_goes_through_checkpoint_and_is_lossless(pair):
 
 
 def test_interleaved_sessions_behave_as_if_alone(pair):
-    prompts = [prompt_for(10), prompt_for(11, 5), prompt_for(12, 20)]
-    solo = []
-    for p in prompts:
-        with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2) as rt:
-            solo.append(rt.generate(p, 24)[0])
-    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, n_seq_max=3) as rt:
-        ss = [rt.engine.open(p) for p in prompts]
-        while any(s.metrics.n_generated < 24 for s in ss):
-            for s in ss:
-                left = 24 - s.metrics.n_generated
-                if left > 0:
-                    s.step(min(2, left - 1))
-        for s, p, want in zip(ss, prompts, solo, strict=True):
-            assert s.tokens[len(p):] == want
+    rows = sessions(str(pair.trunk), str(pair.sidecar), k=2)
+    assert len(rows) == 3 and all(r["same_as_alone"] for r in rows), rows
+    assert len({r["seq_id"] for r in rows}) == 3
 
 
 def test_stale_epoch_and_foreign_session_messages_are_refused(pair):
@@ -172,3 +129,8 @@ def test_sampling_follows_the_target_distribution(pair):
     if exp_c[-1] == 0:
         obs_c, exp_c = obs_c[:-1], exp_c[:-1]
     assert chisquare(obs_c, exp_c).pvalue > 1e-3
+
+
+def fresh_logits(trunk: Model, tokens: list[int]) -> np.ndarray:
+    with Context(trunk, ContextConfig(n_ctx=512)) as c:
+        return prefill(c, tokens)[0]

@@ -1,0 +1,130 @@
+"""Correctness scenarios of the MTP runtime as tables (notebook 03 and the evidence).
+
+Each function runs one scenario on a trunk (+ sidecar) and returns plain rows (list of
+dicts) so a notebook shows them with pandas and a test can assert on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mtplib.quality import NOISE_BOUND, compare_streams
+from mtplib.runtime.drafters import OracleDrafter
+from mtplib.runtime.generate import prefill
+from mtplib.runtime.model import Context, ContextConfig
+from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.speculative import MTPRuntime, expected_verify_steps
+
+
+def seeded_prompt(seed: int, n: int = 12, n_vocab: int = 256) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(0, n_vocab, n)]
+
+
+def equality(trunk: str, sidecar: str, *, seeds: Sequence[int] = range(20),
+             ks: Sequence[int] = (1, 2, 3), n_new: int = 32, n_threads: int = 2,
+             **ctx) -> list[dict]:
+    """MTP-on vs MTP-off greedy output per (prompt seed, k), with the near-tie audit."""
+    with MTPRuntime(trunk, None, k=0, trace=True, n_threads=n_threads, **ctx) as rt:
+        refs = {s: rt.generate(seeded_prompt(s), n_new) for s in seeds}
+    rows = []
+    for k in ks:
+        with MTPRuntime(trunk, sidecar, k=k, n_threads=n_threads, **ctx) as rt:
+            for s in seeds:
+                ref, ref_m = refs[s]
+                got, m = rt.generate(seeded_prompt(s), n_new)
+                cmp = compare_streams(ref, got, ref_m["margins"], n_prompt=12)
+                rows.append({"seed": s, "k": k, **cmp, "drafted": m["drafted"],
+                             "accepted": m["accepted"],
+                             "min_margin_off": min(ref_m["margins"].values())})
+    return rows
+
+
+def forced(trunk: str, *, ks: Sequence[int] = (1, 2, 3), n_new: int = 32,
+           n_rs_seqs: Sequence[int | None] = (None, 0), n_vocab: int = 256,
+           n_threads: int = 2) -> list[dict]:
+    """Forced accept (the target's own continuation) and forced reject, with accounting."""
+    prompt = seeded_prompt(0)
+    with MTPRuntime(trunk, None, k=0, n_threads=n_threads) as rt:
+        ref, _ = rt.generate(prompt, n_new)
+    rows = []
+    for k in ks:
+        for n_rs in n_rs_seqs:
+            for wrong in (False, True):
+                d = OracleDrafter(ref, len(prompt), wrong=wrong, n_vocab=n_vocab)
+                with MTPRuntime(trunk, None, k=k, drafter=d, n_rs_seq=n_rs,
+                                n_threads=n_threads) as rt:
+                    out, m = rt.generate(prompt, n_new)
+                steps = m["verify_steps"] + m["plain_steps"]
+                rows.append({
+                    "k": k, "mode": "reject" if wrong else "accept",
+                    "n_rs_seq": k if n_rs is None else n_rs, "same_output": out == ref,
+                    "drafted": m["drafted"], "accepted": m["accepted"],
+                    "target_steps": steps,
+                    "expected_steps": n_new - 1 if wrong else expected_verify_steps(n_new, k),
+                    "rollbacks": dict(m["rollbacks"]),
+                })
+    return rows
+
+
+def rollback_noise(trunk: str, *, k: int = 3, steps: int = 6, seeds: Sequence[int] = (3, 5, 7),
+                   n_threads: int = 2) -> list[dict]:
+    """After rejected drafts are rolled back (tail or checkpoint), the next logits vs a
+    fresh context fed the committed tokens: max |delta logit| and argmax agreement."""
+    rows = []
+    for n_rs in (k, 0):
+        for seed in seeds:
+            prompt = seeded_prompt(seed)
+            d = OracleDrafter([0] * 256, len(prompt), wrong=True, n_vocab=256)
+            with MTPRuntime(trunk, None, k=k, drafter=d, n_rs_seq=n_rs,
+                            n_threads=n_threads) as rt:
+                s = rt.engine.open(prompt)
+                for _ in range(steps):
+                    s.step()
+                rt.target.decode([s.last], [s.base], seq_id=s.seq, logits=True)
+                got = rt.target.logits(-1)
+                with Context(rt.trunk, ContextConfig(n_ctx=512, n_threads=n_threads)) as c:
+                    want = prefill(c, list(s.tokens))[0]
+                kinds = dict(s.metrics.rollbacks)
+            diff = float(np.abs(got - want).max())
+            rows.append({"n_rs_seq": n_rs, "seed": seed, "rollbacks": kinds,
+                         "max_abs_dlogit": diff, "argmax_equal": int(got.argmax()) ==
+                         int(want.argmax()), "within_noise_bound": diff < NOISE_BOUND})
+    return rows
+
+
+def sessions(trunk: str, sidecar: str, *, k: int = 2, n_new: int = 24,
+             n_threads: int = 2) -> list[dict]:
+    """Three interleaved sessions in one target and one MTP context vs each one alone."""
+    prompts = [seeded_prompt(10), seeded_prompt(11, 5), seeded_prompt(12, 20)]
+    solo = []
+    for p in prompts:
+        with MTPRuntime(trunk, sidecar, k=k, n_threads=n_threads) as rt:
+            solo.append(rt.generate(p, n_new)[0])
+    with MTPRuntime(trunk, sidecar, k=k, n_seq_max=len(prompts), n_threads=n_threads) as rt:
+        ss = [rt.engine.open(p) for p in prompts]
+        while any(s.metrics.n_generated < n_new for s in ss):
+            for s in ss:
+                left = n_new - s.metrics.n_generated
+                if left > 0:
+                    s.step(min(k, left - 1))
+        return [{"session": s.id, "seq_id": s.seq, "prompt_len": len(p),
+                 "same_as_alone": s.tokens[len(p):] == want, "epoch": s.session.epoch,
+                 "rollbacks": dict(s.metrics.rollbacks)}
+                for s, p, want in zip(ss, prompts, solo, strict=True)]
+
+
+def sampling_agreement(trunk: str, sidecar: str, *, k: int = 2, n_seeds: int = 100,
+                       n_new: int = 8, temperature: float = 1.0, top_p: float = 0.95,
+                       n_threads: int = 2) -> dict:
+    """Per seed, MTP-on and MTP-off sampled streams (sample-and-match): how many equal."""
+    prompt = seeded_prompt(30, 8)
+    equal = 0
+    with MTPRuntime(trunk, sidecar, k=k, n_threads=n_threads) as on, \
+            MTPRuntime(trunk, None, k=0, n_threads=n_threads) as off:
+        for seed in range(n_seeds):
+            on.engine.sampler = off.engine.sampler = Sampler(temperature, top_p, seed)
+            equal += on.generate(prompt, n_new)[0] == off.generate(prompt, n_new)[0]
+    return {"seeds": n_seeds, "equal_streams": equal, "k": k, "temperature": temperature,
+            "top_p": top_p, "n_new": n_new}
