@@ -26,6 +26,10 @@ from mtplib.v4.arch import (
 )
 from mtplib.v4.presets import DEFAULT_PRESET, get_preset
 
+#: Metadata key marking a weight-less file (header + tensor table, data region a sparse
+#: hole of zeros). Such a file is for inventory and ownership derivation only.
+WEIGHTLESS_KEY = "mtplib.weightless"
+
 
 @dataclass(frozen=True)
 class FixturePair:
@@ -34,15 +38,23 @@ class FixturePair:
     config: V4Config
     seed: int
     preset: str
+    weightless: bool = False
 
     def summary(self) -> dict:
+        def entry(path: Path) -> dict:
+            if not self.weightless:
+                return {"path": str(path), "sha256": sha256_file(path),
+                        "bytes": path.stat().st_size}
+            st = path.stat()
+            # the data region is a hole of zeros: hash the header, report both sizes
+            return {"path": str(path), "sha256_header": sha256_header(path),
+                    "bytes": st.st_size, "disk_bytes": st.st_blocks * 512, "weightless": True}
+
         return {
             "preset": self.preset,
             "seed": self.seed,
-            "trunk": {"path": str(self.trunk), "sha256": sha256_file(self.trunk),
-                      "bytes": self.trunk.stat().st_size},
-            "sidecar": {"path": str(self.sidecar), "sha256": sha256_file(self.sidecar),
-                        "bytes": self.sidecar.stat().st_size},
+            "trunk": entry(self.trunk),
+            "sidecar": entry(self.sidecar),
             "config": self.config.to_dict(),
         }
 
@@ -53,6 +65,38 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def data_start(path: Path) -> int:
+    """Absolute offset of a GGUF's data region (header, KV and tensor infos come first)."""
+    from mtplib.ownership import gguf_data_offset  # fast: never parses the token strings
+
+    return gguf_data_offset(path)
+
+
+def sha256_header(path: Path) -> str:
+    """sha256 of everything before the data region (what a weight-less file holds)."""
+    n = data_start(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(n))
+    return h.hexdigest()
+
+
+def is_weightless(kv: dict) -> bool:
+    """True for a file `write_fixture` wrote without weights (a GGUFHeader's ``kv``)."""
+    return bool(kv.get(WEIGHTLESS_KEY, False))
+
+
+def require_weights(header) -> None:
+    """Refuse a weight-less file before upstream decodes it: it has no weights."""
+    from mtplib.gguf_header import ModelFileError
+
+    if is_weightless(header.kv):
+        raise ModelFileError(
+            f"{header.path} is a weight-less table (data region is a sparse hole of zeros, "
+            f"{WEIGHTLESS_KEY}=true): use it for inventory/ownership derivation only, "
+            "never for decoding")
 
 
 def _rng(seed: int, key: str) -> np.random.Generator:
@@ -96,12 +140,7 @@ def _tensor_key(spec: TensorSpec, sidecar: bool) -> str:
     return spec.name
 
 
-def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sidecar: bool,
-           name: str) -> None:
-    import gguf  # registry package; knows nothing of deepseek4 but writes any names
-
-    tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
     w.add_name(name)
     for key, val in gguf_keys(cfg, sidecar=sidecar).items():
         if isinstance(val, bool):
@@ -112,12 +151,23 @@ def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sideca
             w.add_float32(key, val)
         elif isinstance(val, list):
             w.add_array(key, val)
+        elif isinstance(val, str):
+            w.add_string(key, val)
         else:
             raise TypeError(f"unsupported key type for {key}: {type(val)}")
     # upstream's own fixture tokenizer: ids <-> "tok_<i>", zero scores
     w.add_tokenizer_model("test")
     w.add_token_list([f"tok_{i}" for i in range(cfg.n_vocab)])
     w.add_token_scores([0.0] * cfg.n_vocab)
+
+
+def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sidecar: bool,
+           name: str) -> None:
+    import gguf  # registry package; knows nothing of deepseek4 but writes any names
+
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+    _add_keys(w, cfg, sidecar, name)
     for spec in specs:
         arr = _init(spec, cfg, seed, _tensor_key(spec, sidecar))
         w.add_tensor(spec.name, arr)
@@ -128,8 +178,42 @@ def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sideca
     os.replace(tmp, path)
 
 
+def _write_sparse(path: Path, cfg: V4Config, specs: list[TensorSpec], sidecar: bool,
+                  name: str) -> None:
+    """Header + tensor infos only; the data region is extended with truncate, so it is a
+    hole that reads as zeros and takes no disk (a 150 GB table takes a few MB)."""
+    import gguf
+
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+    _add_keys(w, cfg, sidecar, name)
+    w.add_bool(WEIGHTLESS_KEY, True)
+    total = 0
+    for spec in specs:
+        nbytes = spec.nbytes
+        w.add_tensor_info(spec.name, tuple(reversed(spec.ne)), np.dtype(np.float32), nbytes,
+                          raw_dtype=gguf.GGMLQuantizationType[spec.dtype])
+        total += gguf.GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    start = gguf.GGUFWriter.ggml_pad(w.fout[0].tell(), w.data_alignment)
+    w.close()
+    os.truncate(tmp, start + total)
+    os.replace(tmp, path)
+
+
+def _same_file(a: Path, b: Path, weightless: bool) -> bool:
+    if weightless:
+        return a.stat().st_size == b.stat().st_size and sha256_header(a) == sha256_header(b)
+    return sha256_file(a) == sha256_file(b)
+
+
 def fixture_names(preset: str, seed: int) -> tuple[str, str]:
-    base = f"v4-{preset}-s{seed}"
+    if get_preset(preset).extra.get("weightless"):
+        base = f"{preset}-weightless"  # no weights, so no seed in the name
+    else:
+        base = f"v4-{preset}-s{seed}"
     return f"{base}.gguf", f"mtp-{base}.gguf"
 
 
@@ -138,11 +222,13 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
     """Write (or reuse, when byte-identical) the trunk and sidecar for ``preset``/``seed``.
 
     An existing file with the same name but other bytes is never overwritten without
-    ``force``: it may be someone's model.
+    ``force``: it may be someone's model. A weight-less preset (``v4-flash``) writes the
+    header and tensor table only, with a sparse data region (seed unused).
     """
     if seed < 0 or seed >= 2**32:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}")
     cfg = get_preset(preset).validate()
+    weightless = bool(cfg.extra.get("weightless"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trunk_name, side_name = fixture_names(preset, seed)
@@ -151,11 +237,69 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
                                   (side_name, sidecar_tensors(cfg), True)):
         path = out / fname
         staged = out / (fname + ".new")
-        _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
-        if path.exists() and not force and sha256_file(path) != sha256_file(staged):
+        if weightless:
+            _write_sparse(staged, cfg, specs, sidecar, fname[: -len(".gguf")])
+        else:
+            _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
+        if path.exists() and not force and not _same_file(path, staged, weightless):
             staged.unlink()
             raise FileExistsError(
                 f"{path} exists with different contents; remove it or pass --force")
         os.replace(staged, path)
         paths.append(path)
-    return FixturePair(paths[0], paths[1], cfg, seed, preset)
+    return FixturePair(paths[0], paths[1], cfg, seed, preset, weightless)
+
+
+def write_combined(trunk: str | Path, sidecar: str | Path, out_dir: str | Path) -> Path:
+    """One file holding the trunk and the MTP block (upstream loads either layout).
+
+    Root tensors and blocks 0..n_layer-1 come from the trunk (so the root output_hc_* is
+    the trunk's hc head), blk.{n_layer}.* from the sidecar; the keys are the sidecar's
+    (block_count = n_layer + n_mtp, nextn_predict_layers = n_mtp). Used to check the
+    single-file ownership rules against upstream.
+    """
+    import gguf
+
+    from mtplib.gguf_header import read_header
+    from mtplib.v4.arch import config_from_keys
+
+    trunk, sidecar = Path(trunk), Path(sidecar)
+    side = read_header(sidecar, with_tokens=False)
+    for h in (read_header(trunk, with_tokens=False), side):
+        require_weights(h)
+    cfg = config_from_keys(side.kv, side.n_vocab)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ("combined-" + trunk.name)
+    tensors = [(t.name, np.array(t.data)) for t in gguf.GGUFReader(str(trunk)).tensors]
+    tensors += [(t.name, np.array(t.data)) for t in gguf.GGUFReader(str(sidecar)).tensors
+                if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= cfg.n_layer]
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+    _add_keys(w, cfg, True, path.stem)
+    for name, arr in tensors:
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def trained_pair() -> FixturePair | None:
+    """The committed trained tiny V4 pair (evidence/trained-v4/: trunk + `mtp-` sidecar
+    trained on Python stdlib source, gpt2 BPE tokenizer), or None where it is absent.
+
+    Unlike the random presets it is not generated: the files are the evidence, read in
+    place (do not write to them). Preset name "trained", seed = the training seed.
+    """
+    from mtplib.gguf_header import read_header
+    from mtplib.trained_eval import trained_paths
+    from mtplib.v4.arch import config_from_keys
+
+    p = trained_paths()
+    if not (p.trunk.exists() and p.sidecar.exists()):
+        return None
+    h = read_header(p.sidecar)
+    return FixturePair(p.trunk, p.sidecar, config_from_keys(h.kv, h.n_vocab), 0, "trained")

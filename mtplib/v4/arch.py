@@ -121,6 +121,69 @@ class TensorSpec:
             n *= d
         return n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the data as a GGUF stores it (block-quantized types included)."""
+        return ggml_nbytes(self.dtype, self.ne)
+
+
+#: ggml types a V4 GGUF uses: (elements per block, bytes per block), from ggml.c type_traits.
+GGML_TYPE_SIZES: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "I32": (1, 4), "I64": (1, 8),
+    "Q8_0": (32, 34), "MXFP4": (32, 17),
+}
+
+
+def ggml_nbytes(dtype: str, ne: tuple[int, ...]) -> int:
+    """Bytes of a contiguous ggml tensor of ``dtype`` and shape ``ne`` (rows of ne[0])."""
+    try:
+        block, size = GGML_TYPE_SIZES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown ggml type {dtype!r}; known: {sorted(GGML_TYPE_SIZES)}") from None
+    if ne and ne[0] % block:
+        raise ValueError(f"{dtype} needs ne[0] % {block} == 0, got ne={ne}")
+    n = 1
+    for d in ne:
+        n *= d
+    return n // block * size
+
+
+#: dtype policy "converter": the types upstream's converter (conversion/deepseek.py,
+#: DeepseekV4Model at the pinned commit) writes for the published DeepSeek-V4 checkpoint:
+#: routed experts are repacked to MXFP4; FP8 weights (the ones that ship a `.scale`
+#: sibling: wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b, shared experts, MTP e/h_proj ->
+#: eh_proj) are dequantized and forced to Q8_0; BF16 matrices stay BF16; F32 tensors stay
+#: F32; every 1-D tensor and every *_norm is F32 (base.py); tid2eid is written as I32.
+#: The source dtypes (which tensors are FP8 / BF16 / F32 in the checkpoint) are taken from
+#: the published checkpoint layout, not read from it: see evidence/DGR-065/README.md.
+CONVERTER_DTYPES: dict[str, str] = {
+    "token_embd": "BF16", "output": "BF16",
+    "attn_q_a": "Q8_0", "attn_q_b": "Q8_0", "attn_kv": "Q8_0",
+    "attn_output_a": "Q8_0", "attn_output_b": "Q8_0", "indexer.attn_q_b": "Q8_0",
+    "ffn_gate_shexp": "Q8_0", "ffn_up_shexp": "Q8_0", "ffn_down_shexp": "Q8_0",
+    "nextn.eh_proj": "Q8_0",
+    "attn_compressor_kv": "BF16", "attn_compressor_gate": "BF16",
+    "indexer_compressor_kv": "BF16", "indexer_compressor_gate": "BF16",
+    "indexer.proj": "BF16", "ffn_gate_inp": "BF16",
+    "ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4",
+    "ffn_gate_tid2eid": "I32",
+}
+DTYPE_POLICIES = ("f32", "converter")
+
+
+def tensor_dtype(cfg: V4Config, kind: str, default: str = "F32") -> str:
+    """The dtype a tensor of ``kind`` gets under the config's dtype policy.
+
+    Policy "f32" (default; `cfg.extra` has no "dtype_policy"): ``default`` (F32, I32 for
+    tid2eid), the tiny fixtures' layout. Policy "converter": CONVERTER_DTYPES, else F32.
+    """
+    policy = cfg.extra.get("dtype_policy", "f32")
+    if policy not in DTYPE_POLICIES:
+        raise ConfigError(f"unknown dtype_policy {policy!r}; known: {DTYPE_POLICIES}")
+    if policy == "f32":
+        return default
+    return CONVERTER_DTYPES.get(kind, "F32")
+
 
 def block_tensors(cfg: V4Config, i: int) -> list[TensorSpec]:
     """Tensors of block ``i`` in upstream's creation order (deepseek4.cpp load_arch_tensors)."""
@@ -130,6 +193,7 @@ def block_tensors(cfg: V4Config, i: int) -> list[TensorSpec]:
     out: list[TensorSpec] = []
 
     def add(kind: str, ne: tuple[int, ...], suffix: str = "weight", dtype: str = "F32") -> None:
+        dtype = tensor_dtype(cfg, kind, dtype)
         out.append(TensorSpec(f"blk.{i}.{kind}.{suffix}", ne, dtype, i, kind))
 
     add("attn_norm", (E,))
@@ -183,14 +247,16 @@ def block_tensors(cfg: V4Config, i: int) -> list[TensorSpec]:
 
 def root_tensors(cfg: V4Config) -> list[TensorSpec]:
     E, V = cfg.n_embd, cfg.n_vocab
-    return [
-        TensorSpec("token_embd.weight", (E, V), "F32", None, "token_embd"),
-        TensorSpec("output_norm.weight", (E,), "F32", None, "output_norm"),
-        TensorSpec("output.weight", (E, V), "F32", None, "output"),
-        TensorSpec("output_hc_fn.weight", (HC * E, HC), "F32", None, "output_hc_fn"),
-        TensorSpec("output_hc_base.weight", (HC,), "F32", None, "output_hc_base"),
-        TensorSpec("output_hc_scale.weight", (1,), "F32", None, "output_hc_scale"),
+    specs = [
+        ("token_embd", (E, V)),
+        ("output_norm", (E,)),
+        ("output", (E, V)),
+        ("output_hc_fn", (HC * E, HC)),
+        ("output_hc_base", (HC,)),
+        ("output_hc_scale", (1,)),
     ]
+    return [TensorSpec(f"{kind}.weight", ne, tensor_dtype(cfg, kind), None, kind)
+            for kind, ne in specs]
 
 
 def trunk_tensors(cfg: V4Config) -> list[TensorSpec]:
@@ -250,6 +316,7 @@ def gguf_keys(cfg: V4Config, *, sidecar: bool) -> dict[str, object]:
     }
     if sidecar:
         keys[p + "nextn_predict_layers"] = cfg.n_mtp
+    keys.update(cfg.extra.get("gguf_keys", {}))  # e.g. rope scaling of a published config
     return keys
 
 
