@@ -128,3 +128,42 @@ def sampling_agreement(trunk: str, sidecar: str, *, k: int = 2, n_seeds: int = 1
             equal += on.generate(prompt, n_new)[0] == off.generate(prompt, n_new)[0]
     return {"seeds": n_seeds, "equal_streams": equal, "k": k, "temperature": temperature,
             "top_p": top_p, "n_new": n_new}
+
+
+def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-3", "0-0,1-2,3-3"),
+                    ks: Sequence[int] = (0, 1, 2, 3), n_new: int = 16,
+                    prompt_seed: int = 7, n_threads: int = 2, shard_threads: int = 1
+                    ) -> list[dict]:
+    """The same generation whole and on loopback RPC shards (MTP on the tail shard): tokens
+    must agree (near-tie rule); seam bytes per token per step kind next to the contract's
+    minimum."""
+    from mtplib.ranged import RangedMTP
+    from mtplib.runtime.speculative import EngineOptions
+
+    prompt = seeded_prompt(prompt_seed, 10)
+    whole = {}
+    for k in ks:
+        with MTPRuntime(trunk, sidecar if k else None, k=k, trace=True,
+                        n_threads=n_threads) as rt:
+            whole[k] = rt.generate(prompt, n_new)
+    rows = []
+    for plan in plans:
+        with RangedMTP(trunk, plan=plan, sidecar=sidecar, shard_threads=shard_threads) as r:
+            for k in ks:
+                toks, m = r.generate(prompt, n_new, EngineOptions(k=k, n_threads=n_threads))
+                ref, ref_m = whole[k]
+                cmp = compare_streams(ref, toks, ref_m["margins"], n_prompt=len(prompt))
+                per = m["seam_bytes_per_token"]
+                rows.append({
+                    "plan": plan, "k": k, "equal": cmp["equal"], "near_tie": cmp["near_tie"],
+                    "drafted": m["drafted"], "accepted": m["accepted"],
+                    "seam_bytes": m["seam_bytes"],
+                    **{f"bytes_per_token_{lab}": per.get(lab) for lab in
+                       ("prefill", "decode", "draft", "verify", "feed", "rollback")},
+                    "contract_min_decode": m["seam_contract_min_per_token"].get(
+                        "decode", m["seam_contract_min_per_token"].get("prefill")),
+                    "mtp_on_tail": m.get("mtp_placement") == [r.rt.endpoints[-1]] if k
+                    else None,
+                    "hidden_rows": m.get("hidden_rows"),
+                })
+    return rows

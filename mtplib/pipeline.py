@@ -35,6 +35,8 @@ class Lane:
     threads: int = 2
     parameters: dict = field(default_factory=dict)
     description: str = ""
+    bench: dict | None = None  # the `bench:` section (mtplib.bench.BenchConfig)
+    evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -48,7 +50,7 @@ def load_lane(path: str | Path) -> Lane:
     if not isinstance(data, dict):
         raise LaneError(f"{p}: expected a mapping at the top level")
     unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
-                           "parameters"}
+                           "parameters", "bench", "evidence"}
     if unknown:
         raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
     nbs = data.get("notebooks") or []
@@ -66,7 +68,8 @@ def load_lane(path: str | Path) -> Lane:
     return Lane(name=str(data.get("lane", p.stem)), path=p, notebooks=norm,
                 fixture=data.get("fixture"), models=data.get("models"),
                 threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
-                description=str(data.get("description", "")))
+                description=str(data.get("description", "")), bench=data.get("bench"),
+                evidence=[str(s) for s in data.get("evidence") or []])
 
 
 def _storage_root(models: dict) -> Path:
@@ -98,6 +101,43 @@ def resolve_models(lane: Lane, run_dir: Path) -> dict:
     return out
 
 
+def check_lane_requirements(lane: Lane) -> None:
+    """Stop before anything runs when the lane's bench section is malformed or needs what
+    this machine lacks (e.g. a GPU build); and when it asks for an unknown evidence story."""
+    if lane.evidence:
+        from mtplib.evidence import WRITERS
+
+        unknown = [s for s in lane.evidence if s not in WRITERS]
+        if unknown:
+            raise LaneError(f"lane {lane.name}: no evidence README writer for {unknown} "
+                            f"(known: {sorted(WRITERS)})")
+    if lane.bench is None:
+        return
+    from mtplib.bench import BenchConfig, MissingCapability, check_requirements
+
+    try:
+        check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads))
+    except MissingCapability as e:
+        raise LaneError(f"lane {lane.name}: {e}") from None
+    except ValueError as e:
+        raise LaneError(f"{lane.path}: {e}") from None
+
+
+def _backend() -> dict:
+    from mtplib.runtime.devices import backend_info
+
+    return backend_info()
+
+
+def _merge_seam_bytes(run_dir: Path, record: dict) -> None:
+    """Notebooks that ran on shards leave seam_bytes.json: the run record carries it."""
+    import json
+
+    p = run_dir / "seam_bytes.json"
+    if p.exists():
+        record["seam_bytes"] = json.loads(p.read_text())
+
+
 def new_run_id(lane: str) -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + re.sub(r"[^\w.-]", "_", lane)
 
@@ -110,13 +150,15 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     from tqdm.auto import tqdm
 
     lane = load_lane(params)
+    check_lane_requirements(lane)
     run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
     if run_dir.exists() and any(run_dir.iterdir()):
         raise LaneError(f"{run_dir} already exists and is not empty; pick another --run-id")
     run_dir.mkdir(parents=True, exist_ok=True)
     record = base_record(REPO, argv=argv)
     record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(run_dir),
-                   "threads": lane.threads, "network": "loopback", "notebooks": []})
+                   "threads": lane.threads, "network": "loopback", "notebooks": [],
+                   "fixture": lane.fixture, "backend": _backend()})
     record_path = run_dir / "run_record.json"
     write_json(record_path, record)
     models = resolve_models(lane, run_dir)
@@ -128,6 +170,8 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
             name = item["notebook"]
             params_in = {**lane.parameters, **(item.get("parameters") or {}), **models,
                          "threads": lane.threads, "run_dir": str(run_dir)}
+            if lane.bench is not None and "bench" in pm.inspect_notebook(str(NOTEBOOKS / name)):
+                params_in["bench"] = lane.bench  # only to notebooks that declare it
             out_nb = run_dir / name
             t0 = now_iso()
             entry = {"notebook": name, "parameters": params_in, "started": t0}
@@ -143,7 +187,18 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                 raise
             finally:
                 entry["ended"] = now_iso()
+                _merge_seam_bytes(run_dir, record)
                 write_json(record_path, record)
+        if lane.evidence:
+            from mtplib.evidence import write_evidence_readme
+
+            try:
+                record["evidence"] = [str(write_evidence_readme(
+                    run_dir, story, run_dir / "evidence" / story / "README.md"))
+                    for story in lane.evidence]
+            except Exception:
+                status = "failed"
+                raise
     finally:
         record["ended"] = now_iso()
         record["status"] = status

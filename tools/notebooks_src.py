@@ -67,6 +67,7 @@ run_dir = "."
 seeds = 20
 ks = [1, 2, 3]
 n_new = 32
+plans = ["0-1,2-3", "0-0,1-2,3-3"]
 """),
     ("code", """
 import json
@@ -116,6 +117,26 @@ sa = C.sampling_agreement(trunk, sidecar, n_threads=threads)
 results["sampling"] = sa
 pd.DataFrame([sa])
 """),
+    ("md", """
+## Whole vs ranged (DGR-066 part 2)
+
+The trunk's layers on loopback RPC shard processes (plan per row), the MTP sidecar on the
+tail shard; bytes on every shard connection counted by relays, per token per step kind,
+next to the contract's minimum per decode token. The same table goes into the run record.
+"""),
+    ("code", """
+wr = pd.DataFrame(C.whole_vs_ranged(trunk, sidecar, plans=plans, n_threads=threads))
+results["whole_vs_ranged"] = wr.to_dict("records")
+Path(run_dir, "seam_bytes.json").write_text(json.dumps(results["whole_vs_ranged"], indent=2))
+wr
+"""),
+    ("code", """
+fig, ax = plt.subplots(figsize=(7, 3))
+cols = [c for c in wr.columns if c.startswith("bytes_per_token_")]
+wr.set_index(wr.plan + " k=" + wr.k.astype(str))[cols].plot.bar(ax=ax, logy=True)
+ax.axhline(wr.contract_min_decode.iloc[0], color="k", ls="--", label="contract min / decode token")
+ax.set_ylabel("bytes per token"); ax.legend(fontsize=7); plt.tight_layout()
+"""),
     ("code", """
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.bar(rb.index, rb.max_abs_dlogit, color=["C0" if n else "C1" for n in rb.n_rs_seq])
@@ -127,3 +148,363 @@ Path(run_dir, "correctness.json").write_text(json.dumps(results, indent=2, defau
 ]
 
 NOTEBOOKS["03_correctness.ipynb"] = NB03
+
+NB01 = [
+    ("md", """
+# 01 · Tensor ownership (DGR-065)
+
+Every tensor of a DeepSeek-V4 trunk and its `mtp-` sidecar gets a role (head, main_layer,
+tail, mtp), the graphs that read it (main, mtp, both or none) and a shard under a plan of
+contiguous layer ranges: derived from the GGUF headers alone (`mtplib.ownership`), then
+**checked against the graphs upstream builds**: one main decode and one MTP decode with
+the context's eval callback record every weight tensor read, and any difference stops the
+notebook. The same derivation then runs on the weight-less DeepSeek-V4-Flash table (real
+tensor table and dtypes, no weights) for 2, 4 and 8 shards.
+"""),
+    ("params", """
+trunk = None          # trunk GGUF; None: generate the built-in tiny fixture
+sidecar = None        # its mtp- sidecar
+threads = 2
+run_dir = "."
+plan = "0-1,2-3"      # shard plan for the fixture (contiguous layer ranges)
+ctx = 4096            # context (llama n_ctx) for the cache columns
+flash_dir = None      # where to write the weight-less V4-Flash table; None: run_dir/models/v4-flash
+flash_shards = [2, 4, 8]
+flash_ctx = 131072    # context for the V4-Flash cache column
+"""),
+    ("code", """
+import json
+from pathlib import Path
+import pandas as pd
+from mtplib.fixture import write_fixture, write_combined
+from mtplib.ownership import CacheParams, derive, inventory_from_paths
+from mtplib import ownership_report as rep
+from mtplib.runtime.graph_reads import check_pair, table_check
+
+pd.set_option("display.width", 220)
+pd.set_option("display.max_columns", 30)
+if trunk is None:
+    pair = write_fixture(Path(run_dir) / "models", seed=0)
+    trunk, sidecar = str(pair.trunk), str(pair.sidecar)
+inv = inventory_from_paths(trunk, sidecar)
+own = derive(inv, plan, CacheParams(n_ctx=ctx))
+cfg = inv.config
+print(f"{inv.layout}: {cfg.n_layer} trunk layers + {cfg.n_mtp} MTP block, plan {own.plan}")
+rep.role_table(own)
+"""),
+    ("md", "Shipped but read by no graph (reported, not hidden):"),
+    ("code", "rep.unread_table(own)"),
+    ("md", """
+## Checked against upstream: the weights each graph reads
+
+`check_pair` runs one main decode on the trunk and one MTP decode on the sidecar, each with
+`cb_eval` watching every graph node and its sources, and compares the weights seen with the
+derived `read_by` of each file's tensors. Then the same for one file holding trunk and MTP
+(upstream's single-file layout, loaded with `load_mtp`).
+"""),
+    ("code", """
+check = check_pair(inv, CacheParams(n_ctx=ctx))
+combined_path = write_combined(trunk, sidecar, Path(run_dir) / "models" / "combined")
+combined = inventory_from_paths(combined_path)
+check_c = check_pair(combined, CacheParams(n_ctx=ctx))
+assert check["reads_equal"] and check_c["reads_equal"], (check["reads"], check_c["reads"])
+pd.concat([rep.reads_check_table(check).assign(layout="pair"),
+           rep.reads_check_table(check_c).assign(layout="combined")], ignore_index=True)
+"""),
+    ("code", "rep.role_table(combined)"),
+    ("md", "## Shards of the fixture"),
+    ("code", "rep.shard_table(own)"),
+    ("code", "rep.replica_table(own)"),
+    ("code", """
+fig = rep.stacked_bytes_chart({f"fixture, plan {own.plan}": own}, "roles", unit=2**20)
+fig.axes[0].set_ylabel("MiB");
+"""),
+    ("md", """
+## DeepSeek-V4-Flash: the real tensor table, weight-less
+
+`mtplib fixture --preset v4-flash` writes the trunk and sidecar tables of the published
+config with the dtypes upstream's converter writes (MXFP4 experts, Q8_0 for the FP8
+weights, BF16, F32, I32 hash tables); the data region is a sparse hole, so 150 GB of
+tensors take a few MB of disk. Headers are read in milliseconds, nothing else.
+"""),
+    ("code", """
+fdir = Path(flash_dir) if flash_dir else Path(run_dir) / "models" / "v4-flash"
+flash = write_fixture(fdir, preset="v4-flash")
+s = flash.summary()
+pd.DataFrame([{"file": Path(s[k]["path"]).name, "logical bytes": s[k]["bytes"],
+               "disk bytes": s[k]["disk_bytes"], "sha256 (header)": s[k]["sha256_header"][:16]}
+              for k in ("trunk", "sidecar")])
+"""),
+    ("code", """
+owns, secs = rep.flash_ownerships(str(flash.trunk), str(flash.sidecar), shards=flash_shards,
+                                  ctxs=[flash_ctx], swa_full=[True])
+print(f"read 2 headers + {len(owns)} derivations: {secs:.3f} s")
+assert secs < 5, secs
+finv = next(iter(owns.values())).inventory
+rep.role_table(finv)
+"""),
+    ("md", """
+Upstream's own loader accepts the table: each file is loaded with `no_alloc` (metadata
+only, no weight read, nothing allocated; in a child process) and the model size it
+computes is compared with the inventory's bytes.
+"""),
+    ("code", """
+tc = pd.DataFrame(table_check(finv))
+assert tc["equal"].all(), tc
+tc
+"""),
+    ("code", """
+shards = pd.concat([rep.shard_table(owns[(n, flash_ctx, True)]) for n in flash_shards],
+                   ignore_index=True)
+mtp_block = owns[(flash_shards[0], flash_ctx, True)].mtp_block_bytes
+print(f"MTP block (blk.43.*): {mtp_block} bytes = {mtp_block / 2**30:.3f} GiB")
+shards
+"""),
+    ("code", "rep.replica_table(owns[(flash_shards[-1], flash_ctx, True)])"),
+    ("md", """
+Equal layer counts leave the last shard heaviest (tail + MTP sidecar). A byte-balanced
+plan (contiguous ranges minimising the largest shard, `ownership.balanced_plan`):
+"""),
+    ("code", """
+from mtplib.ownership import balanced_plan, even_plan
+pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
+               "largest shard GiB": round(max(s.bytes for s in derive(finv, p).shards) / 2**30, 3)}
+              for n in flash_shards
+              for kind, p in (("even", even_plan(43, n)), ("balanced", balanced_plan(finv, n)))])
+"""),
+    ("code", """
+fig = rep.stacked_bytes_chart({f"{n} shards": owns[(n, flash_ctx, True)] for n in flash_shards},
+                              "roles", title="DeepSeek-V4-Flash: bytes held per shard, by role")
+"""),
+    ("code", """
+record = {"derivation_seconds": secs, "mtp_block_bytes": mtp_block,
+          "table_check": tc.to_dict("records"),
+          "fixture_reads_equal": {"pair": check["reads_equal"], "combined": check_c["reads_equal"]},
+          "flash_shards": {str(n): rep.shard_table(owns[(n, flash_ctx, True)]).to_dict("records")
+                           for n in flash_shards}}
+_ = Path(run_dir, "dgr065_ownership.json").write_text(json.dumps(record, indent=1, default=str))
+"""),
+]
+
+NOTEBOOKS["01_tensor_ownership.ipynb"] = NB01
+
+NB02 = [
+    ("md", """
+# 02 · State contract: caches per shard (DGR-065)
+
+Which caches each shard allocates for a context (raw SWA K, CSA/HCA compressed K, indexer
+K, compressor states, the MTP block's K), with their bytes: derived from the headers and
+the context parameters (`mtplib.ownership.cache_tensors`), then **compared with what
+upstream allocates** for the same context on the fixture (every cache tensor the graphs
+touch, and the exact size of every cache buffer). Then the same derivation for
+DeepSeek-V4-Flash at 8k, 128k and 1M context over 2, 4 and 8 shards, and the seam bytes
+per token of the MTP contract. All caches are shard-local: none crosses a seam.
+"""),
+    ("params", """
+trunk = None
+sidecar = None
+threads = 2
+run_dir = "."
+plan = "0-1,2-3"
+ctx = 4096
+n_seq = 1
+flash_dir = None
+flash_shards = [2, 4, 8]
+flash_ctxs = [8192, 131072, 1048576]
+"""),
+    ("code", """
+import json
+from pathlib import Path
+import pandas as pd
+from mtplib.contract import SHARD_LOCAL, CacheKind, names_cache_state
+from mtplib.fixture import write_fixture
+from mtplib.ownership import CacheParams, derive, inventory_from_paths
+from mtplib import ownership_report as rep
+from mtplib.runtime.graph_reads import check_pair
+
+pd.set_option("display.width", 220)
+pd.set_option("display.max_columns", 30)
+if trunk is None:
+    pair = write_fixture(Path(run_dir) / "models", seed=0)
+    trunk, sidecar = str(pair.trunk), str(pair.sidecar)
+inv = inventory_from_paths(trunk, sidecar)
+own = derive(inv, plan, CacheParams(n_ctx=ctx, n_seq=n_seq))
+rep.cache_table(own)
+"""),
+    ("md", """
+## Checked against upstream's allocation
+
+For each context below: one main decode and one MTP decode, recording every cache tensor
+the graphs touch (name, shape, type, bytes) and the size of each cache buffer
+(`ggml_backend_buffer_get_size`). The derived tensors and buffer sizes must be equal; the
+MTP context's buffer includes a V cache the graph never reads (`mtp_swa_v_unread`).
+"""),
+    ("code", """
+variants = [CacheParams(n_ctx=ctx, n_seq=n_seq),
+            CacheParams(n_ctx=2048, n_seq=2, n_ubatch=64, swa_full=False, n_rs_seq=2),
+            CacheParams(n_ctx=1024, type_k="f32")]
+checks, tables = [], []
+for p in variants:
+    r = check_pair(inv, p)
+    checks.append(r)
+    label = f"n_ctx {p.n_ctx}, {p.n_seq} seq, K {p.type_k}, swa_full {p.swa_full}, rs {p.n_rs_seq}"
+    tables.append(rep.caches_check_table(r).assign(params=label))
+assert all(r["caches_equal"] for r in checks), [r["caches"] for r in checks]
+pd.concat(tables, ignore_index=True)
+"""),
+    ("md", "Upstream's own log lines for the first context (sizes in MiB, cells, layers):"),
+    ("code", """
+log = checks[0]["upstream_cache_log"]
+print("\\n".join(log["main"] + log["mtp"]))
+"""),
+    ("md", """
+## DeepSeek-V4-Flash: caches per shard at 8k, 128k and 1M
+
+`swa_full=True` is llama_context_default_params' default (the raw SWA cache gets every
+cell of the context); `swa_full=False` (the common/server default) sizes it to the window
+plus one ubatch. Both are shown.
+"""),
+    ("code", """
+fdir = Path(flash_dir) if flash_dir else Path(run_dir) / "models" / "v4-flash"
+flash = write_fixture(fdir, preset="v4-flash")
+owns, secs = rep.flash_ownerships(str(flash.trunk), str(flash.sidecar), shards=flash_shards,
+                                  ctxs=flash_ctxs, swa_full=[True, False])
+print(f"read 2 headers + {len(owns)} derivations: {secs:.3f} s")
+rows = []
+for (n, c, f), o in owns.items():
+    for s in o.shards:
+        rows.append({"shards": n, "n_ctx": c, "swa_full": f, "shard": s.index,
+                     "cache GiB": round(s.caches["total"] / 2**30, 3)})
+pd.DataFrame(rows).pivot_table(index=["shards", "shard"], columns=["swa_full", "n_ctx"],
+                               values="cache GiB")
+"""),
+    ("code", """
+pd.concat([rep.cache_table(owns[(flash_shards[-1], c, f)]) for c in flash_ctxs
+           for f in (True, False)], ignore_index=True)
+"""),
+    ("code", """
+fig = rep.stacked_bytes_chart({f"{n} shards, 128k": owns[(n, 131072, True)] for n in flash_shards},
+                              "caches", title="V4-Flash cache bytes per shard (swa_full=True)")
+fig = rep.stacked_bytes_chart({f"{n} shards, 1M": owns[(n, 1048576, False)] for n in flash_shards},
+                              "caches", title="V4-Flash caches per shard at 1M (swa_full=False)")
+"""),
+    ("md", """
+## Seam bytes per token (MTP contract)
+
+Per seam: the boundary hidden row (hc x n_embd), token id and position per token; a draft
+id per draft step; a verify batch plus its result. MTP runs on the tail shard, so no MTP
+hidden row crosses a seam (`mtp_hidden_remote` is what it would cost otherwise).
+"""),
+    ("code", "rep.seam_table(owns[(flash_shards[-1], flash_ctxs[0], True)])"),
+    ("code", "rep.seam_table(own)"),
+    ("md", "Every cache kind above is shard-local in the contract and is refused at a seam:"),
+    ("code", """
+kinds = sorted({c.kind for c in own.caches})
+tbl = pd.DataFrame([{"cache kind": k, "shard-local (contract)": CacheKind(k) in SHARD_LOCAL,
+                     "refused at a seam": names_cache_state(k)} for k in kinds])
+assert tbl.iloc[:, 1:].all().all()
+tbl
+"""),
+    ("code", """
+record = {"fixture_caches_equal": [r["caches_equal"] for r in checks],
+          "fixture_variants": [str(p) for p in variants],
+          "flash": {f"{n}x{c}x{'full' if f else 'window'}": rep.cache_table(o).to_dict("records")
+                    for (n, c, f), o in owns.items()},
+          "seam_bytes_per_token": owns[(flash_shards[-1], flash_ctxs[0], True)].seam_bytes()}
+_ = Path(run_dir, "dgr065_state.json").write_text(json.dumps(record, indent=1, default=str))
+"""),
+]
+
+NOTEBOOKS["02_state_contract.ipynb"] = NB02
+
+NB04 = [
+    ("md", """
+# 04 · MTP off vs on benchmark (DGR-066 part 3)
+
+For the lane's trunk and `mtp-` sidecar: MTP off and MTP on (k = 1..3) per plan, with
+warm-up runs excluded and repetitions for the spread; quality against MTP off; acceptance
+overall, per draft position and as a histogram; TTFT and decode speed; the time split;
+memory; seam bytes. Then the synthetic acceptance sweep: the target's own continuation
+with wrong tokens at a set rate gives the speed-up at acceptance 0..100% and the
+break-even acceptance, with the reference numbers of upstream-v4-mtp.md §9 marked.
+Everything comes from `mtplib.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
+"""),
+    ("params", """
+trunk = None
+sidecar = None
+threads = 2
+run_dir = "."
+bench = {}          # the lane's `bench:` section (mtplib.bench.BenchConfig)
+"""),
+    ("code", """
+from pathlib import Path
+import pandas as pd
+from IPython.display import Image, display
+from mtplib import bench as B
+assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
+cfg = B.BenchConfig.from_dict(bench, threads=threads)
+result = B.run_bench(trunk, sidecar, cfg)
+paths = B.save(result, Path(run_dir) / "bench")
+data = B.load(Path(run_dir) / "bench")
+summ = pd.DataFrame(data["summary"])
+def plot(name):  # the PNG saved with the raw metrics (bench/plots/), as the evidence shows it
+    display(Image(filename=str(paths[f"plot_{name}"])))
+pd.DataFrame([{"bench wall s": round(data["wall_s"], 1), **{k: v for k, v in
+              data["config"].items() if k not in ("sweep", "sampling")}}])
+"""),
+    ("md", "## Speed: MTP off vs on (median over repetitions, warm-up excluded)"),
+    ("code", """
+summ[["plan", "k", "runs", "decode_tok_s_median", "decode_tok_s_min", "decode_tok_s_max",
+      "decode_tok_s_spread_pct", "speedup", "ttft_ms_median"]]
+"""),
+    ("code", "plot('speed_vs_k')"),
+    ("md", "## Acceptance: overall, per draft position, accepted-length histogram"),
+    ("code", """
+acc = summ[summ.k > 0][["plan", "k", "drafted", "accepted", "acceptance", "acceptance_pos_1",
+                        "acceptance_pos_2", "acceptance_pos_3", "mean_accept_len"]]
+hist = pd.DataFrame([{"k": r["k"], **{f"{a} accepted": n for a, n in
+                                      r["accept_len_hist"].items()}}
+                     for r in data["summary"] if r["k"] > 0]).set_index("k")
+display(acc, hist)
+"""),
+    ("code", "plot('acceptance_per_position')"),
+    ("md", "## Quality against MTP off (greedy with near-tie allowance; sampling)"),
+    ("code", """
+qcols = ["plan", "k", "runs", "equal_to_off_runs", "token_agreement_pct",
+         "near_tie_divergences", "unexplained_divergences"]
+qcols += [c for c in ("sampling_equal_streams", "sampling_streams", "sampling_tv_distance")
+          if c in summ]
+summ[summ.k > 0][qcols]
+"""),
+    ("md", "## Where the time goes (ms per generated token)"),
+    ("code", """
+parts = ["prefill", "draft", "verify", "feed", "rollback"]
+summ[["plan", "k"] + [f"ms_per_token_{p}" for p in parts] + [f"share_{p}_pct" for p in parts]]
+"""),
+    ("code", "plot('time_split')"),
+    ("md", "## Memory and seam bytes"),
+    ("code", """
+summ[["plan", "k", "rss_peak_mib", "trunk_weights_mib", "mtp_weights_mib",
+      "target_seq_state_kib", "mtp_seq_state_kib", "seam_bytes_per_token"]]
+"""),
+    ("code", "plot('seam_bytes')"),
+    ("md", """
+## Acceptance sweep: speed-up vs acceptance, break-even
+
+Synthetic drafts (only speed is valid here). The x axis is the measured acceptance at
+draft position 1; diamonds mark where this lane's own MTP sits.
+"""),
+    ("code", """
+sw = pd.DataFrame(data["sweep"])
+display(sw[["k", "rate", "acceptance_pos_1", "acceptance", "decode_tok_s_median", "speedup",
+            "reference_intact_runs", "runs"]] if len(sw) else "sweep off",
+        pd.DataFrame(data["break_even"]))
+"""),
+    ("code", "plot('speedup_curve')"),
+    ("md", "Reference numbers (upstream-v4-mtp.md §9), not measured here:"),
+    ("code", """
+pd.DataFrame([{"reference": k, **v} for k, v in data["reference_s9"].items()])
+"""),
+]
+
+NOTEBOOKS["04_benchmark.ipynb"] = NB04

@@ -3,4 +3,5 @@
 Adding a command = adding a module here and its name to COMMANDS (order = --help order).
 """
 
-COMMANDS = ["fixture", "generate", "run", "info"]
+COMMANDS = ["fixture", "inventory", "generate", "shard", "run", "bench", "evidence", "info",
+            "check-hidden"]

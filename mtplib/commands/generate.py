@@ -19,13 +19,19 @@ def run(a: argparse.Namespace) -> int:
         raise ValueError("--draft needs --mtp SIDECAR (the MTP block drafts)")
     if a.n < 0:
         raise ValueError(f"--n must be >= 0, got {a.n}")
+    if a.endpoints and not a.plan:
+        raise ValueError("--endpoints needs --plan (which layers each endpoint serves)")
+    if a.plan:  # ranged: layer ranges on RPC shards (local ones unless --endpoints)
+        from mtplib.shards import run_generate_command
+
+        return run_generate_command(a)
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
     if a.mtp and not 1 <= k <= 8:
         raise ValueError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
                     n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
-                    sampler=sampler, trace=a.trace) as rt:
+                    sampler=sampler, trace=a.trace, hidden_rows=a.hidden_rows) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -70,8 +76,18 @@ def register(sub) -> None:
     g.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    g.add_argument("--hidden-rows", default="auto", choices=["auto", "api", "captured"],
+                   help="source of the trunk's h_nextn rows for MTP: auto (default) checks "
+                   "this configuration once and takes upstream's API rows if right, else "
+                   "captures them in the eval callback (metrics report which)")
     g.add_argument("--trace", action="store_true",
                    help='add "steps": [{"pos", "drafts", "accepted"}] (one per verify step)')
+    g.add_argument("--plan", help="ranged execution: contiguous layer ranges, one per shard, "
+                   "e.g. 0-1,2-3 (the last shard also holds the output head); starts local "
+                   "shards unless --endpoints; metrics add seam_bytes(_per_token)")
+    g.add_argument("--endpoints", help="with --plan: running shards HOST:PORT,... in plan order")
+    g.add_argument("--shard-threads", type=int, default=1,
+                   help="threads per local shard with --plan (default 1)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_log_args(g)
     g.set_defaults(fn=run)

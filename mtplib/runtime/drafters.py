@@ -137,25 +137,101 @@ class OracleDrafter(Drafter):
 
 
 class SyntheticDrafter(OracleDrafter):
-    """Mixes the target's own continuation with wrong tokens at set per-position rates.
+    """Synthetic acceptance with upstream's `--spec-synth-rates P0,P1,...` semantics.
 
-    ``rates[i]`` is the probability that draft position i is the right token, drawn
-    independently per position (upstream's `--spec-synth-rates`: unconditional
-    per-position probabilities). Output quality under it is meaningless by design.
+    Upstream (common/speculative.cpp `common_speculative_synth_rates_resolve`, tools/server
+    `server_sample_and_accept_synth`): ``rates[i]`` is the *unconditional* probability that
+    draft position i is accepted, i.e. that at least i+1 drafts are accepted; the rates
+    must be in [0, 1] and non-increasing. Each verify step walks the draft in order and
+    accepts position i with the conditional probability ``rates[i] / rates[i-1]`` (1 for
+    i = 0; 0 after a zero rate), one uniform draw per position from a `std::mt19937`
+    seeded with the request seed, stopping at the first rejection, where the target's own
+    token is emitted. The draft tokens themselves are the drafter's (upstream: the MTP
+    block's), accepted or not regardless of what the target would pick, so the output is
+    not valid and is never used for quality numbers (runs carry ``synthetic: true,
+    quality_valid: false``).
+
+    Here: the draws are bit-identical to upstream's for the same seed (mt19937 +
+    libstdc++'s ``uniform_real_distribution<double>``), so the same seed gives the same
+    acceptance pattern. ``rates`` shorter than k is extended with its last value (upstream
+    requires exactly n_max values). With ``inner`` (e.g. the MTPDrafter) the drafts are
+    the inner drafter's, which is fed and drafts every step as upstream's does, and the
+    engine takes the acceptance from `accept_len` (upstream's semantics exactly). Without
+    ``inner`` the drafts are the target's own continuation (``reference``, the MTP-off
+    output) up to the drawn length and a wrong token at it, so that plain matching in the
+    engine accepts exactly the drawn length (no drafting cost).
     """
 
     name = "synthetic"
+    synthetic = True
 
     def __init__(self, reference: Sequence[int], n_prompt: int, rates: Sequence[float],
-                 n_vocab: int, seed: int = 0) -> None:
+                 n_vocab: int, seed: int = 0, *, inner: Drafter | None = None) -> None:
         super().__init__(reference, n_prompt, n_vocab=n_vocab)
+        rates = [float(r) for r in rates]
         if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-            raise ValueError(f"synthetic rates must be in [0, 1], got {list(rates)}")
-        self.rates = list(rates)
-        self.rng = np.random.default_rng(seed)
+            raise ValueError(f"synthetic rates must be in [0, 1], got {rates}")
+        if any(b > a for a, b in zip(rates, rates[1:], strict=False)):
+            raise ValueError(f"synthetic rates must be non-increasing (unconditional "
+                             f"per-position probabilities), got {rates}")
+        self.rates = rates
+        self.seed = int(seed) & 0xFFFFFFFF
+        self.inner = inner
+        self.needs_rows = bool(inner and inner.needs_rows)
+        if inner is not None:
+            self.name = f"synthetic+{inner.name}"
+        self._mt = np.random.MT19937()
+        self._mt._legacy_seeding(self.seed)  # = std::mt19937::seed(seed) (init_genrand)
+        self.last_accept_len: int | None = None
+
+    def conditional(self, k: int) -> list[float]:
+        """Per-position conditional acceptance probabilities for a draft of k tokens."""
+        rates = (self.rates + [self.rates[-1]] * k)[:k]
+        out, prev = [], 1.0
+        for r in rates:
+            out.append(r / prev if prev > 0.0 else 0.0)
+            prev = r
+        return out
+
+    def _uniform(self) -> float:
+        """libstdc++ uniform_real_distribution<double>(0, 1) over mt19937: two draws."""
+        lo, hi = (int(x) for x in self._mt.random_raw(2))
+        u = (lo + hi * 2**32) / 2**64
+        return u if u < 1.0 else float(np.nextafter(1.0, 0.0))
+
+    def draw_accept_len(self, k: int) -> int:
+        n = 0
+        for c in self.conditional(k):
+            if not self._uniform() < c:
+                break
+            n += 1
+        return n
+
+    def prefill(self, seq, tokens, rows) -> None:
+        if self.inner is not None:
+            self.inner.prefill(seq, tokens, rows)
 
     def propose(self, seq: int, last: int, base: int, k: int) -> list[int]:
+        if k <= 0:
+            return []
+        n = self.last_accept_len = self.draw_accept_len(k)
+        if self.inner is not None:
+            return self.inner.propose(seq, last, base, k)
         right = super().propose(seq, last, base, k)
-        rates = self.rates + [self.rates[-1]] * k
-        return [t if self.rng.random() < rates[i] else (t + 1) % self.n_vocab
-                for i, t in enumerate(right)]
+        return [t if i < n else (t + 1) % self.n_vocab for i, t in enumerate(right)]
+
+    def accept_len(self, picks: Sequence[int], drafts: Sequence[int]) -> int:
+        """The engine's acceptance for the last proposal: the drawn length (upstream)."""
+        n = self.last_accept_len
+        self.last_accept_len = None
+        if n is None:
+            raise RuntimeInputError("accept_len without a synthetic proposal")
+        return min(n, len(drafts))
+
+    def commit(self, seq, base, tokens, rows) -> None:
+        if self.inner is not None:
+            self.inner.commit(seq, base, tokens, rows)
+
+    def truncate(self, seq, keep, last_row) -> None:
+        if self.inner is not None:
+            self.inner.truncate(seq, keep, last_row)

@@ -78,6 +78,9 @@ class Model:
                  tensor_split: Sequence[float] | None = None) -> None:
         self.header = header or read_header(path)
         require_deepseek4(self.header)
+        from mtplib.fixture import require_weights
+
+        require_weights(self.header)
         if load_mtp and not self.header.is_mtp_only:
             raise ModelFileError(f"{path}: load_mtp needs an MTP sidecar (mtp-*.gguf)")
         if not load_mtp and self.header.is_mtp_only:
@@ -169,6 +172,10 @@ class ContextConfig:
                 errs.append(f"{k} must be >= 1")
         if self.n_rs_seq < 0:
             errs.append("n_rs_seq must be >= 0")
+        if self.mtp and self.nextn_rows == "all":
+            # the MTP graph's h_nextn holds output rows only: upstream would read past it
+            # (GGML_ASSERT "tensor read out of bounds" aborts the process)
+            errs.append("an MTP context takes nextn_rows 'masked' (or 'off'), not 'all'")
         if errs:
             raise RuntimeInputError("bad context config: " + "; ".join(errs))
         return self
@@ -282,7 +289,8 @@ class Context:
         self.last_decode_len = n
 
     def logits(self, i: int) -> np.ndarray:
-        """Logits of output row ``i`` (order of the flagged tokens; -1 = last)."""
+        """Logits of batch token ``i`` of the last decode (upstream's index: the token's
+        position in the batch, which must have been flagged; -1 = the last output)."""
         p = self.llama.llama_get_logits_ith(self.ptr, i)
         if not p:
             raise UpstreamError(f"no logits for output {i}")

@@ -11,6 +11,7 @@ off and on run the same code.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -26,6 +27,13 @@ from mtplib.runtime.model import Context, RuntimeInputError
 from mtplib.runtime.sampling import Sampler
 
 RowFn = Callable[[Context, int], np.ndarray]
+#: ``phase(label, n_tokens)`` -> context manager around each step kind (prefill, draft,
+#: verify, decode, rollback, feed); ranged runs count seam bytes per label with it.
+PhaseFn = Callable[[str, int], contextlib.AbstractContextManager]
+
+
+def no_phase(label: str, n_tokens: int) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 def top2_margin(logits: np.ndarray) -> float:
@@ -150,14 +158,15 @@ class SpecSession:
         tokens = [int(t) for t in prompt]
         m.n_prompt = len(tokens)
         rows = []
-        for a in range(0, len(tokens), e.target.n_batch):
-            chunk = tokens[a : a + e.target.n_batch]
-            last = a + len(chunk) == len(tokens)
-            e.target.decode(chunk, range(a, a + len(chunk)), seq_id=self.seq,
-                            logits=[False] * (len(chunk) - 1) + [last])
-            if e.drafter.needs_rows:
-                rows.append(e.rows(e.target, len(chunk)))
-        logits = e.target.logits(-1)
+        with e.phase("prefill", len(tokens)):
+            for a in range(0, len(tokens), e.target.n_batch):
+                chunk = tokens[a : a + e.target.n_batch]
+                last = a + len(chunk) == len(tokens)
+                e.target.decode(chunk, range(a, a + len(chunk)), seq_id=self.seq,
+                                logits=[False] * (len(chunk) - 1) + [last])
+                if e.drafter.needs_rows:
+                    rows.append(e.rows(e.target, len(chunk)))
+            logits = e.target.logits(-1)
         if self.margins is not None:
             self.margins[len(tokens)] = top2_margin(logits)
         all_rows = np.concatenate(rows) if rows else None
@@ -165,9 +174,11 @@ class SpecSession:
         self.tokens = tokens
         self._keep_rows(0, all_rows)
         m.t_prefill = time.perf_counter() - m.t_start
-        self._checkpoint(len(tokens))
+        with e.phase("rollback", 0):
+            self._checkpoint(len(tokens))
         t0 = time.perf_counter()
-        e.drafter.prefill(self.seq, tokens, all_rows)
+        with e.feed_phase(len(tokens)):
+            e.drafter.prefill(self.seq, tokens, all_rows)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
         first = e.sampler.pick(logits, stream=self.seq, position=len(tokens))
@@ -184,7 +195,8 @@ class SpecSession:
             return None
         self.session = self.session.draft()
         t0 = time.perf_counter()
-        drafts = e.drafter.propose(self.seq, self.last, self.base, k)
+        with e.phase("draft", k):
+            drafts = e.drafter.propose(self.seq, self.last, self.base, k)
         self.metrics.t_draft += time.perf_counter() - t0
         if len(drafts) != k:
             raise RuntimeInputError(f"drafter {e.drafter.name} returned {len(drafts)} of {k}")
@@ -210,26 +222,32 @@ class SpecSession:
             raise RuntimeInputError(f"context full: {base + k + 1} > n_ctx {e.target.n_ctx}")
         if k > e.target.n_rs_seq:  # rejecting them all would exceed tail removal
             t0 = time.perf_counter()
-            self._checkpoint(base)
+            with e.phase("rollback", 0):
+                self._checkpoint(base)
             m.t_rollback += time.perf_counter() - t0
         t0 = time.perf_counter()
-        e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
-                        logits=True)
-        picks = []
-        for i in range(k + 1):
-            lg = e.target.logits(i)
-            picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
-            if self.margins is not None:
-                self.margins[base + 1 + i] = top2_margin(lg)
-        self._rows = e.rows(e.target, k + 1) if e.drafter.needs_rows else None
+        with e.phase("verify" if k else "decode", k + 1):
+            e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
+                            logits=True)
+            picks = []
+            for i in range(k + 1):
+                lg = e.target.logits(i)
+                picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
+                if self.margins is not None:
+                    self.margins[base + 1 + i] = top2_margin(lg)
+            self._rows = e.rows(e.target, k + 1) if e.drafter.needs_rows else None
         m.t_verify += time.perf_counter() - t0
         self.n_cached, self.last_decode_len = base + k + 1, k + 1
         self._picks, self._drafts = picks, drafts
         if proposal is None:
             return None
-        n_acc = 0
-        while n_acc < k and picks[n_acc] == drafts[n_acc]:
-            n_acc += 1
+        decide = getattr(e.drafter, "accept_len", None)  # synthetic acceptance (upstream)
+        if decide is not None:
+            n_acc = decide(picks, drafts)
+        else:
+            n_acc = 0
+            while n_acc < k and picks[n_acc] == drafts[n_acc]:
+                n_acc += 1
         return VerifyResult(self.id, proposal.epoch, base, k, n_acc, picks[n_acc],
                             (*drafts[:n_acc], picks[n_acc]))
 
@@ -295,7 +313,8 @@ class SpecSession:
         last = self.last
         self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
         t0 = time.perf_counter()
-        kind = self._rollback_target(base + n_acc + 1)
+        with e.phase("rollback", 0):
+            kind = self._rollback_target(base + n_acc + 1)
         if kind != "none":
             m.rollbacks[kind] += 1
         m.t_rollback += time.perf_counter() - t0
@@ -303,7 +322,8 @@ class SpecSession:
             rows = rows[: n_acc + 1]
             self._keep_rows(base, rows)
         t0 = time.perf_counter()
-        e.drafter.commit(self.seq, base, [last, *emitted[:n_acc]], rows)
+        with e.feed_phase(n_acc + 1):
+            e.drafter.commit(self.seq, base, [last, *emitted[:n_acc]], rows)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.accept(n_acc, k) if k else self.session.decode(1)
         if self.trace is not None:
@@ -344,7 +364,7 @@ class Engine:
 
     def __init__(self, target: Context, drafter: Drafter, *, k: int,
                  sampler: Sampler | None = None, rows: RowFn = api_rows,
-                 trace: bool = False) -> None:
+                 trace: bool = False, phase: PhaseFn = no_phase) -> None:
         if k < 0:
             raise RuntimeInputError(f"draft length k must be >= 0, got {k}")
         if k + 1 > target.n_batch:
@@ -356,7 +376,15 @@ class Engine:
         self.rows = rows
         self.row_horizon = max(k, target.n_rs_seq) + 4
         self.trace = trace
+        self.phase = phase
+        self.hidden_rows = "api" if drafter.needs_rows else "off"
         self.sessions: dict[int, SpecSession] = {}
+
+    def feed_phase(self, n_tokens: int) -> contextlib.AbstractContextManager:
+        """Feeding the drafter is a step kind only when there is a drafter to feed."""
+        if self.drafter.needs_rows:
+            return self.phase("feed", n_tokens)
+        return contextlib.nullcontext()
 
     def open(self, prompt: Sequence[int], *, seq_id: int | None = None,
              session_id: str | None = None) -> SpecSession:
@@ -387,6 +415,109 @@ def expected_verify_steps(n_new: int, k: int) -> int:
     return math.ceil((n_new - 1) / (k + 1)) if n_new > 1 else 0
 
 
+@dataclass
+class EngineOptions:
+    """Everything an Engine is built with, besides the models (picklable: it crosses into
+    the ranged worker process)."""
+
+    k: int = 3
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_rs_seq: int | None = None  # default: k (tail rollback always suffices)
+    n_threads: int = 2
+    kv_type: str = "f16"
+    flash_attn: str = "auto"
+    sampler: Sampler | None = None
+    trace: bool = False
+    #: where the target's h_nextn rows come from: "auto" checks this configuration once
+    #: (upstream's API rows can be wrong, see mtplib.runtime.hidden) and uses the API rows
+    #: if right, else the eval-callback capture, else refuses MTP; or force "api"/"captured".
+    hidden_rows: str = "auto"
+
+
+def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None = None,
+                 rows: RowFn | None = None, phase: PhaseFn = no_phase) -> tuple[Engine, list]:
+    """Contexts and an Engine over already-loaded models; returns (engine, contexts to
+    close). MTP drafts when a sidecar is given and k > 0 (unless a drafter is given)."""
+    from mtplib.runtime.drafters import MTPDrafter
+    from mtplib.runtime.model import ContextConfig
+
+    use_mtp = sidecar is not None and opts.k > 0 and drafter is None
+    needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
+    common = dict(n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_ubatch,
+                  n_seq_max=opts.n_seq_max, n_threads=opts.n_threads, kv_type=opts.kv_type,
+                  flash_attn=opts.flash_attn)
+    owned: list = []
+    tcfg = ContextConfig(**common, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
+                         nextn_rows="all" if needs_rows else "off")
+    mode, capture = "off", None
+    if needs_rows and rows is None:
+        mode, capture = _row_source(trunk, tcfg, opts.hidden_rows)
+        if mode == "captured":
+            rows = lambda _ctx, n: capture.take(n)  # noqa: E731
+    try:
+        target = Context(trunk, tcfg, cb_eval=capture.callback if capture else None)
+        owned.append(target)
+        if use_mtp:
+            # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
+            mtp_ctx = Context(sidecar, ContextConfig(**common, mtp=True, nextn_rows="masked"))
+            owned.append(mtp_ctx)
+            drafter = MTPDrafter(mtp_ctx)
+        engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else 0,
+                        sampler=opts.sampler, rows=rows or api_rows, trace=opts.trace,
+                        phase=phase)
+        engine.hidden_rows = mode if needs_rows else "off"
+    except BaseException:
+        for c in reversed(owned):
+            c.close()
+        raise
+    return engine, owned
+
+
+def _row_source(trunk, tcfg, want: str):
+    """(mode, CapturedRows or None) for the target's rows; fail-closed on "unsupported"."""
+    from mtplib.runtime.hidden import CapturedRows, choose_row_source
+
+    if want not in ("auto", "api", "captured"):
+        raise RuntimeInputError(f"hidden_rows must be auto, api or captured, got {want!r}")
+    mode = want
+    if want == "auto":
+        d = choose_row_source(trunk, tcfg)
+        if d.mode == "unsupported":
+            raise RuntimeInputError(f"MTP is unsupported for this context configuration: "
+                                    f"{d.reason}")
+        mode = d.mode
+    return mode, (CapturedRows(trunk.n_embd_out) if mode == "captured" else None)
+
+
+def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
+                   seq_id: int | None = None, memory: Callable[[int], dict] | None = None
+                   ) -> tuple[list[int], dict]:
+    """Open a session, generate, report metrics (and the trace), close the session."""
+    if len(prompt) + n_new > engine.target.n_ctx:
+        raise RuntimeInputError(
+            f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
+            f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
+    s = engine.open(prompt, seq_id=seq_id)
+    try:
+        toks = s.generate(n_new)
+        metrics = s.metrics.to_dict()
+        metrics["hidden_rows"] = engine.hidden_rows
+        if getattr(engine.drafter, "synthetic", False):  # forced acceptance: speed only
+            metrics.update(synthetic=True, quality_valid=False)
+        if memory is not None:
+            metrics["memory"] = memory(s.seq)
+        if s.trace is not None:
+            metrics["steps"] = s.trace
+            metrics["margins"] = {str(p): m for p, m in sorted(s.margins.items())
+                                  if p >= len(prompt)}
+        return toks, metrics
+    finally:
+        engine.close(s)
+
+
 class MTPRuntime:
     """Load a trunk (+ optional `mtp-` sidecar), create the contexts, build the Engine.
 
@@ -400,11 +531,15 @@ class MTPRuntime:
                  kv_type: str = "f16", flash_attn: str = "auto",
                  sampler: Sampler | None = None, rows: RowFn | None = None,
                  drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
-                 sidecar_kwargs: dict | None = None, trace: bool = False) -> None:
+                 sidecar_kwargs: dict | None = None, trace: bool = False,
+                 hidden_rows: str = "auto") -> None:
         from mtplib.gguf_header import read_header
-        from mtplib.runtime.drafters import MTPDrafter
-        from mtplib.runtime.model import ContextConfig, Model, check_pair
+        from mtplib.runtime.model import Model, check_pair
 
+        self.opts = EngineOptions(k=k, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                  n_seq_max=n_seq_max, n_rs_seq=n_rs_seq, n_threads=n_threads,
+                                  kv_type=kv_type, flash_attn=flash_attn, sampler=sampler,
+                                  trace=trace, hidden_rows=hidden_rows)
         self._owned: list = []
         use_mtp = sidecar is not None and k > 0 and drafter is None
         if sidecar is not None:
@@ -412,49 +547,22 @@ class MTPRuntime:
         try:
             self.trunk = Model(trunk, **(trunk_kwargs or {}))
             self._owned.append(self.trunk)
-            needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
-            tcfg = ContextConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                 n_seq_max=n_seq_max,
-                                 n_rs_seq=k if n_rs_seq is None else n_rs_seq,
-                                 n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn,
-                                 nextn_rows="all" if needs_rows else "off")
-            self.target = Context(self.trunk, tcfg)
-            self._owned.append(self.target)
-            self.sidecar = self.mtp_ctx = None
+            self.sidecar = None
             if use_mtp:
                 self.sidecar = Model(sidecar, load_mtp=True, **(sidecar_kwargs or {}))
                 self._owned.append(self.sidecar)
-                mcfg = ContextConfig(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                     n_seq_max=n_seq_max, n_threads=n_threads,
-                                     kv_type=kv_type, flash_attn=flash_attn, mtp=True,
-                                     nextn_rows="masked")
-                self.mtp_ctx = Context(self.sidecar, mcfg)
-                self._owned.append(self.mtp_ctx)
-                drafter = MTPDrafter(self.mtp_ctx)
-            self.engine = Engine(self.target, drafter or Drafter(), k=k if drafter else 0,
-                                 sampler=sampler, rows=rows or api_rows, trace=trace)
+            self.engine, ctxs = build_engine(self.trunk, self.sidecar, self.opts,
+                                             drafter=drafter, rows=rows)
+            self._owned += ctxs
+            self.target = self.engine.target
+            self.mtp_ctx = ctxs[1] if len(ctxs) > 1 else None
         except BaseException:
             self.close()
             raise
 
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
                  ) -> tuple[list[int], dict]:
-        if len(prompt) + n_new > self.target.n_ctx:
-            raise RuntimeInputError(
-                f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
-                f"of {self.target.n_ctx} tokens; shorten the prompt or lower --n")
-        s = self.engine.open(prompt, seq_id=seq_id)
-        try:
-            toks = s.generate(n_new)
-            metrics = s.metrics.to_dict()
-            metrics["memory"] = self.memory(s.seq)
-            if s.trace is not None:
-                metrics["steps"] = s.trace
-                metrics["margins"] = {str(p): m for p, m in sorted(s.margins.items())
-                                      if p >= len(prompt)}
-            return toks, metrics
-        finally:
-            self.engine.close(s)
+        return run_generation(self.engine, prompt, n_new, seq_id=seq_id, memory=self.memory)
 
     def memory(self, seq: int = 0) -> dict:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""

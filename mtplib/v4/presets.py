@@ -31,7 +31,94 @@ TINY = V4Config(
     n_ctx_train=4096,
 )
 
-PRESETS: dict[str, V4Config] = {"tiny": TINY}
+#: DeepSeek-V4-Flash (published config.json of deepseek-ai/DeepSeek-V4-Flash-Base, reference
+#: §2): 43 trunk layers + 1 MTP block. compress_ratios as published (44 entries): layers 0-1
+#: SWA only (0), then CSA (4) and HCA (128) alternating from layer 2 (so every even layer
+#: >= 2 is CSA, every odd layer >= 3 HCA, layer 42 CSA), and 0 for the MTP block 43.
+#: Weight-less: `mtplib fixture --preset v4-flash` writes the real tensor table with the
+#: dtypes upstream's converter writes (arch.CONVERTER_DTYPES) and leaves the data region a
+#: sparse hole; for inventory and ownership derivation only, never for decoding.
+V4_FLASH_RATIOS = (0, 0) + (4, 128) * 20 + (4,) + (0,)
+V4_FLASH = V4Config(
+    n_vocab=129280,
+    n_embd=4096,
+    n_layer=43,
+    n_head=64,
+    head_dim=512,
+    rope_dim=64,
+    q_lora=1024,
+    o_groups=8,
+    o_lora=1024,
+    n_expert=256,
+    n_expert_used=6,
+    n_ff_exp=2048,
+    n_expert_shared=1,
+    n_hash_layers=3,
+    sliding_window=128,
+    indexer_heads=64,
+    indexer_dim=128,
+    indexer_top_k=512,
+    compress_ratios=V4_FLASH_RATIOS,
+    n_mtp=1,
+    n_ctx_train=1048576,
+    rms_eps=1e-6,
+    rope_freq_base=10000.0,
+    compress_rope_freq_base=160000.0,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    expert_weights_scale=1.5,
+    expert_weights_norm=True,
+    swiglu_clamp=10.0,
+    extra={
+        "dtype_policy": "converter",
+        "weightless": True,
+        "gguf_keys": {
+            "deepseek4.rope.scaling.type": "yarn",
+            "deepseek4.rope.scaling.factor": 16.0,
+            "deepseek4.rope.scaling.original_context_length": 65536,
+        },
+    },
+)
+
+#: Cost-faithful CPU fixture (issue 7): V4-Flash's layer structure with thin layers, so
+#: that one MTP step costs about 1/43 of one trunk step, as in the real model (where the
+#: MTP block is about 1/43 of the active compute); on the `tiny` fixture it is about 1/4,
+#: so no speed curve measured there transfers. 43 trunk layers with V4-Flash's pattern
+#: (V4_FLASH_RATIOS: layers 0-1 SWA only, then CSA (4) and HCA (128) alternating, layer 42
+#: CSA; the first 3 hash-routed) + 1 MTP block (ratio 0); tiny widths (the `tiny` preset's),
+#: the real sliding window (128) and indexer top-k (512); vocab 512 so the output head stays
+#: small next to a block. Indexer key length 128 != head dim 64 (equal crashes upstream).
+#: F32 weights: trunk 47.8 MB, sidecar 1.5 MB, written in about 1 s.
+#: Measured cost ratio (MTP decode / trunk decode, one token, medians; `mtplib.sidebyside.
+#: cost_ratio`, evidence/side-by-side/README.md): see V4_RATIO_CPU_MEASURED.
+V4_RATIO_CPU = V4Config(
+    n_vocab=512,
+    n_embd=128,
+    n_layer=43,
+    n_head=4,
+    head_dim=64,
+    rope_dim=32,
+    q_lora=64,
+    o_groups=2,
+    o_lora=32,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=64,
+    n_expert_shared=1,
+    n_hash_layers=3,
+    sliding_window=128,
+    indexer_heads=4,
+    indexer_dim=128,
+    indexer_top_k=512,
+    compress_ratios=V4_FLASH_RATIOS,
+    n_mtp=1,
+    n_ctx_train=4096,
+)
+#: What `cost_ratio` measured on `v4-ratio-cpu` (seed 0), with the command and the load.
+V4_RATIO_CPU_MEASURED: dict = {}
+
+PRESETS: dict[str, V4Config] = {"tiny": TINY, "v4-flash": V4_FLASH,
+                                "v4-ratio-cpu": V4_RATIO_CPU}
 DEFAULT_PRESET = "tiny"
 
 

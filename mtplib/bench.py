@@ -1,0 +1,740 @@
+"""MTP off vs on benchmark and the synthetic acceptance sweep (DGR-066 part 3).
+
+One lane's ``bench:`` section (`BenchConfig`) drives three measurements on a trunk and its
+`mtp-` sidecar, each a list of plain rows (dicts) that notebooks show with pandas:
+
+- **runs**: MTP off (k = 0) and MTP on (k in ``ks``) per plan, prompt and repetition,
+  warm-up runs flagged (and excluded from every summary). Each row: decode tok/s, TTFT,
+  drafted / accepted (overall and per draft position), acceptance-length histogram, the
+  time split prefill / draft / verify / feed / rollback, memory (peak RSS, weights and
+  per-sequence cache state as upstream reports them), seam bytes per token (None for the
+  whole model: no seam), and quality against MTP off (greedy token agreement with the
+  near-tie audit of `mtplib.quality`).
+- **sweep**: the same target with a drafter that proposes the target's own (MTP-off)
+  continuation, each draft position replaced by a wrong token with probability 1 - rate
+  (one rate for every position). With ``draft_cost: mtp`` the real MTP block still drafts
+  (and is fed) every step, so the sweep pays the real drafting cost and only the accepted
+  tokens are synthetic. Speed-up = decode tok/s / decode tok/s of MTP off; the break-even
+  acceptance is where the speed-up curve crosses 1. Sweep rows are marked
+  ``quality_valid = False``: their drafts are the oracle's, only their speed counts.
+- **sampling** (optional): MTP on vs off with temperature / top-p, per seed: equal streams
+  (sample-and-match) and the total-variation distance between the pooled token
+  distributions.
+
+Summaries (`summarize`, `sweep_summary`, `break_even`) are rows too; `save` writes every
+row to ``bench.json`` (the raw metrics the evidence README is generated from) and CSVs.
+
+Acceptance conventions: ``acceptance`` = accepted / drafted over all draft positions;
+``acceptance_pos_i`` = accepted at draft position i / drafted at position i
+(unconditional: position 2 counts as accepted only when positions 1 and 2 both are).
+The sweep's x axis is the measured position-1 acceptance, the quantity of DeepSeek-V3's
+"second-token acceptance" and of vLLM's first per-position figure (reference §9).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mtplib.correctness import seeded_prompt
+from mtplib.quality import compare_streams
+from mtplib.runtime.drafters import Drafter, SyntheticDrafter
+from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.speculative import MTPRuntime
+
+#: Reference numbers of upstream-v4-mtp.md §9 (the comparison column; not measured here).
+REFERENCE_S9 = {
+    "deepseek_v3": {"source": "DeepSeek-V3 report", "k": 1,
+                    "second_token_acceptance_low": 0.85, "second_token_acceptance_high": 0.90,
+                    "speedup": 1.8},
+    "llama_cpp_pr": {"source": "llama.cpp V4 MTP PR", "k": 2, "speedup": 1.5,
+                     "baseline_tok_s": 16.4},
+    "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
+}
+
+TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
+LOG = Callable[[str], None]
+
+
+class BenchConfigError(ValueError):
+    """A malformed ``bench:`` section."""
+
+
+# -- configuration ----------------------------------------------------------------------
+@dataclass
+class SweepConfig:
+    rates: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3])
+    reps: int = 2
+    warmup: int = 1
+    draft_cost: str = "mtp"  # mtp: the MTP block drafts every step (real cost); none: free
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 0.95
+    seeds: int = 4
+    n_new: int = 16
+
+
+@dataclass
+class BenchConfig:
+    """The ``bench:`` section of a lane (every key optional)."""
+
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3])
+    plans: list[str] = field(default_factory=lambda: ["whole"])
+    #: each prompt: a text (tokenized by the trunk) or {seed: N, len: L} (random token ids)
+    prompts: list = field(default_factory=lambda: [{"seed": 0, "len": 12}])
+    n_new: int = 48
+    reps: int = 3
+    warmup: int = 1
+    threads: int | None = None  # None: the lane's threads
+    n_ctx: int = 512
+    backend: str = "cpu"  # cpu | gpu (a gpu lane stops cleanly on a build without a GPU)
+    sweep: SweepConfig | None = field(default_factory=SweepConfig)
+    sampling: SamplingConfig | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None, *, threads: int | None = None) -> BenchConfig:
+        d = dict(d or {})
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise BenchConfigError(f"bench: unknown keys {sorted(unknown)} "
+                                   f"(known: {sorted(known)})")
+        sweep = d.pop("sweep", {})
+        sampling = d.pop("sampling", None)
+        try:
+            cfg = cls(**d)
+            cfg.sweep = None if sweep is None or sweep is False else _sub(SweepConfig, sweep)
+            cfg.sampling = None if not sampling else _sub(SamplingConfig, sampling)
+        except TypeError as e:
+            raise BenchConfigError(f"bench: {e}") from None
+        if cfg.threads is None:
+            cfg.threads = threads or 2
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        errs = []
+        if not self.ks or any(int(k) < 1 for k in self.ks):
+            errs.append(f"ks must be draft lengths >= 1, got {self.ks}")
+        if not self.plans:
+            errs.append("plans must list at least one plan ('whole' or ranges like '0-1,2-3')")
+        if not self.prompts:
+            errs.append("prompts must list at least one prompt")
+        for p in self.prompts:
+            if not isinstance(p, str) and not (isinstance(p, dict) and "seed" in p):
+                errs.append(f"a prompt is a text or {{seed: N, len: L}}, got {p!r}")
+        if self.n_new < 2:
+            errs.append(f"n_new must be >= 2, got {self.n_new}")
+        if self.reps < 1 or self.warmup < 0:
+            errs.append("reps must be >= 1 and warmup >= 0")
+        if int(self.threads or 0) < 1:
+            errs.append("threads must be >= 1")
+        if self.backend not in ("cpu", "gpu"):
+            errs.append(f"backend must be cpu or gpu, got {self.backend!r}")
+        if self.sweep is not None:
+            s = self.sweep
+            if not s.rates or any(not 0.0 <= float(r) <= 1.0 for r in s.rates):
+                errs.append(f"sweep.rates must be in [0, 1], got {s.rates}")
+            if not s.ks or any(int(k) < 1 for k in s.ks):
+                errs.append(f"sweep.ks must be >= 1, got {s.ks}")
+            if s.reps < 1 or s.warmup < 0:
+                errs.append("sweep.reps must be >= 1 and sweep.warmup >= 0")
+            if s.draft_cost not in ("mtp", "none"):
+                errs.append(f"sweep.draft_cost must be mtp or none, got {s.draft_cost!r}")
+        if errs:
+            raise BenchConfigError("bench: " + "; ".join(errs))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sub(cls, d: dict):
+    if not isinstance(d, dict):
+        raise BenchConfigError(f"bench: expected a mapping for {cls.__name__}, got {d!r}")
+    return cls(**d)
+
+
+# -- requirements -----------------------------------------------------------------------
+class MissingCapability(RuntimeError):
+    """The lane needs what this machine or build lacks (a GPU backend, ...)."""
+
+
+def check_requirements(cfg: BenchConfig) -> dict:
+    """The build's backends and devices; raises MissingCapability if the lane needs a GPU
+    and the build has none (``llama_supports_gpu_offload()`` alone is not enough: it is
+    true on a CPU build with the RPC backend)."""
+    from mtplib.runtime.devices import backend_info
+
+    info = backend_info()
+    if cfg.backend == "gpu" and not info["gpu_devices"]:
+        raise MissingCapability(
+            "this lane needs a GPU build of llama.cpp (e.g. CMAKE_ARGS='-DGGML_CUDA=ON "
+            f"-DGGML_RPC=ON'); the installed build has only {info['backends']} devices "
+            f"{[d['name'] for d in info['devices']]}, so the lane stops here")
+    return info
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _prompt_tokens(rt: MTPRuntime, spec, n_vocab: int) -> list[int]:
+    if isinstance(spec, str):
+        return rt.trunk.tokenize(spec)
+    return seeded_prompt(int(spec["seed"]), int(spec.get("len", 12)), n_vocab)
+
+
+def _prompt_label(i: int, spec) -> str:
+    return f"p{i}:seed{spec['seed']}" if isinstance(spec, dict) else f"p{i}:text"
+
+
+def _agreement(ref: Sequence[int], got: Sequence[int]) -> float:
+    n = max(len(ref), len(got))
+    return sum(a == b for a, b in zip(ref, got, strict=False)) / n if n else 1.0
+
+
+def _row(m: dict, **extra) -> dict:
+    """A flat, JSON-friendly row from an MTPRuntime metrics dict."""
+    mem = m.get("memory", {})
+    row = {
+        **extra,
+        "n_prompt": m["n_prompt"], "n_generated": m["n_generated"],
+        "decode_tok_s": m["decode_tok_s"], "ttft_s": m["ttft_s"], "decode_s": m["decode_s"],
+        "drafted": m["drafted"], "accepted": m["accepted"],
+        "acceptance": m["acceptance_rate"],
+        "accepted_per_position": m["accepted_per_position"],
+        "accepted_per_position_counts": m["accepted_per_position_counts"],
+        "drafted_per_position": m["drafted_per_position"],
+        "accept_len_hist": m["accept_len_hist"],
+        "verify_steps": m["verify_steps"], "plain_steps": m["plain_steps"],
+        "rollbacks": dict(m["rollbacks"]),
+        **{f"t_{p}_s": m["time_s"][p] for p in TIME_PARTS},
+        "rss_peak_bytes": mem.get("rss_peak_bytes"),
+        "trunk_weights_bytes": mem.get("trunk_weights_bytes"),
+        "mtp_weights_bytes": mem.get("mtp_weights_bytes"),
+        "target_seq_state_bytes": mem.get("target_seq_state_bytes"),
+        "mtp_seq_state_bytes": mem.get("mtp_seq_state_bytes"),
+    }
+    return row
+
+
+class CostedSyntheticDrafter(Drafter):
+    """Synthetic acceptance at the real drafting cost: the MTP block drafts (and is fed)
+    every step as usual, then its drafts are replaced by the synthetic ones (the target's
+    own continuation, each position wrong with probability 1 - rate)."""
+
+    name = "synthetic+mtp"
+    needs_rows = True
+
+    def __init__(self, mtp: Drafter, synth: SyntheticDrafter) -> None:
+        self.mtp, self.synth = mtp, synth
+
+    def prefill(self, seq, tokens, rows):
+        self.mtp.prefill(seq, tokens, rows)
+
+    def propose(self, seq, last, base, k):
+        self.mtp.propose(seq, last, base, k)
+        return self.synth.propose(seq, last, base, k)
+
+    def commit(self, seq, base, tokens, rows):
+        self.mtp.commit(seq, base, tokens, rows)
+
+    def truncate(self, seq, keep, last_row):
+        self.mtp.truncate(seq, keep, last_row)
+
+
+def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dict,
+                **kw) -> list[dict]:
+    """MTP off / on on a layer-range plan over local RPC shards (mtplib.ranged): the same
+    rows as the whole-model runs with ``plan`` set and ``seam_bytes_per_token`` (bytes on
+    all shard connections while generating, per generated token) measured by the shards'
+    counting relays; ``seam_by_step`` keeps the per-step-kind figures."""
+    from mtplib.ranged import RangedMTP
+    from mtplib.runtime.speculative import EngineOptions
+
+    rows = []
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar) as r:
+        for k in [0, *cfg.ks]:
+            opts = EngineOptions(k=k, n_ctx=kw.get("n_ctx", cfg.n_ctx),
+                                 n_threads=kw.get("n_threads", cfg.threads))
+            for i, spec in enumerate(cfg.prompts):
+                prompt, ref, margins = refs[i]
+                for rep in range(cfg.warmup + cfg.reps):
+                    toks, m = r.generate(prompt, cfg.n_new, opts)
+                    gen_bytes = sum(row["bytes"] for lab, row in m["seam_report"]["steps"].items()
+                                    if lab not in ("load", "setup", "other", "prefill"))
+                    row = _row(m, rep=rep - cfg.warmup if rep >= cfg.warmup else None,
+                               warmup=rep < cfg.warmup, n_new=cfg.n_new,
+                               mode="mtp" if k else "off", k=k, prompt=_prompt_label(i, spec),
+                               plan=plan, threads=cfg.threads,
+                               seam_bytes_per_token=gen_bytes / max(m["n_generated"], 1),
+                               seam_by_step=m["seam_bytes_per_token"],
+                               seam_contract_min=m["seam_contract_min_per_token"])
+                    row.update(_quality(ref, toks, margins, len(prompt)))
+                    rows.append(row)
+    return rows
+
+
+# -- the benchmark ----------------------------------------------------------------------
+@dataclass
+class BenchResult:
+    config: dict
+    runs: list[dict]
+    sweep_runs: list[dict]
+    sampling: list[dict]
+    backend: dict
+    wall_s: float
+    prompts: list[dict]
+
+    @property
+    def summary(self) -> list[dict]:
+        return summarize(self.runs, self.sampling)
+
+    @property
+    def sweep(self) -> list[dict]:
+        return sweep_summary(self.sweep_runs, self.runs)
+
+    @property
+    def break_even(self) -> list[dict]:
+        return break_even(self.sweep)
+
+    def to_json(self) -> dict:
+        return {"config": self.config, "reference_s9": REFERENCE_S9, "backend": self.backend,
+                "wall_s": self.wall_s, "prompts": self.prompts, "summary": self.summary,
+                "sweep": self.sweep, "break_even": self.break_even, "runs": self.runs,
+                "sweep_runs": self.sweep_runs, "sampling": self.sampling}
+
+
+def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = None
+              ) -> BenchResult:
+    """Measure MTP off vs on (per plan), the synthetic sweep and the sampling check."""
+    log = log or (lambda s: None)
+    t_start = time.perf_counter()
+    backend = check_requirements(cfg)
+    ctx = {"n_threads": int(cfg.threads), "n_ctx": cfg.n_ctx}
+    runs: list[dict] = []
+    refs: dict[int, tuple[list[int], list[int], dict]] = {}
+    prompts_info: list[dict] = []
+    sampling_rows: list[dict] = []
+
+    def timed(rt: MTPRuntime, tokens: list[int], n_new: int, warmup: int, reps: int,
+              **extra):
+        for rep in range(warmup + reps):
+            toks, m = rt.generate(tokens, n_new)
+            yield toks, _row(m, rep=rep - warmup if rep >= warmup else None,
+                             warmup=rep < warmup, n_new=n_new, **extra)
+
+    # the whole model first: its MTP-off pass is every plan's quality reference
+    for plan in sorted(cfg.plans, key=lambda p: p != "whole"):
+        if plan != "whole":
+            if not refs:
+                raise ValueError("ranged plans need 'whole' in plans (the quality reference)")
+            runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, **ctx))
+            continue
+        common = {"plan": "whole", "seam_bytes_per_token": None, "threads": cfg.threads}
+        # MTP off: one traced reference pass per prompt (tokens + top-2 margins), untimed
+        log("MTP off")
+        with MTPRuntime(trunk, None, k=0, **ctx) as rt:
+            n_vocab = rt.trunk.n_vocab
+            for i, spec in enumerate(cfg.prompts):
+                prompt = _prompt_tokens(rt, spec, n_vocab)
+                rt.engine.trace = True
+                ref, ref_m = rt.generate(prompt, cfg.n_new)
+                rt.engine.trace = False
+                refs[i] = (prompt, ref, ref_m["margins"])
+                prompts_info.append({"prompt": _prompt_label(i, spec), "n_prompt": len(prompt),
+                                     "min_margin_off": min(ref_m["margins"].values())})
+                for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
+                                       mode="off", k=0, prompt=_prompt_label(i, spec),
+                                       **common):
+                    row.update(_quality(ref, toks, ref_m["margins"], len(prompt)))
+                    runs.append(row)
+            if cfg.sampling:
+                off_streams = _sampled(rt, refs, cfg.sampling)
+        for k in cfg.ks:
+            log(f"MTP on, k={k}")
+            with MTPRuntime(trunk, sidecar, k=k, **ctx) as rt:
+                for i, spec in enumerate(cfg.prompts):
+                    prompt, ref, margins = refs[i]
+                    for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
+                                           mode="mtp", k=k, prompt=_prompt_label(i, spec),
+                                           **common):
+                        row.update(_quality(ref, toks, margins, len(prompt)))
+                        runs.append(row)
+                if cfg.sampling:
+                    on_streams = _sampled(rt, refs, cfg.sampling)
+                    sampling_rows.append(_sampling_row(k, off_streams, on_streams,
+                                                       cfg.sampling))
+    sweep_runs = _sweep(trunk, sidecar, cfg, refs, ctx, log) if cfg.sweep else []
+    return BenchResult(config=cfg.to_dict(), runs=runs, sweep_runs=sweep_runs,
+                       sampling=sampling_rows, backend=backend,
+                       wall_s=time.perf_counter() - t_start, prompts=prompts_info)
+
+
+def _quality(ref, toks, margins, n_prompt) -> dict:
+    cmp = compare_streams(ref, toks, margins, n_prompt=n_prompt)
+    return {"quality_valid": True, "equal_to_off": cmp["equal"],
+            "token_agreement": _agreement(ref, toks),
+            "first_divergence": cmp["first_divergence"], "near_tie": cmp["near_tie"],
+            "margin_at_divergence": cmp["margin_at_divergence"]}
+
+
+def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig) -> dict:
+    old = rt.engine.sampler
+    out = {}
+    try:
+        for i, (prompt, _, _) in refs.items():
+            for seed in range(sc.seeds):
+                rt.engine.sampler = Sampler(sc.temperature, sc.top_p, seed)
+                toks, m = rt.generate(prompt, sc.n_new)
+                out[(i, seed)] = (toks, m)
+    finally:
+        rt.engine.sampler = old
+    return out
+
+
+def _sampling_row(k: int, off: dict, on: dict, sc: SamplingConfig) -> dict:
+    equal = sum(off[key][0] == on[key][0] for key in off)
+    c_off = Counter(t for toks, _ in off.values() for t in toks)
+    c_on = Counter(t for toks, _ in on.values() for t in toks)
+    n_off, n_on = sum(c_off.values()), sum(c_on.values())
+    tv = 0.5 * sum(abs(c_off[t] / n_off - c_on[t] / n_on) for t in set(c_off) | set(c_on))
+    drafted = sum(m["drafted"] for _, m in on.values())
+    accepted = sum(m["accepted"] for _, m in on.values())
+    return {"k": k, "temperature": sc.temperature, "top_p": sc.top_p, "streams": len(off),
+            "n_new": sc.n_new, "equal_streams": equal, "tv_distance": tv,
+            "sampled_tokens": n_on, "acceptance": accepted / drafted if drafted else None}
+
+
+def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, ctx: dict, log: LOG) -> list[dict]:
+    sc = cfg.sweep
+    rows = []
+    for k in sc.ks:
+        log(f"sweep k={k}")
+        use_mtp = sc.draft_cost == "mtp"
+        placeholder = None if use_mtp else SyntheticDrafter([0], 1, [0.0], n_vocab=2)
+        with MTPRuntime(trunk, sidecar if use_mtp else None, k=k, drafter=placeholder,
+                        **ctx) as rt:
+            n_vocab = rt.trunk.n_vocab
+            mtp = rt.engine.drafter
+            for rate in sc.rates:
+                for i, spec in enumerate(cfg.prompts):
+                    prompt, ref, _ = refs[i]
+                    for rep in range(sc.warmup + sc.reps):
+                        # same seed every repetition: the same accept pattern, comparable times
+                        synth = SyntheticDrafter(ref, len(prompt), [float(rate)],
+                                                 n_vocab=n_vocab, seed=1000 * i + k)
+                        rt.engine.drafter = CostedSyntheticDrafter(mtp, synth) if use_mtp \
+                            else synth
+                        toks, m = rt.generate(prompt, cfg.n_new)
+                        rows.append(_row(
+                            m, plan="whole", mode="synthetic", k=k, rate=float(rate),
+                            draft_cost=sc.draft_cost, prompt=_prompt_label(i, spec),
+                            rep=rep - sc.warmup if rep >= sc.warmup else None,
+                            warmup=rep < sc.warmup, threads=cfg.threads, n_new=cfg.n_new,
+                            seam_bytes_per_token=None, quality_valid=False,
+                            reference_intact=toks == ref))
+            rt.engine.drafter = mtp
+    return rows
+
+
+# -- summaries --------------------------------------------------------------------------
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _sum_pos(rows: list[dict], key: str, k: int) -> list[int]:
+    out = [0] * k
+    for r in rows:
+        for i, v in enumerate(r[key][:k]):
+            out[i] += v
+    return out
+
+
+def _group(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r.get("warmup"):
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return groups
+
+
+def _off_medians(runs: list[dict]) -> dict[str, float]:
+    return {plan: _median(r["decode_tok_s"] for r in rs)
+            for (plan, mode), rs in _group(runs, "plan", "mode").items() if mode == "off"}
+
+
+def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict]:
+    """One row per (plan, k): medians and spread over measured runs (warm-up excluded)."""
+    off = _off_medians(runs)
+    samp = {r["k"]: r for r in sampling or []}
+    out = []
+    for (plan, k), rs in sorted(_group(runs, "plan", "k").items()):
+        tps = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
+        med = _median(tps)
+        drafted = sum(r["drafted"] for r in rs)
+        accepted = sum(r["accepted"] for r in rs)
+        acc_n, dr_n = _sum_pos(rs, "accepted_per_position_counts", k), \
+            _sum_pos(rs, "drafted_per_position", k)
+        hist = Counter()
+        for r in rs:
+            hist.update({int(a): n for a, n in r["accept_len_hist"].items()})
+        n_gen = sum(r["n_generated"] for r in rs)
+        t = {p: sum(r[f"t_{p}_s"] for r in rs) for p in TIME_PARTS}
+        t_total = sum(t.values())
+        seam = [r["seam_bytes_per_token"] for r in rs if r["seam_bytes_per_token"] is not None]
+        row = {
+            "plan": plan, "k": k, "mode": "off" if k == 0 else "mtp", "runs": len(rs),
+            "decode_tok_s_median": med, "decode_tok_s_min": min(tps) if tps else None,
+            "decode_tok_s_max": max(tps) if tps else None,
+            "decode_tok_s_spread_pct": (100 * (max(tps) - min(tps)) / med) if med else None,
+            "speedup": med / off[plan] if med and off.get(plan) else None,
+            "ttft_ms_median": 1000 * _median(r["ttft_s"] for r in rs),
+            "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "accepted_per_position": [a / d if d else None for a, d in zip(acc_n, dr_n,
+                                                                             strict=True)],
+            "accept_len_hist": {str(a): hist.get(a, 0) for a in range(k + 1)} if k else {},
+            "mean_accept_len": (sum(a * n for a, n in hist.items()) / sum(hist.values())
+                                if sum(hist.values()) else None),
+            **{f"ms_per_token_{p}": 1000 * t[p] / n_gen for p in TIME_PARTS},
+            **{f"share_{p}_pct": 100 * t[p] / t_total if t_total else None
+               for p in TIME_PARTS},
+            "seam_bytes_per_token": _median(seam) if seam else None,
+            "rss_peak_mib": max(r["rss_peak_bytes"] or 0 for r in rs) / 2**20,
+            "trunk_weights_mib": rs[0]["trunk_weights_bytes"] / 2**20,
+            "mtp_weights_mib": (rs[0]["mtp_weights_bytes"] or 0) / 2**20,
+            "target_seq_state_kib": rs[0]["target_seq_state_bytes"] / 2**10,
+            "mtp_seq_state_kib": (rs[0]["mtp_seq_state_bytes"] or 0) / 2**10,
+            "equal_to_off_runs": sum(bool(r["equal_to_off"]) for r in rs),
+            "token_agreement_pct": 100 * statistics.fmean(r["token_agreement"] for r in rs),
+            "near_tie_divergences": sum(bool(r["near_tie"]) for r in rs),
+            "unexplained_divergences": sum(not r["equal_to_off"] and not r["near_tie"]
+                                           for r in rs),
+        }
+        for i in range(3):
+            row[f"acceptance_pos_{i + 1}"] = row["accepted_per_position"][i] if i < k else None
+        if k in samp:
+            s = samp[k]
+            row.update(sampling_equal_streams=s["equal_streams"], sampling_streams=s["streams"],
+                       sampling_tv_distance=s["tv_distance"])
+        out.append(row)
+    return out
+
+
+def sweep_summary(sweep_runs: list[dict], runs: list[dict]) -> list[dict]:
+    """One row per (k, rate): measured acceptance, median decode tok/s, speed-up vs off."""
+    off = _off_medians(runs)
+    out = []
+    for (plan, k, rate), rs in sorted(_group(sweep_runs, "plan", "k", "rate").items()):
+        med = _median(r["decode_tok_s"] for r in rs)
+        acc_n = _sum_pos(rs, "accepted_per_position_counts", k)
+        dr_n = _sum_pos(rs, "drafted_per_position", k)
+        drafted = sum(r["drafted"] for r in rs)
+        out.append({
+            "plan": plan, "k": k, "rate": rate, "runs": len(rs),
+            "acceptance_pos_1": acc_n[0] / dr_n[0] if dr_n[0] else None,
+            "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+            "decode_tok_s_median": med,
+            "decode_tok_s_min": min(r["decode_tok_s"] for r in rs),
+            "decode_tok_s_max": max(r["decode_tok_s"] for r in rs),
+            "off_tok_s_median": off.get(plan),
+            "speedup": med / off[plan] if med and off.get(plan) else None,
+            "reference_intact_runs": sum(r["reference_intact"] for r in rs),
+            "draft_cost": rs[0]["draft_cost"], "quality_valid": False,
+        })
+    return out
+
+
+def break_even(sweep: list[dict]) -> list[dict]:
+    """Per (plan, k): the position-1 acceptance where speed-up crosses 1 (linear
+    interpolation at the last upward crossing, so noise below it cannot hide a later dip).
+    None with a note when the curve never crosses."""
+    out = []
+    by: dict[tuple, list[dict]] = {}
+    for r in sweep:
+        by.setdefault((r["plan"], r["k"]), []).append(r)
+    for (plan, k), rs in sorted(by.items()):
+        pts = sorted((r["acceptance_pos_1"], r["speedup"]) for r in rs
+                     if r["acceptance_pos_1"] is not None and r["speedup"] is not None)
+        value, note = None, "no data"
+        if pts:
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            if all(y >= 1 for y in ys):
+                note = "faster than MTP off at every measured acceptance"
+            elif ys[-1] < 1:
+                note = "not reached: slower than MTP off at the highest measured acceptance"
+            else:
+                i = max(j for j in range(len(ys) - 1) if ys[j] < 1 <= ys[j + 1])
+                x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+                value = x0 + (1 - y0) * (x1 - x0) / (y1 - y0)
+                note = "interpolated"
+        out.append({"plan": plan, "k": k, "break_even_acceptance": value, "note": note,
+                    "speedup_at_min_acceptance": pts[0][1] if pts else None,
+                    "speedup_at_max_acceptance": pts[-1][1] if pts else None,
+                    "max_speedup": max(p[1] for p in pts) if pts else None})
+    return out
+
+
+# -- saving and plots -------------------------------------------------------------------
+def _flat(rows: list[dict]) -> list[dict]:
+    return [{k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()}
+            for r in rows]
+
+
+def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
+    """Write bench.json (all raw rows + summaries), one CSV per table, and the plots."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.to_json()
+    paths = {"json": out / "bench.json"}
+    paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    for name in ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling"):
+        p = out / f"bench_{name}.csv"
+        pd.DataFrame(_flat(data[name])).to_csv(p, index=False)
+        paths[name] = p
+    if plots:
+        pdir = out / "plots"
+        pdir.mkdir(exist_ok=True)
+        for name, fig in figures(data).items():
+            p = pdir / f"{name}.png"
+            fig.savefig(p, dpi=110, bbox_inches="tight")
+            paths[f"plot_{name}"] = p
+    return paths
+
+
+def load(out_dir: str | Path) -> dict:
+    return json.loads((Path(out_dir) / "bench.json").read_text())
+
+
+def figures(data: dict) -> dict:
+    """The benchmark's plots as matplotlib Figures (no pyplot state)."""
+    return {"speed_vs_k": plot_speed(data), "acceptance_per_position": plot_acceptance(data),
+            "time_split": plot_time_split(data), "speedup_curve": plot_speedup_curve(data),
+            "seam_bytes": plot_seam_bytes(data)}
+
+
+def _fig(w=6.0, h=3.4):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h))
+    return fig, fig.add_subplot()
+
+
+def plot_speed(data: dict):
+    """Decode tok/s per k (0 = MTP off): median bar, min-max whisker, each run a dot."""
+    fig, ax = _fig()
+    summ = [r for r in data["summary"] if r["plan"] == "whole"]
+    for r in summ:
+        x = r["k"]
+        ax.bar(x, r["decode_tok_s_median"], color="C7" if x == 0 else "C0", alpha=0.8)
+        ax.vlines(x, r["decode_tok_s_min"], r["decode_tok_s_max"], color="k")
+    pts = [(r["k"], r["decode_tok_s"]) for r in data["runs"]
+           if not r["warmup"] and r["plan"] == "whole"]
+    if pts:
+        ax.scatter(*zip(*pts, strict=True), s=8, color="k", zorder=3)
+    ax.set_xticks([r["k"] for r in summ], ["off" if r["k"] == 0 else f"k={r['k']}"
+                                          for r in summ])
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("MTP off vs on: decode speed (median, min-max, runs)")
+    return fig
+
+
+def plot_acceptance(data: dict):
+    fig, ax = _fig()
+    for r in data["summary"]:
+        if r["k"] > 0:
+            ys = r["accepted_per_position"]
+            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"MTP k={r['k']}")
+    v = REFERENCE_S9["vllm_v4"]["acceptance_per_position"]
+    ax.plot(range(1, len(v) + 1), v, ls="--", marker="s", color="C3",
+            label="vLLM V4 (ref. §9)")
+    d = REFERENCE_S9["deepseek_v3"]
+    ax.fill_between([0.9, 1.1], d["second_token_acceptance_low"],
+                    d["second_token_acceptance_high"], color="C2", alpha=0.3,
+                    label="DeepSeek-V3 (ref. §9)")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (unconditional)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks([1, 2, 3])
+    ax.legend(fontsize=7)
+    ax.set_title("Acceptance per draft position")
+    return fig
+
+
+def plot_time_split(data: dict):
+    fig, ax = _fig()
+    summ = [r for r in data["summary"] if r["plan"] == "whole"]
+    bottom = np.zeros(len(summ))
+    xs = np.arange(len(summ))
+    for j, p in enumerate(TIME_PARTS):
+        v = np.array([r[f"ms_per_token_{p}"] for r in summ])
+        ax.bar(xs, v, bottom=bottom, label=p, color=f"C{j}")
+        bottom += v
+    ax.set_xticks(xs, ["off" if r["k"] == 0 else f"k={r['k']}" for r in summ])
+    ax.set_ylabel("ms per generated token")
+    ax.legend(fontsize=7)
+    ax.set_title("Where the time goes")
+    return fig
+
+
+def plot_speedup_curve(data: dict):
+    fig, ax = _fig(6.5, 3.8)
+    for j, k in enumerate(sorted({r["k"] for r in data["sweep"]})):
+        rs = sorted((r for r in data["sweep"] if r["k"] == k),
+                    key=lambda r: r["acceptance_pos_1"])
+        ax.plot([r["acceptance_pos_1"] for r in rs], [r["speedup"] for r in rs], marker="o",
+                color=f"C{j}", label=f"k={k}")
+        be = [b for b in data["break_even"] if b["k"] == k and b["break_even_acceptance"]]
+        for b in be:
+            ax.plot(b["break_even_acceptance"], 1.0, marker="x", ms=10, color=f"C{j}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    d, v = REFERENCE_S9["deepseek_v3"], REFERENCE_S9["vllm_v4"]
+    ax.axvspan(d["second_token_acceptance_low"], d["second_token_acceptance_high"],
+               color="C2", alpha=0.2, label="DeepSeek-V3 2nd-token acc. (ref. §9)")
+    ax.plot([(d["second_token_acceptance_low"] + d["second_token_acceptance_high"]) / 2],
+            [d["speedup"]], marker="*", ms=12, color="C2", ls="none",
+            label=f"DeepSeek-V3 {d['speedup']}x (ref. §9)")
+    ax.axvline(v["acceptance_per_position"][0], color="C3", ls="--",
+               label="vLLM V4 pos-1 acc. (ref. §9)")
+    ax.axhline(REFERENCE_S9["llama_cpp_pr"]["speedup"], color="C4", ls=":",
+               label="llama.cpp PR k=2 speed-up (ref. §9)")
+    colors = {k: f"C{j}" for j, k in enumerate(sorted({r["k"] for r in data["sweep"]}))}
+    for r in data["summary"]:  # where the lane's own MTP sits
+        if r["k"] > 0 and r["acceptance_pos_1"] is not None and r["speedup"]:
+            ax.plot(r["acceptance_pos_1"], r["speedup"], marker="D", ms=6, ls="none",
+                    color=colors.get(r["k"], "k"), markeredgecolor="k")
+    ax.set_xlabel("acceptance at draft position 1 (measured)")
+    ax.set_ylabel("speed-up vs MTP off")
+    ax.set_xlim(-0.02, 1.02)
+    ax.legend(fontsize=6, loc="upper left")
+    ax.set_title("Acceptance -> speed-up (synthetic drafts; x: break-even; "
+                 "diamond: this lane's MTP)", fontsize=8)
+    return fig
+
+
+def plot_seam_bytes(data: dict):
+    fig, ax = _fig(6.0, 2.6)
+    rows = [r for r in data["summary"] if r["seam_bytes_per_token"] is not None]
+    if rows:
+        ax.bar([f"{r['plan']} k={r['k']}" for r in rows],
+               [r["seam_bytes_per_token"] for r in rows])
+        ax.set_ylabel("seam bytes per token")
+    else:
+        ax.text(0.5, 0.5, "whole model only: 0 seams, no bytes cross a seam.\n"
+                "Add a ranged plan (e.g. 0-1,2-3) to the lane's bench.plans to measure them.",
+                ha="center", va="center", fontsize=9)
+        ax.set_axis_off()
+    ax.set_title("Seam bytes per token")
+    return fig

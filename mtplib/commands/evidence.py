@@ -1,0 +1,30 @@
+"""`mtplib evidence`: copy a run into evidence/<story>/ and write the story's README."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def run(a: argparse.Namespace) -> int:
+    from mtplib.evidence import copy_run, load_raw, numbers_trace
+
+    readme = copy_run(a.run, a.story, a.dest, force=a.force)
+    missing = numbers_trace(readme.read_text(), load_raw(readme.parent))
+    print(f"evidence written: {readme.parent}")
+    print(f"README: {readme} (numbers not in the raw metrics: {len(missing)})")
+    return 0
+
+
+def register(sub) -> None:
+    e = sub.add_parser("evidence", help="copy a run into evidence/<story>/ with its README",
+                       description="Copy a run's executed notebooks, raw metrics, plots and "
+                       "run record into DEST/<story>/ and write the story's README from the "
+                       "raw metrics (every number traced to them). Refuses to overwrite a "
+                       "different existing file unless --force.")
+    e.add_argument("--run", required=True, help="run directory (outputs/<run-id>)")
+    e.add_argument("--story", default="DGR-066", help="story id (default DGR-066)")
+    e.add_argument("--dest", default=str(Path(__file__).resolve().parents[2] / "evidence"),
+                   help="evidence root (default: the repo's evidence/)")
+    e.add_argument("--force", action="store_true", help="overwrite different files")
+    e.set_defaults(fn=run)

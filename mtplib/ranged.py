@@ -1,0 +1,121 @@
+"""Ranged MTP: the speculative loop with the trunk's layers on RPC shards, MTP on the tail.
+
+The loop runs inside the ranged runtime's client worker (upstream's RPC client aborts its
+process when a shard is lost, so it never runs in the caller's process). Each step kind
+is labelled (prefill, draft, verify, decode, feed, rollback) so the counting relays in
+front of the shards attribute every byte on every shard connection to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import replace
+
+from mtplib.runtime.speculative import EngineOptions
+
+
+def _worker_generate(models, opts: EngineOptions, prompt: list[int], n_new: int) -> tuple:
+    """Runs in the worker (`RangedRuntime.call`): build the Engine on the ranged models."""
+    from mtplib.runtime.speculative import build_engine, run_generation
+    from mtplib.shards import worker_step
+
+    engine, owned = build_engine(models.trunk, models.sidecar if opts.k else None, opts,
+                                 phase=worker_step)
+    try:
+        llama = models.trunk.llama
+
+        def memory(seq: int) -> dict:
+            mem = {"trunk_weights_bytes": models.trunk.size_bytes,
+                   "target_seq_state_bytes": int(llama.llama_state_seq_get_size(
+                       engine.target.ptr, seq))}
+            if len(owned) > 1:
+                mem["mtp_weights_bytes"] = models.sidecar.size_bytes
+            return mem
+
+        return run_generation(engine, prompt, n_new, memory=memory)
+    finally:
+        for c in reversed(owned):
+            c.close()
+
+
+class RangedMTP:
+    """A trunk on RPC shards by ``plan`` (+ the sidecar on the tail shard) for several
+    measured generations; local shards are started and stopped when no endpoints are
+    given. ``generate`` returns (tokens, metrics) with that run's seam bytes."""
+
+    def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
+                 endpoints: Sequence[str] | None = None, shard_threads: int = 1,
+                 allow_remote: bool = False) -> None:
+        from mtplib.gguf_header import read_header
+        from mtplib.runtime.model import check_pair
+        from mtplib.shards import LocalShards, PlanError, RangedRuntime, ShardPlan
+
+        h = read_header(trunk)
+        if sidecar is not None:
+            check_pair(h, read_header(sidecar))
+        self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
+        if endpoints is not None and len(endpoints) != self.plan.n_shards:
+            raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
+                            f"{len(endpoints)} endpoints were given")
+        self._stack = contextlib.ExitStack()
+        try:
+            self.shards = None
+            if endpoints is None:
+                self.shards = self._stack.enter_context(
+                    LocalShards(self.plan.n_shards, shard_threads))
+            self.rt = self._stack.enter_context(RangedRuntime(
+                trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
+                sidecar=sidecar))
+        except BaseException:
+            self._stack.close()
+            raise
+        self.has_sidecar = sidecar is not None
+
+    def generate(self, prompt: Sequence[int] | str, n_new: int,
+                 opts: EngineOptions | None = None) -> tuple[list[int], dict]:
+        from mtplib.shards import _tokenize
+
+        opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
+        if not self.has_sidecar:
+            opts = replace(opts, k=0)
+        rt = self.rt
+        toks = rt.call(_tokenize, prompt) if isinstance(prompt, str) else list(prompt)
+        rt.reset_counts()
+        tokens, metrics = rt.call(_worker_generate, opts, toks, n_new)
+        metrics.update(rt.seam_metrics())
+        metrics["seam_report"] = rt.seam_report()
+        metrics["plan"] = str(self.plan)
+        metrics["endpoints"] = list(rt.endpoints)
+        metrics["local_shards"] = self.shards is not None
+        metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
+        if rt.sidecar:
+            metrics["mtp_placement"] = sorted(set(rt.sidecar["placement"].values()))
+        return tokens, metrics
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> RangedMTP:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan: str,
+                    sidecar: str | None = None, opts: EngineOptions | None = None,
+                    endpoints: Sequence[str] | None = None, shard_threads: int = 1,
+                    allow_remote: bool = False) -> dict:
+    """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
+    when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}."""
+    from mtplib.shards import _detokenize
+
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
+                   endpoints=endpoints, shard_threads=shard_threads,
+                   allow_remote=allow_remote) as r:
+        tokens, metrics = r.generate(prompt, n_new, opts)
+        out = {"tokens": tokens, "metrics": metrics}
+        if isinstance(prompt, str):
+            out["text"] = r.rt.call(_detokenize, tokens)
+        return out

@@ -1,0 +1,433 @@
+"""Upstream's RPC backend (libggml-rpc) and ranged execution: layer-range shards.
+
+This is the only module that touches libggml-rpc. A *shard* is an upstream RPC server
+process serving one CPU device (`serve`); a *client* adds shards as devices
+(`add_server`) and loads a trunk across them with split_mode LAYER and a tensor_split
+that gives every shard exactly its layer range (`ShardPlan`, `open_ranged`).
+
+Upstream facts this relies on (pinned source, ggml/src/ggml-rpc/ggml-rpc.cpp and
+src/llama-model.cpp):
+
+- The client aborts the whole process (GGML_ABORT, "Remote RPC server crashed or returned
+  malformed response") when a shard connection fails: at connect, at the handshake and
+  on any later command. `probe` does the handshake in Python first, so an unreachable
+  shard is an exception, not an abort; a shard lost *later* still aborts the client
+  process, which is why `mtplib.shards.RangedRuntime` runs the client in a subprocess.
+- A server serves one client connection at a time (accept loop); everything a client
+  allocated on it is freed when that connection closes.
+- Layer il of n_layer_all (the output layer is il = n_layer_all) goes to device
+  upper_bound(cumsum(split)/sum(split), il / (n_layer_all + 1)); the input layer
+  (token_embd) always stays on the client's CPU. Integer weights make the boundaries exact.
+- RPC has no authentication: shards bind loopback unless explicitly allowed otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import re
+import socket
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
+
+RPC_PROTO_MAJOR = 7
+RPC_PROTO_MINOR = 0
+RPC_CMD_HELLO = 14
+RPC_CONN_CAPS_SIZE = 24
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+
+
+class ShardError(UpstreamError):
+    """A shard is unreachable, not an RPC server, or the wrong protocol version."""
+
+
+class PlanError(ValueError):
+    """A shard plan that does not cover the trunk with contiguous layer ranges."""
+
+
+# -- endpoints --------------------------------------------------------------------------
+def parse_endpoint(endpoint: str, *, allow_remote: bool = False) -> tuple[str, int]:
+    """Validate ``HOST:PORT`` (IPv4 literal, as upstream's server needs); loopback only
+    unless ``allow_remote``."""
+    if not isinstance(endpoint, str) or endpoint.count(":") != 1:
+        raise ShardError(f"endpoint {endpoint!r}: expected HOST:PORT, e.g. 127.0.0.1:50052")
+    host, port_s = endpoint.split(":")
+    try:
+        addr = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ShardError(f"endpoint {endpoint!r}: host must be an IPv4 address "
+                         "(upstream's server binds inet_addr(host))") from None
+    if not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
+        raise ShardError(f"endpoint {endpoint!r}: port must be 1..65535")
+    if not addr.is_loopback and not allow_remote:
+        raise ShardError(f"endpoint {endpoint!r} is not loopback; RPC has no authentication, "
+                         "so mtplib serves and connects on 127.0.0.0/8 only unless "
+                         "--allow-remote is given")
+    return host, int(port_s)
+
+
+def probe(endpoint: str, *, timeout_s: float = 2.0, allow_remote: bool = False) -> tuple:
+    """Do upstream's HELLO handshake in Python: returns the server's (major, minor, patch).
+
+    Raises ShardError instead of letting upstream's client abort the process. A server
+    busy with another client accepts the TCP connection but does not answer: that is a
+    timeout here ("busy or hung")."""
+    host, port = parse_endpoint(endpoint, allow_remote=allow_remote)
+    req = bytes([RPC_CMD_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE)
+    want = 4 + RPC_CONN_CAPS_SIZE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            s.sendall(req)
+            buf = b""
+            while len(buf) < 8 + want:
+                chunk = s.recv(8 + want - len(buf))
+                if not chunk:
+                    raise ShardError(f"shard {endpoint} closed the connection during the "
+                                     "handshake (not an RPC server?)")
+                buf += chunk
+    except TimeoutError:
+        raise ShardError(f"shard {endpoint} did not answer the handshake within {timeout_s} s "
+                         "(busy with another client, or hung)") from None
+    except OSError as e:
+        raise ShardError(f"shard {endpoint} unreachable: {e.strerror or e}") from None
+    (size,) = struct.unpack("<Q", buf[:8])
+    if size != want:
+        raise ShardError(f"shard {endpoint}: unexpected handshake reply size {size}")
+    major, minor, patch = buf[8], buf[9], buf[10]
+    if major != RPC_PROTO_MAJOR or minor > RPC_PROTO_MINOR:
+        raise ShardError(f"shard {endpoint} speaks RPC protocol {major}.{minor}.{patch}, "
+                         f"this client {RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}.x")
+    return major, minor, patch
+
+
+# -- the libraries ----------------------------------------------------------------------
+_libs: dict = {}
+
+
+def libs() -> dict:
+    """libggml (devices), libggml-base (buffers, abort hook), libggml-rpc, bound once."""
+    if not _libs:
+        load()
+        import llama_cpp
+
+        d = Path(llama_cpp.__file__).parent / "lib"
+        ggml = ctypes.CDLL(str(d / "libggml.so"))
+        base = ctypes.CDLL(str(d / "libggml-base.so"))
+        rpc = ctypes.CDLL(str(d / "libggml-rpc.so"))
+        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        for lib, fn, args, res in (
+            (ggml, "ggml_backend_dev_by_type", [ctypes.c_int], vp),
+            (ggml, "ggml_backend_dev_count", [], sz),
+            (ggml, "ggml_backend_dev_get", [sz], vp),
+            (ggml, "ggml_backend_dev_name", [vp], cp),
+            (ggml, "ggml_backend_dev_description", [vp], cp),
+            (ggml, "ggml_backend_reg_dev_count", [vp], sz),
+            (ggml, "ggml_backend_reg_dev_get", [vp, sz], vp),
+            (base, "ggml_backend_buffer_name", [vp], cp),
+            (rpc, "ggml_backend_rpc_start_server", [cp, cp, sz, sz, ctypes.POINTER(vp)], None),
+            (rpc, "ggml_backend_rpc_add_server", [cp], vp),
+        ):
+            f = getattr(lib, fn)
+            f.argtypes, f.restype = args, res
+        _libs.update(ggml=ggml, base=base, rpc=rpc)
+    return _libs
+
+
+def cpu_device() -> int:
+    dev = libs()["ggml"].ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    if not dev:
+        raise UpstreamError("upstream has no CPU device")
+    return dev
+
+
+def serve(endpoint: str, *, threads: int, cache_dir: str | None = None,
+          allow_remote: bool = False) -> None:
+    """Serve the CPU device on ``endpoint`` until the process ends (blocks in upstream's
+    accept loop; returns only if upstream gives up, e.g. the port is taken)."""
+    parse_endpoint(endpoint, allow_remote=allow_remote)
+    if threads < 1:
+        raise ValueError("--threads must be >= 1")
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    devs = (ctypes.c_void_p * 1)(cpu_device())
+    libs()["rpc"].ggml_backend_rpc_start_server(
+        endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
+
+
+def add_server(endpoint: str, *, timeout_s: float = 5.0, allow_remote: bool = False) -> list:
+    """Register a shard with upstream's client (after a Python handshake, so an
+    unreachable shard raises instead of aborting); returns its device pointers."""
+    probe(endpoint, timeout_s=timeout_s, allow_remote=allow_remote)
+    lb = libs()
+    reg = lb["rpc"].ggml_backend_rpc_add_server(endpoint.encode())
+    if not reg:
+        raise ShardError(f"shard {endpoint} reports no devices")
+    n = lb["ggml"].ggml_backend_reg_dev_count(reg)
+    return [lb["ggml"].ggml_backend_reg_dev_get(reg, i) for i in range(n)]
+
+
+def device_name(dev: int) -> str:
+    return libs()["ggml"].ggml_backend_dev_name(dev).decode()
+
+
+# -- plans ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardPlan:
+    """Contiguous, inclusive layer ranges, one per shard, covering trunk layers
+    0..n_layer-1 in order. The last (tail) shard also holds the output head (and the MTP
+    sidecar)."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def parse(cls, text: str, n_layer: int | None = None) -> ShardPlan:
+        """``"0-1,2-3"`` (a single layer may be written ``"2"``)."""
+        ranges = []
+        for part in str(text).replace(" ", "").split(","):
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+            if not m:
+                raise PlanError(f"plan {text!r}: {part!r} is not a layer range like 0-3")
+            a = int(m.group(1))
+            b = int(m.group(2)) if m.group(2) is not None else a
+            ranges.append((a, b))
+        plan = cls(tuple(ranges))
+        plan.check(n_layer)
+        return plan
+
+    @classmethod
+    def even(cls, n_layer: int, n_shards: int) -> ShardPlan:
+        if not 1 <= n_shards <= n_layer:
+            raise PlanError(f"cannot split {n_layer} layers into {n_shards} shards")
+        cuts = [round(i * n_layer / n_shards) for i in range(n_shards + 1)]
+        return cls(tuple((cuts[i], cuts[i + 1] - 1) for i in range(n_shards)))
+
+    def check(self, n_layer: int | None = None) -> ShardPlan:
+        if not self.ranges:
+            raise PlanError("empty plan")
+        nxt = 0
+        for a, b in self.ranges:
+            if a > b:
+                raise PlanError(f"plan {self}: range {a}-{b} is empty (start > end)")
+            if a != nxt:
+                raise PlanError(f"plan {self}: range {a}-{b} should start at layer {nxt} "
+                                "(ranges must be contiguous, in order, from layer 0)")
+            nxt = b + 1
+        if n_layer is not None and nxt != n_layer:
+            raise PlanError(f"plan {self} covers layers 0-{nxt - 1}, the trunk has "
+                            f"{n_layer} (0-{n_layer - 1})")
+        if len(self.ranges) > 16:
+            raise PlanError("upstream's RPC client supports at most 16 servers")
+        return self
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}-{b}" for a, b in self.ranges)
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def n_layer(self) -> int:
+        return self.ranges[-1][1] + 1
+
+    def owner(self, layer: int) -> int:
+        """The shard index of a trunk layer; layer == n_layer is the output head (tail)."""
+        if layer == self.n_layer:
+            return self.n_shards - 1
+        for i, (a, b) in enumerate(self.ranges):
+            if a <= layer <= b:
+                return i
+        raise PlanError(f"layer {layer} is outside plan {self}")
+
+    def tensor_split(self) -> list[float]:
+        """Integer weights: layer counts, +1 on the tail for the output layer."""
+        w = [float(b - a + 1) for a, b in self.ranges]
+        w[-1] += 1.0
+        return w
+
+    def upstream_assignment(self) -> dict[int, int]:
+        """Which device upstream's formula (llama-model.cpp load_tensors) picks for every
+        layer 0..n_layer (the last = output), computed in float32 like upstream."""
+        import bisect
+
+        import numpy as np
+
+        w = np.asarray(self.tensor_split(), dtype=np.float32)
+        splits = list(np.cumsum(w, dtype=np.float32) / np.float32(w.sum()))
+        n_all = self.n_layer + 1
+        return {il: bisect.bisect_right(splits, float(np.float32(il) / np.float32(n_all)))
+                for il in range(n_all)}
+
+
+# -- what upstream's log says -----------------------------------------------------------
+_ASSIGN = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
+_BUF = re.compile(r"^(?P<fn>\w+):\s+(?P<buf>\S+)\s+(?P<what>.*?)\s*buffer size =\s*"
+                  r"(?P<mib>[\d.]+) MiB")
+
+
+def layer_devices(lines: Iterable[str]) -> dict[int, str]:
+    """``layer N assigned to device NAME`` lines (LLAMA_LOG_DEBUG in load_tensors; the
+    last such line per layer wins). Layer n_layer_all is the output layer."""
+    out: dict[int, str] = {}
+    for s in lines:
+        m = _ASSIGN.search(s)
+        if m:
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
+def buffer_lines(lines: Iterable[str]) -> list[dict]:
+    """Per-buffer sizes upstream prints: model (load_tensors), KV / DSV4 state
+    (context creation), output and compute buffers. ``buf`` names the device, e.g.
+    ``RPC0[127.0.0.1:50052]`` or ``CPU``."""
+    out = []
+    for s in lines:
+        m = _BUF.search(s.strip())
+        if m:
+            out.append({"fn": m.group("fn"), "buffer": m.group("buf"),
+                        "what": m.group("what").strip(), "mib": float(m.group("mib"))})
+    return out
+
+
+_CREATING = re.compile(r"creating (?P<what>.+?)(?:, size = (?P<cells>\d+) cells)?\s*$")
+_LAYER_DEV = re.compile(r"^(?P<fn>\w+): layer\s+(?P<il>\d+): dev = (?P<dev>\S+)")
+
+
+def cache_placement(lines: Iterable[str], names: dict[str, str] | None = None) -> list[dict]:
+    """Which device holds each layer of each cache a context creates, from upstream's own
+    lines (``creating DSV4 CSA compressed KV cache`` ... ``layer N: dev = RPCk``).
+    ``names`` maps device names to endpoints. One dict per (cache, layer)."""
+    names = names or {}
+    out: list[dict] = []
+    section, outer = None, None
+    for s in lines:
+        s = s.strip()
+        m = _CREATING.search(s)
+        if m and "creating" in s:
+            what = " ".join(m.group("what").split())
+            if s.startswith("llama_kv_cache_iswa"):  # the raw cache's two halves
+                section = f"{outer}: {what}" if outer else what
+            else:
+                section = outer = what
+            continue
+        m = _LAYER_DEV.search(s)
+        if m and section:
+            dev = m.group("dev")
+            out.append({"cache": section, "layer": int(m.group("il")), "device": dev,
+                        "endpoint": names.get(dev)})
+    return out
+
+
+def endpoint_of_buffer(name: str) -> str | None:
+    m = re.fullmatch(r"RPC\d+\[(.+)\]", name)
+    return m.group(1) if m else None
+
+
+# -- opening a ranged model -------------------------------------------------------------
+def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[str], *,
+                sidecar: str | Path | None = None, allow_remote: bool = False,
+                verify: bool = True):
+    """Load ``trunk`` across RPC shards (one endpoint per plan range, in order) and the
+    MTP ``sidecar`` (if given) on the tail shard only. Returns (trunk Model, sidecar
+    Model | None); the trunk Model carries ``.plan``, ``.endpoints`` and ``.placement``
+    (layer -> endpoint, read back from upstream's own load log).
+
+    In-process: a shard lost later aborts THIS process (upstream's client); use
+    mtplib.shards.RangedRuntime to contain that."""
+    from mtplib.gguf_header import read_header
+    from mtplib.runtime.model import Model, check_pair
+
+    th = read_header(trunk)
+    if th.is_mtp_only:
+        raise PlanError(f"{trunk} is an MTP sidecar, not a trunk")
+    n_layer = int(th.kv["deepseek4.block_count"])
+    if isinstance(plan, str):
+        plan = ShardPlan.parse(plan, n_layer)
+    plan.check(n_layer)
+    endpoints = list(endpoints)
+    if len(endpoints) != plan.n_shards:
+        raise PlanError(f"plan {plan} has {plan.n_shards} shards but {len(endpoints)} "
+                        "endpoints were given")
+    if len(set(endpoints)) != len(endpoints):
+        raise PlanError("every shard needs its own endpoint (a server serves one range)")
+    sh = read_header(sidecar) if sidecar is not None else None
+    if sh is not None:
+        check_pair(th, sh)
+    devices = []
+    for ep in endpoints:
+        devs = add_server(ep, allow_remote=allow_remote)
+        if len(devs) != 1:
+            raise ShardError(f"shard {ep} serves {len(devs)} devices; mtplib shards serve one")
+        devices.append(devs[0])
+    names = {device_name(d): ep for d, ep in zip(devices, endpoints, strict=True)}
+    with log_capture() as lines:
+        model = Model(trunk, header=th, devices=devices, tensor_split=plan.tensor_split())
+    try:
+        placement = {il: names.get(dev, dev) for il, dev in layer_devices(lines).items()}
+        model.plan, model.endpoints, model.placement = plan, endpoints, placement
+        model.device_endpoints = names
+        model.load_buffers = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"]
+        if verify:
+            check_placement(plan, endpoints, placement)
+        side = None
+        if sh is not None:
+            with log_capture() as lines:
+                side = Model(sidecar, load_mtp=True, header=sh, devices=[devices[-1]])
+            side.endpoints = [endpoints[-1]]
+            side.device_endpoints = names
+            side.placement = {il: names.get(dev, dev)
+                              for il, dev in layer_devices(lines).items()}
+            side.load_buffers = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"]
+            if verify and (not side.placement
+                           or set(side.placement.values()) != {endpoints[-1]}):
+                side.close()
+                raise ShardError(f"upstream did not place the whole MTP sidecar on the tail "
+                                 f"shard {endpoints[-1]}: {side.placement}")
+        return model, side
+    except BaseException:
+        model.close()
+        raise
+
+
+def check_placement(plan: ShardPlan, endpoints: Sequence[str], placement: dict) -> None:
+    """Every trunk layer and the output layer are on the shard the plan gives them."""
+    want = {il: endpoints[plan.owner(il)] for il in range(plan.n_layer + 1)}
+    if placement != want:
+        bad = {il: (placement.get(il), want[il]) for il in want if placement.get(il) != want[il]}
+        raise ShardError(f"upstream placed layers differently from plan {plan}: "
+                         f"layer -> (got, wanted) {bad}" + (
+                             "" if placement else " (no 'assigned to device' log lines seen)"))
+
+
+def quiet_aborts() -> None:
+    """Upstream's GGML_ABORT forks gdb for a backtrace when gdb is installed (seconds);
+    skip that so a lost shard ends the client process at once."""
+    import os
+
+    os.environ["GGML_NO_BACKTRACE"] = "1"
+
+
+class log_capture:  # noqa: N801 - used as a context manager
+    """Collect the upstream log lines emitted inside the block (from LOG_TAIL)."""
+
+    _n = 0
+
+    def __enter__(self) -> list[str]:
+        log_capture._n += 1
+        self.marker = f"\x00mtplib-mark-{id(self)}-{log_capture._n}\x00"
+        LOG_TAIL.append(self.marker)
+        self.lines: list[str] = []
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        tail = list(LOG_TAIL)
+        try:
+            i = len(tail) - 1 - tail[::-1].index(self.marker)
+            self.lines.extend(tail[i + 1:])
+        except ValueError:  # the marker scrolled out: keep everything there is
+            self.lines.extend(tail)

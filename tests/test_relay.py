@@ -1,0 +1,125 @@
+"""The counting relay on its own: byte counts per step, RPC framing, close propagation."""
+
+import socket
+import struct
+import threading
+
+import pytest
+
+from mtplib.relay import RPC_TENSOR_SIZE, CountingRelay, RelaySet
+from mtplib.runtime.rpc import ShardError
+
+
+class Echo:
+    """A loopback server answering every chunk with ``reply(chunk)``."""
+
+    def __init__(self, reply=lambda b: b) -> None:
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(5)
+        self.endpoint = f"127.0.0.1:{self.srv.getsockname()[1]}"
+        self.reply = reply
+        self.conns: list[socket.socket] = []
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        try:
+            c, _ = self.srv.accept()
+        except OSError:
+            return
+        self.conns.append(c)
+        c.settimeout(5)
+        try:
+            while data := c.recv(65536):
+                out = self.reply(data)
+                if out:
+                    c.sendall(out)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)  # wakes the blocked recv
+            except OSError:
+                pass
+            c.close()
+        self.srv.close()
+        self.t.join(timeout=5)
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "closed early"
+        buf += chunk
+    return buf
+
+
+def test_counts_per_step_and_both_directions():
+    echo = Echo()
+    with CountingRelay(echo.endpoint) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        with r.step("a"):
+            s.sendall(b"x" * 1000)
+            recv_exact(s, 1000)
+        with r.step("b"):
+            s.sendall(b"y" * 10)
+            recv_exact(s, 10)
+        snap = r.snapshot()
+        assert (snap["a"]["up"], snap["a"]["down"]) == (1000, 1000)
+        assert (snap["b"]["up"], snap["b"]["down"]) == (10, 10)
+        assert r.total() == 2020
+        s.close()
+    echo.close()
+
+
+def test_rpc_framing_is_sorted_into_data_graph_control():
+    # a SET_TENSOR (no reply) with 100 data bytes, then a GET_TENSOR answered with 64
+    desc = bytearray(RPC_TENSOR_SIZE)
+    desc[228:228 + 5] = b"t_in\0"
+    set_payload = bytes(desc) + b"\0" + struct.pack("<Q", 0) + b"d" * 100
+    get_desc = bytearray(RPC_TENSOR_SIZE)
+    get_desc[228:228 + 6] = b"t_out\0"
+    get_payload = bytes(get_desc) + struct.pack("<QQ", 0, 64)
+    graph_payload = b"g" * 50
+    msgs = (bytes([6]) + struct.pack("<Q", len(set_payload)) + set_payload
+            + bytes([10]) + struct.pack("<Q", len(graph_payload)) + graph_payload
+            + bytes([8]) + struct.pack("<Q", len(get_payload)) + get_payload)
+    seen = bytearray()
+
+    def reply(b: bytes) -> bytes:
+        seen.extend(b)
+        return struct.pack("<Q", 64) + b"r" * 64 if len(seen) == len(msgs) else b""
+
+    echo = Echo(reply)
+    with CountingRelay(echo.endpoint) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        with RelaySet([r]).step("s"):
+            for i in range(0, len(msgs), 7):  # framing must survive arbitrary chunking
+                s.sendall(msgs[i:i + 7])
+            recv_exact(s, 72)
+        c = r.snapshot()["s"]
+        assert c["data"] == 100 + 64 and c["graph"] == 50 and c["unparsed"] == 0
+        assert c["data"] + c["graph"] + c["control"] == c["up"] + c["down"]
+        assert r.tensors["s"] == {"t_in": 100, "t_out": 64}
+        s.close()
+    echo.close()
+
+
+def test_upstream_close_closes_client_and_is_recorded():
+    echo = Echo()
+    with CountingRelay(echo.endpoint) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        s.sendall(b"hi")
+        recv_exact(s, 2)
+        echo.close()  # the "shard" dies
+        assert s.recv(10) == b""  # the client sees EOF at once, no hang
+        assert r.lost_by_shard()
+        s.close()
+
+
+def test_relay_refuses_non_loopback_upstream():
+    with pytest.raises(ShardError, match="not loopback"):
+        CountingRelay("192.0.2.1:5000")
