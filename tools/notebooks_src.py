@@ -130,6 +130,16 @@ results["whole_vs_ranged"] = wr.to_dict("records")
 Path(run_dir, "seam_bytes.json").write_text(json.dumps(results["whole_vs_ranged"], indent=2))
 wr
 """),
+    ("md", """
+For scale: the contract's minimum per token per seam for DeepSeek-V4-Flash at bf16 (the
+hc*n_embd boundary row plus the token id), from the DGR-065 derivation.
+"""),
+    ("code", """
+from mtplib.contract import DType, V4_FLASH_DIMS, seam_bytes_per_token
+flash = seam_bytes_per_token(V4_FLASH_DIMS, DType.BF16)
+pd.DataFrame([{"model": "V4-Flash", "dtype": "bf16", **{k: flash[k] for k in
+               ("prefill_token", "decode_token", "verify_k1", "verify_k2", "verify_k3")}}])
+"""),
     ("code", """
 fig, ax = plt.subplots(figsize=(7, 3))
 cols = [c for c in wr.columns if c.startswith("bytes_per_token_")]
