@@ -2,12 +2,16 @@
 what the metrics say.
 
 - `write_evidence_readme(run_dir, story, out)`: the README of a story, every number
-  formatted from the run's raw metrics (``bench/bench.json`` and ``run_record.json``).
+  formatted from the run's raw metrics (``run_record.json`` and the story's own files,
+  `STORY_RAW`: ``bench/bench.json`` for DGR-066, ``dgr065_ownership.json`` and
+  ``dgr065_state.json`` for DGR-065).
 - `numbers_trace(text, raw)`: the numbers in a README that do not appear in the raw metrics
-  (the rule is `TRACE_RULE`, also printed at the end of every README).
+  (the rule is `TRACE_RULE`, also printed at the end of every README; DGR-065's README
+  prints it as `TRACE_RULE_DGR065`, naming its own files).
 - `copy_run(run_dir, story, dest)`: what ``mtplib evidence`` does: copy a run's executed
   notebooks, raw metrics, plots and run record into ``evidence/<story>/`` and write the
-  README there (refusing to overwrite a different file unless forced).
+  README there (refusing to overwrite a different file unless forced); DGR-065 copies only
+  its notebooks (01, 02), their metrics and the run record (`STORY_FILES`).
 
 A run (``mtplib run``) writes its READMEs into ``outputs/<run-id>/evidence/<story>/``; it
 never touches ``evidence/`` in the repo by itself.
@@ -108,13 +112,22 @@ def numbers_trace(readme_text: str, raw: dict) -> list[str]:
     return missing
 
 
-def load_raw(run_dir: str | Path) -> dict:
-    """The raw metrics a README may cite: the bench metrics and the run record."""
+#: The raw metrics files a story's README may cite besides ``run_record.json`` (key in the
+#: dict `load_raw` returns -> path in the run directory); read when present.
+STORY_RAW: dict[str, dict[str, str]] = {
+    "DGR-066": {"bench": f"{BENCH_DIR}/bench.json"},
+    "DGR-065": {"ownership": "dgr065_ownership.json", "state": "dgr065_state.json"},
+}
+
+
+def load_raw(run_dir: str | Path, story: str = "DGR-066") -> dict:
+    """The raw metrics the story's README may cite: the run record and the story's own
+    metrics files (`STORY_RAW`; DGR-066: the bench metrics)."""
     run_dir = Path(run_dir)
     raw = {"run_record": json.loads((run_dir / "run_record.json").read_text())}
-    bench = run_dir / BENCH_DIR / "bench.json"
-    if bench.exists():
-        raw["bench"] = json.loads(bench.read_text())
+    for key, rel in STORY_RAW.get(story, {}).items():
+        if (run_dir / rel).exists():
+            raw[key] = json.loads((run_dir / rel).read_text())
     return raw
 
 
@@ -382,7 +395,423 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
     return "\n".join(L)
 
 
-WRITERS: dict[str, Callable[[Path, dict, _Links], str]] = {"DGR-066": _dgr066}
+# -- DGR-065 ----------------------------------------------------------------------------
+DGR065_NOTEBOOKS = ("01_tensor_ownership.ipynb", "02_state_contract.ipynb")
+DGR065_RAW = ("dgr065_ownership.json", "dgr065_state.json")
+
+TRACE_RULE_DGR065 = (
+    "A number in this README traces to the raw metrics when formatting some numeric value "
+    "of `run_record.json`, `dgr065_ownership.json` or `dgr065_state.json` (or a numeric key "
+    "there) with the same number of decimals gives the same text. Byte counts are written "
+    "without thousands separators so that each one is a single number. Not numbers, by "
+    "rule: "
+    "headings (lines starting with `#`), code spans in backticks (commands, paths, hashes, "
+    "plans, dates), link targets, and words that contain a letter or one of `§#@` "
+    "(identifiers such as V4-Flash, DGR-066, `k=1`).")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _yes(v: bool) -> str:
+    return "yes" if v else "**no**"
+
+
+def _names(xs) -> str:
+    return ", ".join(f"`{x}`" for x in xs) if xs else "none"
+
+
+def _dgr065(run_dir: Path, raw: dict, link: _Links) -> str:
+    rec = raw["run_record"]
+    missing = [n for n, k in zip(DGR065_RAW, ("ownership", "state"), strict=True)
+               if k not in raw]
+    if missing:
+        raise ValueError(f"{run_dir}: no {', '.join(missing)}: the lane did not run notebooks "
+                         "01_tensor_ownership and 02_state_contract")
+    own, st = raw["ownership"], raw["state"]
+    if "fixture_reads" not in own or "fixture_checks" not in st:
+        raise ValueError(f"{run_dir}: {DGR065_RAW} were written by older notebooks (no "
+                         "fixture_reads / fixture_checks); rerun notebooks 01 and 02")
+    fx = own["fixture"]
+    notebooks = {n["notebook"]: n for n in rec.get("notebooks", [])}
+    models = rec.get("models", {})
+    sha = rec.get("model_sha256", {})
+    n_shards = sorted(int(n) for n in own["flash_shards"])
+    n_max = n_shards[-1]
+    shard_words = "/".join(str(n) for n in n_shards)
+    L: list[str] = []
+    w = L.append
+
+    w("# DGR-065: MTP ownership and the distributed state contract")
+    w("")
+    w(f"Generated by `mtplib.evidence` from the raw metrics of run `{Path(rec['run_dir']).name}` "
+      f"({link('dgr065_ownership.json')}, {link('dgr065_state.json')}, "
+      f"{link('run_record.json')}). Do not edit: `mtplib evidence --run RUN_DIR --story "
+      "DGR-065` rewrites it, and `tests/test_evidence_dgr065.py` checks that every number "
+      "here appears in those files (rule at the end).")
+    w("")
+
+    # -- the run
+    w("## The run")
+    w("")
+    git, pins, cpu = rec.get("git", {}), rec.get("pins", {}), rec.get("cpu", {})
+    nb_cells = []
+    for name in DGR065_NOTEBOOKS:
+        e = notebooks.get(name)
+        nb_cells.append(f"{link(name)} ({'not run' if e is None else e.get('status')}, "
+                        f"`{e and e.get('started')}` to `{e and e.get('ended')}`)")
+    rows = [
+        ["command", f"`{rec.get('command')}`"],
+        ["lane", f"`{rec.get('lane')}` (`{rec.get('params_file')}`)"],
+        ["git commit", f"`{git.get('commit')}` (uncommitted changes: `{git.get('dirty')}`)"],
+        ["pins", f"`llama-cpp-python=={pins.get('llama_cpp_python')}`, llama.cpp "
+                 f"`{pins.get('llama_cpp_commit')}`, `{pins.get('cmake_args')}`"],
+        ["CPU", f"`{cpu.get('model')}`, {cpu.get('logical_cores')} logical cores, "
+                f"{cpu.get('mem_total_bytes')} bytes of memory"],
+        ["GPU", ", ".join(f"`{g['name']}`" for g in rec.get("gpu") or []) or "none"],
+        ["Python", f"`{rec.get('python')}` on `{rec.get('platform')}`"],
+        ["network", f"`{rec.get('network')}`"],
+        ["notebooks of this story", "; ".join(nb_cells)],
+    ]
+    for key, path in models.items():
+        rows.append([f"fixture model: {key}", f"`{Path(path).name}` sha256 "
+                                              f"`{sha.get(path, '?')}`"])
+    L += _table(["", ""], rows)
+    w("")
+    w("Artifacts of this story in the run (sha256 of the files as they are beside this "
+      "README's run):")
+    w("")
+    arts = []
+    for name in (*DGR065_NOTEBOOKS, *DGR065_RAW):
+        p = run_dir / name
+        arts.append([link(name), f"`{_sha256(p)}`" if p.exists() else "missing"])
+    L += _table(["file", "sha256"], arts)
+    w("")
+    w("`run_record.json` is not hashed here: the pipeline completes it (end time, status, "
+      "the READMEs written) after this README. The weight-less V4-Flash files are not kept "
+      "as evidence (they are rebuilt deterministically by `mtplib fixture --preset "
+      "v4-flash`); their header hashes are in criterion 3 below.")
+    w("")
+
+    # -- criterion 1: reads
+    w("## Criterion 1: derived read_by equals the upstream graphs' reads (fixture)")
+    w("")
+    w(f"Fixture: the tiny random-weight DeepSeek-V4 pair of this run ({fx['n_layer']} trunk "
+      f"layers + {fx['n_mtp']} MTP block, layout `{fx['layout']}`), plan `{fx['plan']}`, "
+      f"n_ctx {fx['ctx']}. `mtplib.runtime.graph_reads.check_pair` runs one main decode on "
+      "the trunk and one MTP decode on the sidecar; the context's eval callback records "
+      "every weight tensor any graph node reads (through views too), and the set is compared "
+      "with the tensors whose derived `read_by` names that graph. The same is done for one "
+      "file holding trunk and MTP (upstream's single-file layout, loaded with `load_mtp`). "
+      f"Notebook: {link(DGR065_NOTEBOOKS[0])}.")
+    w("")
+    rrows = []
+    for layout, reads in own["fixture_reads"].items():
+        for r in reads:
+            rrows.append([layout, r["graph"], f"`{r['file']}`", str(r["derived"]),
+                          str(r["observed"]), _names(r["missing_in_upstream"]),
+                          _names(r["unexpected_in_upstream"]), _yes(r["equal"])])
+    L += _table(["layout", "graph", "file", "tensors derived as read", "tensors upstream read",
+                 "missing in upstream", "unexpected in upstream", "equal"], rrows)
+    w("")
+    eq = own["fixture_reads_equal"]
+    w("Result: read_by equals the graphs' reads for "
+      + ("both layouts." if all(eq.values()) else
+         "**not** every layout: " + ", ".join(f"{k} {_yes(v)}" for k, v in eq.items()) + "."))
+    w("")
+    w("Tensors by file, role and reading graph (pair layout):")
+    w("")
+    L += _table(["file", "role", "read by", "tensors", "bytes"],
+                [[r["file"], r["role"], r["read_by"], str(r["tensors"]), str(r["bytes"])]
+                 for r in fx["roles"]])
+    w("")
+    w("Shipped but read by no graph: "
+      + (", ".join(f"`{u['file']}:{u['name']}` ({u['bytes']} bytes)" for u in fx["unread"])
+         or "none") + ".")
+    w("")
+    w(f"Replicas and duplicates on the fixture's tail shard under plan `{fx['plan']}`:")
+    w("")
+    L += _table(["shard", "kind", "tensor", "bytes", "read by", "provided by / duplicate of"],
+                [[str(r["shard"]), r["kind"], f"`{r['file']}:{r['name']}`", str(r["bytes"]),
+                  "+".join(r["read_by"]) or "none",
+                  r.get("provided_by") or f"`{r.get('duplicate_of')}`"]
+                 for r in fx["replicas"]])
+    w("")
+
+    # -- criterion 2: caches
+    w("## Criterion 2: derived cache bytes equal upstream's allocation (fixture)")
+    w("")
+    w("For each context below, the same two decodes record every cache tensor the graphs "
+      "touch (name, shape, type, bytes) and the size of each cache buffer upstream allocates "
+      "(`ggml_backend_buffer_get_size`); the derived tensors must equal the touched ones and "
+      "each derived buffer size must equal upstream's. Notebook: "
+      + link(DGR065_NOTEBOOKS[1]) + ".")
+    w("")
+    for c in st["fixture_checks"]:
+        p = c["params"]
+        w(f"**Context:** n_ctx {p['n_ctx']}, {p['n_seq']} sequence(s), n_ubatch "
+          f"{p['n_ubatch']}, K type `{p['type_k']}`, swa_full `{p['swa_full']}`, n_rs_seq "
+          f"{p['n_rs_seq']}; cache tensors equal (main, MTP): "
+          + ", ".join(_yes(t) for t in c["tensors_equal"])
+          + f"; every buffer equal: {_yes(c['caches_equal'])}.")
+        w("")
+        L += _table(["context", "cache buffer", "tensors read", "derived bytes",
+                     "upstream bytes", "equal"],
+                    [[b["context"], f"`{b['cache']}`", str(b["tensors read"]),
+                      str(b["derived bytes"]), str(b["upstream bytes"]), _yes(b["equal"])]
+                     for b in c["buffers"]])
+        w("")
+    allc = all(c["caches_equal"] and all(c["tensors_equal"]) for c in st["fixture_checks"])
+    w("Result: derived cache bytes " + ("equal" if allc else "do **not** all equal")
+      + " upstream's allocation, tensor by tensor and buffer by buffer, for every context "
+      "above. The MTP context's buffer includes a V cache its graph never reads "
+      "(`mtp_swa_v_unread` in the tables below): the derivation counts it because upstream "
+      "allocates it.")
+    w("")
+
+    # -- criterion 3: V4-Flash
+    w("## Criterion 3: DeepSeek-V4-Flash at real scale")
+    w("")
+    w("`mtplib fixture --preset v4-flash` writes the trunk and sidecar tensor tables of the "
+      "published V4-Flash config with the dtypes of upstream's converter mapping; the data "
+      "region is a sparse hole (weight-less), so only headers are read.")
+    w("")
+    ff = own["flash_files"]
+    L += _table(["file", "logical bytes", "bytes on disk", "header sha256"],
+                [[f"`{ff[k]['file']}`", str(ff[k]["bytes"]), str(ff[k]["disk_bytes"]),
+                  f"`{ff[k]['sha256_header']}`"] for k in ("trunk", "sidecar")])
+    w("")
+    w("Upstream's own loader accepts the tables: each file loaded with `no_alloc` "
+      "(metadata only, nothing read or allocated, in a child process); its model size is "
+      "compared with the derived bytes:")
+    w("")
+    L += _table(["file", "`load_mtp`", "upstream model size", "derived bytes",
+                 "upstream parameters", "equal"],
+                [[f"`{t['file']}`", f"`{t.get('load_mtp')}`", str(t.get("model_size")),
+                  str(t["derived_bytes"]), str(t.get("n_params")), _yes(t["equal"])]
+                 for t in own["table_check"]])
+    w("")
+    lim = own["derivation_limit_seconds"]
+    w(f"**Derivation time** (reading both headers plus every derivation, "
+      f"`ownership_report.flash_ownerships`): {_f(own['derivation_seconds'], 3)} s for "
+      f"{own['derivations']} derivations in {link(DGR065_NOTEBOOKS[0])}, "
+      f"{_f(st['derivation_seconds'], 3)} s for {st['derivations']} derivations "
+      f"({shard_words} shards × every context × swa_full on and off) in "
+      f"{link(DGR065_NOTEBOOKS[1])}; both notebooks assert under {lim} s, and "
+      + ("both times are under it." if max(own["derivation_seconds"],
+                                           st["derivation_seconds"]) < lim
+         else "**a time is over it**."))
+    w("")
+    w(f"**Bytes held per shard** (even layer splits, n_ctx {own['flash_ctx']} for the cache "
+      "column; the last shard holds the tail and the MTP sidecar):")
+    w("")
+    srows = []
+    for n in n_shards:
+        for s in own["flash_shards"][str(n)]:
+            srows.append([str(n), f"`{s['plan']}`", str(s["shard"]), f"`{s['layers']}`",
+                          str(s["bytes"]), _f(s["GiB"], 3), str(s["mtp"]),
+                          str(s["replica_bytes"]), str(s["duplicate_bytes"]),
+                          str(s["cache_bytes"])])
+    L += _table(["shards", "plan", "shard", "layers", "bytes", "GiB", "MTP sidecar bytes",
+                 "replica bytes", "duplicate bytes", "cache bytes"], srows)
+    w("")
+    w("Largest shard, even plan against a byte-balanced plan (`ownership.balanced_plan`):")
+    w("")
+    L += _table(["shards", "plan", "ranges", "largest shard GiB"],
+                [[str(r["shards"]), r["plan"], f"`{r['ranges']}`",
+                  _f(r["largest shard GiB"], 3)] for r in own["flash_plans"]])
+    w("")
+    mtp_file = next((t for t in own["table_check"] if t["file"] == "mtp"), None)
+    n_layer = next((t.get("n_layer") for t in own["table_check"] if t["file"] == "trunk"), None)
+    w(f"**MTP block bytes** (`blk.{n_layer}.*`, the sidecar's own block): "
+      f"{own['mtp_block_bytes']}"
+      + (f"; the whole sidecar is {mtp_file['derived_bytes']} bytes (with its embedding, "
+         "head and norms)." if mtp_file else "."))
+    w("")
+    reps = own["flash_replicas"]
+    same = all([{k: v for k, v in r.items() if k != "shard"} for r in reps[str(n)]]
+               == [{k: v for k, v in r.items() if k != "shard"} for r in reps[str(n_max)]]
+               for n in n_shards)
+    w(f"**Replicas and duplicates** ({n_max} shards; "
+      + ("the same tensors, on the tail shard, for every shard count above" if same
+         else "they differ by shard count: see `flash_replicas` in the raw metrics") + "):")
+    w("")
+    L += _table(["shard", "kind", "tensor", "bytes", "read by", "provided by / duplicate of"],
+                [[str(r["shard"]), r["kind"], f"`{r['file']}:{r['name']}`", str(r["bytes"]),
+                  "+".join(r["read_by"]) or "none",
+                  r.get("provided_by") or f"`{r.get('duplicate_of')}`"]
+                 for r in reps[str(n_max)]])
+    w("")
+    ckeys = ["raw_swa_k", "csa_compressed_k", "hca_compressed_k", "indexer_k",
+             "compressor_state", "mtp_swa_k", "mtp_swa_v_unread", "raw_swa_k_unread", "total"]
+    tot = [r for r in st["flash_totals"] if r["shards"] == n_max]
+
+    def _key(r):
+        return (r["n_ctx"], r["swa_full"])
+
+    by_n = {n: sorted((_key(r), [r[k] for k in ckeys]) for r in st["flash_totals"]
+                      if r["shards"] == n) for n in n_shards}
+    same_tot = all(v == by_n[n_max] for v in by_n.values())
+    w("**Cache bytes, whole model** (every cache kind summed over the shards of the "
+      f"{n_max}-shard plan; "
+      + (f"the sums are identical for {shard_words} shards" if same_tot else
+         "the sums differ by shard count: see `flash_totals` in the raw metrics")
+      + "). These are the derivation's formulas at real scale, not an allocation (see "
+      "Limitations):")
+    w("")
+    L += _table(["n_ctx", "swa_full", *[f"`{k}`" for k in ckeys]],
+                [[str(r["n_ctx"]), f"`{r['swa_full']}`", *[str(r[k]) for k in ckeys]]
+                 for r in tot])
+    w("")
+    w(f"Cache bytes per shard, {n_max} shards (column: n_ctx, swa_full):")
+    w("")
+    ctxs = sorted({r["n_ctx"] for r in tot})
+    cols = [(c, f) for c in ctxs for f in (True, False)
+            if f"{n_max}x{c}x{'full' if f else 'window'}" in st["flash"]]
+    per = {col: st["flash"][f"{n_max}x{col[0]}x{'full' if col[1] else 'window'}"]
+           for col in cols}
+    L += _table(["shard", "layers", *[f"{c} `{'full' if f else 'window'}`" for c, f in cols]],
+                [[str(s["shard"]), f"`{s['layers']}`",
+                  *[str(per[col][i]["total"]) for col in cols]]
+                 for i, s in enumerate(per[cols[0]])] if cols else [])
+    w("")
+    seam = st["seam_bytes_per_token"]
+    dts = list(seam["per_seam"])
+    vals = list(seam["per_seam"][dts[0]])
+    w(f"**Seam bytes per token** (`mtplib.contract.seam_bytes_per_token`, per seam; a plan "
+      f"of {n_max} shards has {seam['n_seams']} seams):")
+    w("")
+    L += _table(["value", *[f"{d} rows" for d in dts]],
+                [[f"`{v}`", *[str(seam["per_seam"][d][v]) for d in dts]] for v in vals])
+    w("")
+    w("MTP runs on the tail shard, so no MTP hidden row crosses a seam: "
+      "`mtp_hidden_remote` is what it would cost otherwise.")
+    w("")
+
+    # -- criterion 4: contract
+    g, pol = st["golden"], st["policies"]
+    w("## Criterion 4: contract golden fixtures and the alpha policy")
+    w("")
+    w(f"{link(DGR065_NOTEBOOKS[1])} writes the contract's golden fixtures afresh "
+      f"(`mtplib.contract.golden.check_golden`, what `python -m mtplib.contract.golden "
+      f"--check {g['dir']}` runs) and compares them byte for byte with the committed ones "
+      f"in `{g['dir']}`: "
+      + ("every fixture regenerated byte-identically." if g["identical"] else
+         "**differing**: " + _names(g["differs"]) + "."))
+    w("")
+    L += _table(["fixture", "sha256 (committed)"],
+                [[f"`{k}`", f"`{v}`"] for k, v in g["files"].items()])
+    w("")
+    w("Every named shard line-up of the fixtures (`golden.advert_sets`) negotiated for every "
+      "recipe, plus unknown ones:")
+    w("")
+    L += _table(["policy", "`allow_mtp`", "decisions", "routed to MTP"],
+                [[f"`{k}`", f"`{v['allow_mtp']}`", str(v["decisions"]), str(v["routed_mtp"])]
+                 for k, v in pol.items()])
+    w("")
+    alpha = pol.get("alpha", {})
+    w(("The alpha policy routed no decision to MTP" if alpha.get("routed_mtp") == 0 else
+       "**The alpha policy routed MTP**")
+      + "; the beta column shows the same line-ups do route MTP when a policy allows it. "
+      "The property test `tests/test_contract_capabilities.py::"
+      "test_alpha_never_routes_property` (hypothesis: random requests, shard line-ups and "
+      "policy names) is the general check; it is a pytest test, not part of this run: "
+      "`.venv/bin/python -m pytest -q tests/test_contract_capabilities.py "
+      "tests/test_contract_golden.py`.")
+    w("")
+
+    # -- tests
+    w("## Tests")
+    w("")
+    w("Not run by this pipeline; the tests of this story: `.venv/bin/python -m pytest -q "
+      "tests/test_ownership.py tests/test_graph_reads.py tests/test_v4_flash.py "
+      "tests/test_fixture.py tests/test_contract_capabilities.py "
+      "tests/test_contract_golden.py tests/test_evidence_dgr065.py`. "
+      "`tests/test_graph_reads.py` includes negative checks (a derivation wrong by one "
+      "tensor, or one leaving out the unread V cache, fails); `tests/test_v4_flash.py` "
+      "asserts the derivation time limit; `tests/test_evidence_dgr065.py` runs notebooks "
+      "01_tensor_ownership and 02_state_contract on a short lane and regenerates this "
+      "README from their metrics.")
+    w("")
+
+    # -- limitations
+    w("## Limitations")
+    w("")
+    w(f"- The fixture is a tiny random-weight model ({fx['n_layer']} trunk layers + "
+      f"{fx['n_mtp']} MTP block): it checks which tensors and caches upstream's graphs read "
+      "and allocate, not anything about the real model's weights.")
+    w("- **V4-Flash dtypes come from the converter mapping** (`CONVERTER_DTYPES` in "
+      "`mtplib/v4/arch.py`, following upstream's `conversion/deepseek.py`); the published "
+      "checkpoint's own dtypes were not read (no network). Upstream loading the tables with "
+      "`no_alloc` confirms shapes and sizes, not that a real conversion would pick exactly "
+      "these types.")
+    w("- **Cache bytes at real scale are formulas.** They were measured against upstream on "
+      "the fixture only; at V4-Flash scale the same formulas are extrapolated: a context "
+      "cannot be created on the `no_alloc` model (the scheduler aborts) and a weight-less "
+      "file is refused for decoding by design. The CPU buffer alignment is assumed; a GPU "
+      "buffer type may pad differently.")
+    w("- The derivation times were measured once, on the machine above "
+      f"({cpu.get('logical_cores')} logical cores, possibly shared with other jobs); they "
+      "are a check against the limit, not a benchmark.")
+    w("- `kv_unified=false` only (the C default); one MTP block only (upstream asserts "
+      "`n_layer_nextn == 1`); replicas assume MTP runs on the last shard.")
+    w("- The alpha-policy result above covers the fixtures' named line-ups; the general "
+      "claim rests on the property test, which is not part of this run.")
+    if git.get("dirty"):
+        w("- The run was made from a checkout with uncommitted changes "
+          f"(`{git.get('commit')}` plus edits).")
+    w("")
+
+    # -- handoff
+    w("## Handoff to DGR-066")
+    w("")
+    tail = reps[str(n_max)]
+    rep_b = [r for r in tail if r["kind"] == "replica"]
+    dup_b = [r for r in tail if r["kind"] == "duplicate"]
+    w("- **Tail shard memory:** besides its layers, the shard holding the MTP sidecar "
+      "carries " + "; ".join(f"the replica `{r['name']}` ({r['bytes']} bytes)" for r in rep_b)
+      + ("; " if rep_b and dup_b else "")
+      + "; ".join(f"the duplicate `{r['name']}` ({r['bytes']} bytes, "
+                  + ("read by MTP" if r["read_by"] else "never read") + ")" for r in dup_b)
+      + ". Sharing them with the trunk would need upstream support.")
+    big = max(ctxs) if ctxs else None
+    full = next((r for r in tot if r["n_ctx"] == big and r["swa_full"]), None)
+    win = next((r for r in tot if r["n_ctx"] == big and not r["swa_full"]), None)
+    if full and win:
+        w(f"- **`swa_full`:** the C-API default (`true`) sizes the raw SWA cache to the "
+          f"whole context: {full['raw_swa_k']} bytes at n_ctx {big} for the whole model "
+          f"(cache total {full['total']}); ranged contexts should set `swa_full=false`: "
+          f"{win['raw_swa_k']} bytes (total {win['total']}).")
+        same_v = "an equal" if full["mtp_swa_v_unread"] == full["mtp_swa_k"] else "an"
+        w(f"- **MTP context memory:** budget the MTP context at its K plus {same_v} unread "
+          f"V (upstream allocates it): {full['mtp_swa_k']} + {full['mtp_swa_v_unread']} "
+          f"bytes at n_ctx {big} with `swa_full=true`.")
+    if "f32" in seam["per_seam"] and "bf16" in seam["per_seam"]:
+        f32, bf16 = seam["per_seam"]["f32"], seam["per_seam"]["bf16"]
+        w(f"- **Seam traffic per decode token** is `decode_token` only: {f32['decode_token']} "
+          f"bytes in f32 or {bf16['decode_token']} in bf16, per seam; MTP on the tail adds "
+          f"nothing (`mtp_hidden_remote` would be {f32['mtp_hidden_remote']} / "
+          f"{bf16['mtp_hidden_remote']} bytes).")
+    w("- **Reuse:** `mtplib inventory --json` and `mtplib.ownership.derive` give each shard "
+      "its layer range, files, replicas and caches; `mtplib.runtime.graph_reads.check_pair` "
+      "re-checks any new fixture against upstream.")
+    w("")
+    w("## How numbers are traced")
+    w("")
+    w(TRACE_RULE_DGR065)
+    w("")
+    return "\n".join(L)
+
+
+WRITERS: dict[str, Callable[[Path, dict, _Links], str]] = {
+    "DGR-066": _dgr066, "DGR-065": _dgr065}
 
 
 def render_readme(run_dir: str | Path, story: str, out: str | Path) -> str:
@@ -390,7 +819,7 @@ def render_readme(run_dir: str | Path, story: str, out: str | Path) -> str:
         raise ValueError(f"no evidence README writer for story {story!r} "
                          f"(known: {sorted(WRITERS)})")
     run_dir = Path(run_dir)
-    return WRITERS[story](run_dir, load_raw(run_dir), _Links(run_dir, Path(out)))
+    return WRITERS[story](run_dir, load_raw(run_dir, story), _Links(run_dir, Path(out)))
 
 
 def write_evidence_readme(run_dir: str | Path, story: str = "DGR-066",
@@ -399,7 +828,7 @@ def write_evidence_readme(run_dir: str | Path, story: str = "DGR-066",
     with a number that does not trace to them."""
     out = Path(out)
     text = render_readme(run_dir, story, out)
-    missing = numbers_trace(text, load_raw(run_dir))
+    missing = numbers_trace(text, load_raw(run_dir, story))
     if missing:
         raise ValueError(f"{story} README: numbers not in the raw metrics: {missing}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -423,6 +852,16 @@ def run_files(run_dir: Path) -> list[Path]:
     return out
 
 
+def _dgr065_files(run_dir: Path) -> list[Path]:
+    """DGR-065's part of a run: notebooks 01/02, their raw metrics, the run record."""
+    return [Path(n) for n in (*DGR065_NOTEBOOKS, *DGR065_RAW, "run_record.json")
+            if (run_dir / n).is_file()]
+
+
+#: What ``mtplib evidence`` copies for a story (default: `run_files`, the whole run).
+STORY_FILES: dict[str, Callable[[Path], list[Path]]] = {"DGR-065": _dgr065_files}
+
+
 def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "evidence",
              *, force: bool = False) -> Path:
     """Copy a run into ``dest/<story>/`` and write its README there; return the README.
@@ -435,7 +874,7 @@ def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "ev
     if story not in WRITERS:
         raise ValueError(f"no evidence README writer for story {story!r} "
                          f"(known: {sorted(WRITERS)})")
-    files = run_files(run_dir)
+    files = STORY_FILES.get(story, run_files)(run_dir)
     # render from a staging copy so the README's links point at the copied files
     staging = target.parent / f".{story}.staging"
     if staging.exists():

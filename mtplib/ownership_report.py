@@ -57,10 +57,14 @@ def shard_table(own: Ownership) -> pd.DataFrame:
 
 
 def replica_table(own: Ownership) -> pd.DataFrame:
-    rows = [{"shard": s.index, "kind": "replica", **r} for s in own.shards for r in s.replicas]
-    rows += [{"shard": s.index, "kind": "duplicate", **d} for s in own.shards
-             for d in s.duplicates]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(replica_records(own))
+
+
+def replica_records(own: Ownership) -> list[dict]:
+    """The rows of `replica_table` as plain dicts (no NaN for the fields a kind lacks)."""
+    return ([{"shard": s.index, "kind": "replica", **r} for s in own.shards for r in s.replicas]
+            + [{"shard": s.index, "kind": "duplicate", **d} for s in own.shards
+               for d in s.duplicates])
 
 
 def cache_table(own: Ownership) -> pd.DataFrame:
@@ -69,6 +73,15 @@ def cache_table(own: Ownership) -> pd.DataFrame:
                           "swa_full": own.params.swa_full, "shard": s.index,
                           "layers": f"{s.layers[0]}-{s.layers[1]}", **s.caches}
                          for s in own.shards])
+
+
+def cache_totals(owns: dict) -> pd.DataFrame:
+    """Whole-model cache bytes of each ownership (label (n_shards, n_ctx, swa_full) ->
+    Ownership): every cache kind summed over the plan's shards."""
+    keys = [*CACHE_SUMMARY_KEYS, "total"]
+    return pd.DataFrame([{"shards": n, "n_ctx": c, "swa_full": f,
+                          **{k: sum(s.caches[k] for s in o.shards) for k in keys}}
+                         for (n, c, f), o in owns.items()])
 
 
 def seam_table(own: Ownership) -> pd.DataFrame:

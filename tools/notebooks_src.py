@@ -246,10 +246,11 @@ pd.DataFrame([{"file": Path(s[k]["path"]).name, "logical bytes": s[k]["bytes"],
               for k in ("trunk", "sidecar")])
 """),
     ("code", """
+limit_s = 5  # the acceptance criterion: headers + derivations in under 5 s
 owns, secs = rep.flash_ownerships(str(flash.trunk), str(flash.sidecar), shards=flash_shards,
                                   ctxs=[flash_ctx], swa_full=[True])
 print(f"read 2 headers + {len(owns)} derivations: {secs:.3f} s")
-assert secs < 5, secs
+assert secs < limit_s, secs
 finv = next(iter(owns.values())).inventory
 rep.role_table(finv)
 """),
@@ -277,21 +278,40 @@ plan (contiguous ranges minimising the largest shard, `ownership.balanced_plan`)
 """),
     ("code", """
 from mtplib.ownership import balanced_plan, even_plan
-pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
+plans = pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
                "largest shard GiB": round(max(s.bytes for s in derive(finv, p).shards) / 2**30, 3)}
               for n in flash_shards
               for kind, p in (("even", even_plan(43, n)), ("balanced", balanced_plan(finv, n)))])
+plans
 """),
     ("code", """
 fig = rep.stacked_bytes_chart({f"{n} shards": owns[(n, flash_ctx, True)] for n in flash_shards},
                               "roles", title="DeepSeek-V4-Flash: bytes held per shard, by role")
 """),
     ("code", """
-record = {"derivation_seconds": secs, "mtp_block_bytes": mtp_block,
+# raw metrics of this notebook (the DGR-065 evidence README is generated from them)
+record = {"derivation_seconds": secs, "derivations": len(owns),
+          "derivation_limit_seconds": limit_s, "flash_ctx": flash_ctx,
+          "mtp_block_bytes": mtp_block,
           "table_check": tc.to_dict("records"),
+          "fixture": {"layout": inv.layout, "n_layer": cfg.n_layer, "n_mtp": cfg.n_mtp,
+                      "plan": str(own.plan), "ctx": ctx,
+                      "roles": rep.role_table(own).to_dict("records"),
+                      "unread": rep.unread_table(own).to_dict("records"),
+                      "combined_roles": rep.role_table(combined).to_dict("records"),
+                      "shards": rep.shard_table(own).to_dict("records"),
+                      "replicas": rep.replica_records(own)},
           "fixture_reads_equal": {"pair": check["reads_equal"], "combined": check_c["reads_equal"]},
+          "fixture_reads": {"pair": check["reads"], "combined": check_c["reads"]},
+          "flash_files": {k: {"file": Path(s[k]["path"]).name, "bytes": s[k]["bytes"],
+                              "disk_bytes": s[k]["disk_bytes"],
+                              "sha256_header": s[k]["sha256_header"]}
+                          for k in ("trunk", "sidecar")},
           "flash_shards": {str(n): rep.shard_table(owns[(n, flash_ctx, True)]).to_dict("records")
-                           for n in flash_shards}}
+                           for n in flash_shards},
+          "flash_replicas": {str(n): rep.replica_records(owns[(n, flash_ctx, True)])
+                             for n in flash_shards},
+          "flash_plans": plans.to_dict("records")}
 _ = Path(run_dir, "dgr065_ownership.json").write_text(json.dumps(record, indent=1, default=str))
 """),
 ]
@@ -321,6 +341,7 @@ n_seq = 1
 flash_dir = None
 flash_shards = [2, 4, 8]
 flash_ctxs = [8192, 131072, 1048576]
+golden_dir = None     # contract golden fixtures; None: the repo's tests/golden/contract
 """),
     ("code", """
 import json
@@ -377,9 +398,11 @@ plus one ubatch. Both are shown.
     ("code", """
 fdir = Path(flash_dir) if flash_dir else Path(run_dir) / "models" / "v4-flash"
 flash = write_fixture(fdir, preset="v4-flash")
+limit_s = 5  # the acceptance criterion: headers + derivations in under 5 s
 owns, secs = rep.flash_ownerships(str(flash.trunk), str(flash.sidecar), shards=flash_shards,
                                   ctxs=flash_ctxs, swa_full=[True, False])
 print(f"read 2 headers + {len(owns)} derivations: {secs:.3f} s")
+assert secs < limit_s, secs
 rows = []
 for (n, c, f), o in owns.items():
     for s in o.shards:
@@ -391,6 +414,11 @@ pd.DataFrame(rows).pivot_table(index=["shards", "shard"], columns=["swa_full", "
     ("code", """
 pd.concat([rep.cache_table(owns[(flash_shards[-1], c, f)]) for c in flash_ctxs
            for f in (True, False)], ignore_index=True)
+"""),
+    ("md", "Whole-model cache bytes (the sum over the shards of each plan):"),
+    ("code", """
+totals = rep.cache_totals(owns)
+totals[totals["shards"] == flash_shards[-1]]
 """),
     ("code", """
 fig = rep.stacked_bytes_chart({f"{n} shards, 128k": owns[(n, 131072, True)] for n in flash_shards},
@@ -415,9 +443,51 @@ tbl = pd.DataFrame([{"cache kind": k, "shard-local (contract)": CacheKind(k) in 
 assert tbl.iloc[:, 1:].all().all()
 tbl
 """),
+    ("md", """
+## Contract fixtures and the alpha policy
+
+The golden JSON fixtures of the contract (`python -m mtplib.contract.golden`) are written
+afresh and compared byte for byte with the committed ones; and every named shard line-up
+of the fixtures is negotiated for every recipe under the alpha policy (which must never
+route MTP) and, for contrast, the beta policy.
+"""),
     ("code", """
+import hashlib
+import mtplib
+from mtplib.contract import golden
+from mtplib.contract.capabilities import ALPHA_POLICY, BETA_POLICY, negotiate
+from mtplib.contract.types import RECIPES
+
+repo = Path(mtplib.__file__).resolve().parent.parent
+gdir = Path(golden_dir).resolve() if golden_dir else repo / "tests" / "golden" / "contract"
+gold = {"dir": str(gdir.relative_to(repo) if gdir.is_relative_to(repo) else gdir),
+        "differs": golden.check_golden(gdir),
+        "files": {g.name: hashlib.sha256(g.read_bytes()).hexdigest()
+                  for g in sorted(gdir.glob("*.json"))}}
+gold["identical"] = not gold["differs"] and len(gold["files"]) == len(golden.DOCS)
+requests = [*RECIPES, "mtp.v4.draft9", "eagle3"]
+policies = {}
+for pol in (ALPHA_POLICY, BETA_POLICY):
+    ds = [negotiate(r, a, pol) for a in golden.advert_sets().values() for r in requests]
+    policies[pol.name] = {"allow_mtp": pol.allow_mtp, "decisions": len(ds),
+                          "routed_mtp": sum(d.mtp for d in ds)}
+assert gold["identical"], gold["differs"]
+assert policies[ALPHA_POLICY.name]["routed_mtp"] == 0
+print(f"golden fixtures in {gdir}: {len(gold['files'])} files, differing: {gold['differs']}")
+pd.DataFrame([{"policy": k, **v} for k, v in policies.items()])
+"""),
+    ("code", """
+# raw metrics of this notebook (the DGR-065 evidence README is generated from them)
 record = {"fixture_caches_equal": [r["caches_equal"] for r in checks],
           "fixture_variants": [str(p) for p in variants],
+          "fixture_checks": [{"params": dict(r["params"]), "caches_equal": r["caches_equal"],
+                              "tensors_equal": [c["tensors_equal"] for c in r["caches"]],
+                              "buffers": rep.caches_check_table(r).to_dict("records")}
+                             for r in checks],
+          "derivation_seconds": secs, "derivations": len(owns),
+          "derivation_limit_seconds": limit_s,
+          "flash_totals": totals.to_dict("records"),
+          "golden": gold, "policies": policies,
           "flash": {f"{n}x{c}x{'full' if f else 'window'}": rep.cache_table(o).to_dict("records")
                     for (n, c, f), o in owns.items()},
           "seam_bytes_per_token": owns[(flash_shards[-1], flash_ctxs[0], True)].seam_bytes()}

@@ -10,7 +10,7 @@ def run(a: argparse.Namespace) -> int:
     from mtplib.evidence import copy_run, load_raw, numbers_trace
 
     readme = copy_run(a.run, a.story, a.dest, force=a.force)
-    missing = numbers_trace(readme.read_text(), load_raw(readme.parent))
+    missing = numbers_trace(readme.read_text(), load_raw(readme.parent, a.story))
     print(f"evidence written: {readme.parent}")
     print(f"README: {readme} (numbers not in the raw metrics: {len(missing)})")
     return 0
