@@ -282,6 +282,20 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
                   "n/a (whole model: no seam)" if r["seam_bytes_per_token"] is None
                   else _f(r["seam_bytes_per_token"])] for r in summ])
     w("")
+    ranged = [r for r in b["summary"] if r["plan"] != "whole"]
+    if ranged:
+        w("Ranged (the trunk's layer ranges on loopback RPC shard processes, the MTP sidecar "
+          "on the tail shard; seam bytes are all bytes on every shard connection while "
+          "generating, per generated token, counted by relays in front of the shards; the "
+          "per-step-kind figures and the contract's minimum are in 03_correctness):")
+        w("")
+        L += _table(["plan", "config", "runs", "decode tok/s median", "speed-up vs off",
+                     "greedy runs equal to off", "acceptance", "seam bytes per token"],
+                    [[r["plan"], _k_label(r["k"]), str(r["runs"]), _f(r["decode_tok_s_median"]),
+                      _f(r["speedup"], 2), f"{r['equal_to_off_runs']} of {r['runs']}",
+                      "n/a" if r["acceptance"] is None else _pct(r["acceptance"]),
+                      _f(r["seam_bytes_per_token"])] for r in ranged])
+        w("")
     w("Plots: " + ", ".join(link(f"{BENCH_DIR}/plots/{n}.png", n) for n in
                             ("speed_vs_k", "acceptance_per_position", "time_split",
                              "seam_bytes")) + ".")
