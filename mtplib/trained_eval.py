@@ -475,3 +475,31 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def anchor_table(metrics_path: str | None = None) -> list[dict]:
+    """Acceptance per position of the committed trained pair next to the reference anchors
+    (reference §9), as rows for the benchmark notebook."""
+    import json
+    from pathlib import Path
+
+    from mtplib.bench import REFERENCE_S9
+
+    p = Path(metrics_path) if metrics_path else \
+        Path(__file__).resolve().parent.parent / "evidence" / "trained-v4" / "metrics.json"
+    m = json.loads(p.read_text())
+    rows = []
+    for k, d in sorted(m["acceptance_api_rows"]["by_k"].items()):
+        acc = d["accepted_per_position"]
+        rows.append({"source": "mtplib trained tiny V4 (held-out prompts)", "k": int(k),
+                     **{f"pos{i + 1}": a for i, a in enumerate(acc)},
+                     "speedup": m["speed"]["threads_1"]["decode_tok_s_median"][k] /
+                     m["speed"]["threads_1"]["decode_tok_s_median"]["0"]})
+    v3 = REFERENCE_S9["deepseek_v3"]
+    rows.append({"source": v3["source"], "k": 1,
+                 "pos1": (v3["second_token_acceptance_low"] + v3["second_token_acceptance_high"])
+                 / 2, "speedup": v3["speedup"]})
+    v = REFERENCE_S9["vllm_v4"]
+    rows.append({"source": v["source"], "k": 2, "pos1": v["acceptance_per_position"][0],
+                 "pos2": v["acceptance_per_position"][1]})
+    return rows

@@ -587,4 +587,22 @@ pd.DataFrame([{"reference": k, **v} for k, v in data["reference_s9"].items()])
 """),
 ]
 
+NB04 += [
+    ("md", """
+## Real acceptance: the trained tiny V4 (issue 9) next to the anchors
+
+Random-weight fixtures accept about 1/vocab. The committed trained pair
+(`evidence/trained-v4/`, MTP head trained jointly with DeepSeek's objective) gives real
+acceptance per position on held-out text, measured by `python -m mtplib.trained_eval`
+(greedy, 32 held-out prompts x 128 tokens, 1 thread); the reference anchors are from
+reference §9 (DeepSeek-V3: 85-90% second-token acceptance, the midpoint shown; vLLM V4).
+At this size MTP on is slower than off (speed-up < 1): a verify step costs more than the
+tokens it saves. Read these acceptances against the sweep's speed-up curve above.
+"""),
+    ("code", """
+from mtplib.trained_eval import anchor_table
+pd.DataFrame(anchor_table())
+"""),
+]
+
 NOTEBOOKS["04_benchmark.ipynb"] = NB04
