@@ -184,6 +184,13 @@ class ContextConfig:
 EvalCallback = Callable[[int, bool], bool]
 
 
+def _copy_floats(p, n: int) -> np.ndarray:
+    """A fresh float32 array holding the ``n`` floats at the C pointer ``p`` (the cheapest
+    copy out of upstream's buffers; np.ctypeslib.as_array builds a ctypes type per call)."""
+    src = (ctypes.c_float * n).from_address(ctypes.addressof(p.contents))
+    return np.frombuffer(src, dtype=np.float32).copy()
+
+
 class Context:
     """A llama_context plus one reusable batch; every call validated first."""
 
@@ -250,14 +257,15 @@ class Context:
             raise RuntimeInputError(f"{n} tokens but {len(positions)} positions")
         if not 0 <= seq_id < self.n_seq_max:
             raise RuntimeInputError(f"seq_id {seq_id} outside [0, n_seq_max={self.n_seq_max})")
-        toks = np.asarray(tokens, dtype=np.int64)
-        if toks.min() < 0 or toks.max() >= self.n_vocab:
-            bad = int(toks[(toks < 0) | (toks >= self.n_vocab)][0])
+        # plain Python on the (small) per-step batches: cheaper than numpy round trips
+        toks = [int(t) for t in tokens]
+        if min(toks) < 0 or max(toks) >= self.n_vocab:
+            bad = next(t for t in toks if t < 0 or t >= self.n_vocab)
             raise RuntimeInputError(f"token id {bad} out of range [0, {self.n_vocab})")
-        pos = np.asarray(positions, dtype=np.int64)
-        if pos.min() < 0 or pos.max() >= self.n_ctx:
+        pos = [int(q) for q in positions]
+        if min(pos) < 0 or max(pos) >= self.n_ctx:
             raise RuntimeInputError(
-                f"positions {int(pos.min())}..{int(pos.max())} outside the context "
+                f"positions {min(pos)}..{max(pos)} outside the context "
                 f"[0, {self.n_ctx}); the prompt plus generated tokens exceed n_ctx")
         flags = [bool(logits)] * n if isinstance(logits, bool) else [bool(x) for x in logits]
         if len(flags) != n:
@@ -275,12 +283,13 @@ class Context:
         elif rows is not None:
             raise RuntimeInputError("hidden rows are only accepted by an MTP context")
         b = self._batch
+        b_tok, b_pos, b_nseq, b_seq, b_lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for i in range(n):
-            b.token[i] = int(toks[i])
-            b.pos[i] = int(pos[i])
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq_id
-            b.logits[i] = flags[i]
+            b_tok[i] = toks[i]
+            b_pos[i] = pos[i]
+            b_nseq[i] = 1
+            b_seq[i][0] = seq_id
+            b_lg[i] = flags[i]
         b.n_tokens = n
         rc = int(self.llama.llama_decode(self.ptr, b))
         if rc != 0:
@@ -294,7 +303,19 @@ class Context:
         p = self.llama.llama_get_logits_ith(self.ptr, i)
         if not p:
             raise UpstreamError(f"no logits for output {i}")
-        return np.ctypeslib.as_array(p, shape=(self.n_vocab,)).copy()
+        return _copy_floats(p, self.n_vocab)
+
+    def logits_all(self, n: int) -> np.ndarray:
+        """Logits of every token of the last decode, (n, n_vocab) in batch order, in one
+        copy; only when all n tokens were flagged (so output row i is batch token i)."""
+        if n != self.last_decode_len or self.last_n_outputs != n:
+            raise RuntimeInputError(f"logits_all({n}) needs a decode of {n} tokens, all "
+                                    f"flagged (last: {self.last_decode_len} tokens, "
+                                    f"{self.last_n_outputs} outputs)")
+        p = self.llama.llama_get_logits(self.ptr)
+        if not p:
+            raise UpstreamError("upstream returned no logits")
+        return _copy_floats(p, n * self.n_vocab).reshape(n, self.n_vocab)
 
     def nextn_rows(self, n: int) -> np.ndarray:
         """The `h_nextn` rows of the last decode (n rows of hc*n_embd floats)."""
@@ -303,7 +324,7 @@ class Context:
         p = self.model.ext.llama_get_embeddings_nextn(self.ptr)
         if not p:
             raise UpstreamError("upstream returned no nextn rows")
-        return np.ctypeslib.as_array(p, shape=(n, self.width)).copy()
+        return _copy_floats(p, n * self.width).reshape(n, self.width)
 
     # -- memory ---------------------------------------------------------------------------
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:

@@ -230,8 +230,9 @@ class SpecSession:
             e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
                             logits=True)
             picks = []
+            lg_all = e.target.logits_all(k + 1)  # one copy of the k+1 rows
             for i in range(k + 1):
-                lg = e.target.logits(i)
+                lg = lg_all[i]
                 picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
                 if self.margins is not None:
                     self.margins[base + 1 + i] = top2_margin(lg)

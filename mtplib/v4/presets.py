@@ -89,8 +89,10 @@ V4_FLASH = V4Config(
 #: the real sliding window (128) and indexer top-k (512); vocab 512 so the output head stays
 #: small next to a block. Indexer key length 128 != head dim 64 (equal crashes upstream).
 #: F32 weights: trunk 47.8 MB, sidecar 1.5 MB, written in about 1 s.
-#: Measured cost ratio (MTP decode / trunk decode, one token, medians; `mtplib.sidebyside.
-#: cost_ratio`, evidence/side-by-side/README.md): see V4_RATIO_CPU_MEASURED.
+#: Measured cost ratio (MTP decode / trunk decode, one token, medians of 300 interleaved
+#: one-token decodes, time of the llama_decode call only; `mtplib.sidebyside.cost_ratio`):
+#: 0.0218 = 1/45.8 at 2 threads (trunk 16.8 ms = 59 tok/s, MTP step 0.37 ms), 0.0222 =
+#: 1/45.1 at 1 thread, load average 0.3-0.4 (evidence/side-by-side/README.md).
 V4_RATIO_CPU = V4Config(
     n_vocab=512,
     n_embd=128,
@@ -114,8 +116,19 @@ V4_RATIO_CPU = V4Config(
     n_mtp=1,
     n_ctx_train=4096,
 )
-#: What `cost_ratio` measured on `v4-ratio-cpu` (seed 0), with the command and the load.
-V4_RATIO_CPU_MEASURED: dict = {}
+#: What `cost_ratio` measured on `v4-ratio-cpu` (seed 0), with the command and the load
+#: (raw numbers: evidence/side-by-side/cost-ratio-v4-ratio-cpu.json).
+V4_RATIO_CPU_MEASURED: dict = {
+    "ratio_mtp_over_trunk": 0.0218,  # threads 2; 1/45.8 (V4-Flash: about 1/43)
+    "trunk_decode_ms_median": 16.83,
+    "mtp_decode_ms_median": 0.367,
+    "threads": 2,
+    "ratio_mtp_over_trunk_threads_1": 0.0222,
+    "loadavg": [0.33, 1.17, 2.10],
+    "command": "mtplib fixture --out FX --preset v4-ratio-cpu && .venv/bin/python "
+               "-c 'from mtplib.sidebyside import cost_ratio; print(cost_ratio(TRUNK, MTP, "
+               "n_tokens=300, threads=2))'",
+}
 
 PRESETS: dict[str, V4Config] = {"tiny": TINY, "v4-flash": V4_FLASH,
                                 "v4-ratio-cpu": V4_RATIO_CPU}

@@ -1,0 +1,165 @@
+"""`mtplib compare-upstream`: mtplib's MTP loop side by side with upstream's C++ loop.
+
+Opt-in, never part of CI: the first call builds upstream's llama-server / llama-cli from
+the pinned sdist (about 9 minutes on 2 cores, cached under
+~/.cache/mtplib/upstream-tools/<commit>/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _ks(s: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {s!r}") \
+            from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {s!r}")
+    return ks
+
+
+def run(a: argparse.Namespace) -> int:
+    from mtplib import sidebyside as S
+    from mtplib import upstream_tools as U
+
+    def log(s: str) -> None:
+        if not a.quiet:
+            print(f"[compare-upstream] {s}", file=sys.stderr, flush=True)
+
+    if a.cost_ratio_only:
+        return _cost_ratio(a, log)
+    if a.sweep:
+        return _sweep(a, log)
+    bindir = U.build_tools(sdist=a.sdist, jobs=a.jobs, force=a.rebuild, log=log)
+    log(f"upstream tools: {bindir}")
+    if a.build_only:
+        print(json.dumps({"bin": str(bindir),
+                          "flags": U.check_flags(bindir / "llama-server")}, indent=2))
+        return 0
+    if not a.model or not a.mtp:
+        raise ValueError("--model and --mtp are required (or --build-only)")
+    from mtplib.gguf_header import read_header
+    from mtplib.runtime.model import check_pair
+
+    check_pair(read_header(a.model), read_header(a.mtp))
+    rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
+    cfg = S.SideBySideConfig(ks=a.k, rate_sets=rate_sets, real_mtp=not a.no_real_mtp,
+                             runs=a.runs, warmup=a.warmup, threads=a.threads, n_ctx=a.ctx,
+                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
+    out = Path(a.out) if a.out else None
+    log_dir = (out.parent / (out.stem + "-logs")) if out else None
+    if log_dir:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    result = S.run_side_by_side(a.model, a.mtp, cfg, log=log, log_dir=log_dir)
+    result["argv"] = ["mtplib", *sys.argv[1:]]
+    if a.cost_ratio:
+        log("cost ratio (MTP step / trunk step)")
+        result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
+                                            threads=a.threads)
+    if out:
+        S.save(result, out)
+        log(f"results: {out}")
+    import pandas as pd
+
+    pd.set_option("display.width", 200)
+    print(pd.DataFrame(result["summary"])[
+        ["case", "runs", "upstream_tok_s", "mtplib_tok_s", "ratio", "upstream_acceptance",
+         "mtplib_acceptance", "loadavg_1m_min_max"]].round(3).to_string(index=False))
+    return 0
+
+
+def _cost_ratio(a: argparse.Namespace, log) -> int:
+    """mtplib only: one MTP step / one trunk step, one-token decode time medians."""
+    from mtplib import sidebyside as S
+
+    if not a.model or not a.mtp:
+        raise ValueError("--cost-ratio-only needs --model and --mtp")
+    log(f"cost ratio, {a.threads} thread(s), {a.cost_tokens} tokens")
+    r = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx)
+    result = {"kind": "cost-ratio", "argv": ["mtplib", *sys.argv[1:]], "trunk": a.model,
+              "sidecar": a.mtp, "cost_ratio": r, "host": S.host_info()}
+    if a.out:
+        S.save(result, a.out)
+    print(json.dumps({k: v for k, v in r.items() if k != "method"}, indent=1))
+    return 0
+
+
+def _sweep(a: argparse.Namespace, log) -> int:
+    """mtplib only: MTP off and k drafts at synthetic rates, speed-up and break-even."""
+    from mtplib import sidebyside as S
+
+    if not a.model or not a.mtp:
+        raise ValueError("--sweep needs --model and --mtp")
+    rates = tuple(float(x) for x in a.sweep.split(",") if x.strip())
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
+    cfg = S.SweepConfig(ks=a.k, rates=rates, runs=a.runs, warmup=a.warmup, threads=a.threads,
+                        n_ctx=a.ctx, n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
+    result = S.acceptance_sweep(a.model, a.mtp, cfg, log=log)
+    result["argv"] = ["mtplib", *sys.argv[1:]]
+    if a.cost_ratio:
+        log("cost ratio (MTP step / trunk step)")
+        result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
+                                            threads=a.threads)
+    if a.out:
+        S.save(result, a.out)
+        log(f"results: {a.out}")
+    import pandas as pd
+
+    pd.set_option("display.width", 200)
+    print(pd.DataFrame(result["summary"]).round(3).to_string(index=False))
+    print(pd.DataFrame(result["break_even"]).round(3).to_string(index=False))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "compare-upstream", help="side by side with upstream's own C++ MTP loop (opt-in)",
+        description="Build upstream's llama-server from the pinned sdist once (cached in "
+        "~/.cache/mtplib/upstream-tools/<commit>/, about 9 minutes on 2 cores), then run the "
+        "same trunk and mtp- sidecar through upstream (--spec-type draft-mtp -md SIDECAR "
+        "--spec-draft-n-max k [--spec-synth-rates ...]) and through mtplib: plain decoding, "
+        "real MTP drafts and synthetic acceptance, interleaved A/B; prints decode tok/s "
+        "medians and the ratio mtplib / upstream per case.")
+    p.add_argument("--model", help="trunk GGUF")
+    p.add_argument("--mtp", help="its mtp- sidecar GGUF")
+    p.add_argument("--k", type=_ks, default=(1, 2, 3), help="draft lengths (default 1,2,3)")
+    p.add_argument("--rates", default="0;0.77,0.37;1",
+                   help="synthetic rate sets, ';'-separated, each comma-separated "
+                   "unconditional per-position probabilities (upstream --spec-synth-rates), "
+                   "padded with the last value / cut to k (default '0;0.77,0.37;1')")
+    p.add_argument("--no-real-mtp", action="store_true",
+                   help="skip the cases with real (non-synthetic) MTP drafts")
+    p.add_argument("--runs", type=int, default=5, help="measured runs per engine and case")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine and case")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx", type=int, default=1024, help="context size (both engines)")
+    p.add_argument("--n", type=int, default=128, help="tokens to generate per run")
+    p.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt length")
+    p.add_argument("--seed", type=int, default=0, help="synthetic acceptance seed (both)")
+    p.add_argument("--cost-ratio", action="store_true",
+                   help="also measure the MTP-step / trunk-step decode time ratio")
+    p.add_argument("--sweep", metavar="RATES",
+                   help="mtplib only (no upstream): the acceptance sweep at these synthetic "
+                   "rates (comma-separated, the same rate at every position) for each --k, "
+                   "with MTP off interleaved; speed-up and break-even rate per k")
+    p.add_argument("--cost-ratio-only", action="store_true",
+                   help="mtplib only (no upstream): measure the MTP-step / trunk-step "
+                   "one-token decode time ratio (medians over --cost-tokens interleaved "
+                   "decodes) and exit")
+    p.add_argument("--cost-tokens", type=int, default=300,
+                   help="one-token decodes per side for the cost ratio (default 300)")
+    p.add_argument("--out", help="results JSON (server logs go next to it)")
+    p.add_argument("--sdist", help="the pinned llama-cpp-python sdist (default: known "
+                   "locations, else pip download)")
+    p.add_argument("--jobs", type=int, default=2, help="build parallelism")
+    p.add_argument("--rebuild", action="store_true", help="rebuild upstream's tools")
+    p.add_argument("--build-only", action="store_true", help="build (or check) and exit")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=run)

@@ -1,0 +1,560 @@
+"""mtplib's Python MTP loop side by side with upstream's own C++ loop, on the same files.
+
+Three measurements, each a list of plain rows (dicts) saved as one JSON file:
+
+- **cost ratio** (`cost_ratio`): one-token decode time of the MTP block (MTP context, one
+  token + one hidden row) over one-token decode time of the trunk, timed around the
+  `llama_decode` call only (no Python loop around it), interleaved trunk / MTP, median of
+  many tokens. The quantity the `v4-ratio-cpu` preset is sized by (real V4-Flash: ~1/43).
+- **side by side** (`run_side_by_side`): per case (plain decoding; k drafts with real MTP
+  drafts; k drafts with upstream's synthetic acceptance ``--spec-synth-rates``), the same
+  trunk, sidecar, prompt (token ids), threads, context, batch sizes, k and rates through
+  upstream's `llama-server` (`mtplib.upstream_tools`) and through `MTPRuntime`. Runs are
+  interleaved A/B within a case (warm-up of each first, then U M, M U, U M, ...), the
+  load average is read before and after every run; decode tok/s is each side's own
+  measure of the same quantity ((n_new - 1) / time from the first to the last token).
+  Ratio = median mtplib / median upstream.
+- **acceptance sweep** (`acceptance_sweep`): mtplib only, MTP off and k = 1..3 at
+  synthetic rates (the same rate at every position, upstream's unconditional semantics)
+  with the real MTP block drafting every step; speed-up over MTP off and the break-even
+  rate per k.
+
+`table(path)` renders the side-by-side table from the JSON (a pandas DataFrame) for the
+benchmark notebook; `sweep_table(path)` / `break_even(rows)` the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mtplib import pins
+
+LOG = Callable[[str], None]
+ENGINES = ("upstream", "mtplib")
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return [float("nan")] * 3
+
+
+def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:
+    """A seeded random prompt of token ids (the fixtures have random weights anyway)."""
+    return [int(x) for x in np.random.default_rng(seed).integers(0, n_vocab, n)]
+
+
+# -- cases ------------------------------------------------------------------------------
+def parse_rates(text: str) -> list[float]:
+    """``"0.77,0.37"`` -> [0.77, 0.37]; validated as upstream does (in [0, 1],
+    non-increasing)."""
+    try:
+        rates = [float(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise ValueError(f"rates must be comma-separated numbers, got {text!r}") from None
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"rates must be in [0, 1], got {text!r}")
+    if any(b > a for a, b in zip(rates, rates[1:], strict=False)):
+        raise ValueError(f"rates must be non-increasing (unconditional per position): {text!r}")
+    return rates
+
+
+def rates_for_k(rates: Sequence[float], k: int) -> list[float]:
+    """Exactly k rates (upstream requires n_max values): cut, or pad with the last one."""
+    rates = list(rates)
+    return (rates + [rates[-1]] * k)[:k]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration: k = 0 plain decoding; rates None = real MTP drafts."""
+
+    k: int
+    rates: tuple[float, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        if self.k == 0:
+            return "plain"
+        if self.rates is None:
+            return f"k={self.k} mtp"
+        return f"k={self.k} synth {','.join(f'{r:g}' for r in self.rates)}"
+
+    @property
+    def synthetic(self) -> bool:
+        return self.rates is not None
+
+
+def make_cases(ks: Sequence[int], rate_sets: Sequence[Sequence[float]], *,
+               real_mtp: bool = True) -> list[Case]:
+    """Plain decoding, then per k: real MTP drafts (optional) and each synthetic rate set
+    (padded / cut to k values)."""
+    out = [Case(0)]
+    for k in ks:
+        if k < 1:
+            raise ValueError(f"k must be >= 1 for MTP cases, got {k}")
+        if real_mtp:
+            out.append(Case(k))
+        for rs in rate_sets:
+            out.append(Case(k, tuple(rates_for_k(rs, k))))
+    return out
+
+
+def ab_order(runs: int, warmup: int = 1) -> list[tuple[int | None, str]]:
+    """The interleaved run order within one case: (rep or None for warm-up, engine).
+
+    Warm-ups of both engines first (excluded from summaries), then the measured
+    repetitions alternating which engine goes first (U M, M U, U M, ...), so a slow drift
+    in machine load hits both sides alike.
+    """
+    if runs < 1 or warmup < 0:
+        raise ValueError("runs must be >= 1 and warmup >= 0")
+    order: list[tuple[int | None, str]] = []
+    for _ in range(warmup):
+        order += [(None, "upstream"), (None, "mtplib")]
+    for rep in range(runs):
+        pair = ENGINES if rep % 2 == 0 else tuple(reversed(ENGINES))
+        order += [(rep, e) for e in pair]
+    return order
+
+
+# -- the cost ratio -----------------------------------------------------------------------
+class _DecodeTimer:
+    """Stands in for the llama_cpp module on one Context: times `llama_decode` only."""
+
+    def __init__(self, llama) -> None:
+        self._llama = llama
+        self.times: list[float] = []
+        self.cpu: list[float] = []  # process CPU time (all threads), robust to preemption
+
+    def __getattr__(self, name):
+        return getattr(self._llama, name)
+
+    def llama_decode(self, ctx, batch):
+        c0, t0 = time.process_time(), time.perf_counter()
+        rc = self._llama.llama_decode(ctx, batch)
+        self.times.append(time.perf_counter() - t0)
+        self.cpu.append(time.process_time() - c0)
+        return rc
+
+
+def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int = 32,
+               warmup: int = 16, threads: int = 2, n_ctx: int = 1024, seed: int = 0) -> dict:
+    """MTP-step / trunk-step one-token decode time (medians), interleaved, raw decode."""
+    from mtplib.runtime.model import Context, ContextConfig, Model
+
+    with Model(trunk) as tm, Model(sidecar, load_mtp=True) as sm:
+        common = dict(n_ctx=n_ctx, n_threads=threads)
+        with Context(tm, ContextConfig(**common, nextn_rows="all")) as tc, \
+                Context(sm, ContextConfig(**common, mtp=True, nextn_rows="masked")) as mc:
+            prompt = prompt_tokens(seed, n_prompt, tm.n_vocab)
+            tc.decode(prompt, range(n_prompt), logits=[False] * (n_prompt - 1) + [True])
+            rows = tc.nextn_rows(n_prompt)
+            mc.decode(prompt[1:], range(1, n_prompt), rows=rows[:-1])
+            h, tok = rows[-1].copy(), int(np.argmax(tc.logits(-1)))
+            tt, mt = _DecodeTimer(tc.llama), _DecodeTimer(mc.llama)
+            tc.llama, mc.llama = tt, mt
+            try:
+                for i in range(warmup + n_tokens):
+                    p = n_prompt + i
+                    if i % 2 == 0:  # alternate which goes first
+                        mc.decode([tok], [p], logits=True, rows=h[None, :])
+                        tc.decode([tok], [p], logits=True)
+                    else:
+                        tc.decode([tok], [p], logits=True)
+                        mc.decode([tok], [p], logits=True, rows=h[None, :])
+                    h = tc.nextn_rows(1)[0].copy()
+                    tok = int(np.argmax(tc.logits(-1)))
+            finally:
+                tc.llama, mc.llama = tt._llama, mt._llama
+    t_trunk = tt.times[warmup:]
+    t_mtp = mt.times[warmup:]
+    med_t, med_m = statistics.median(t_trunk), statistics.median(t_mtp)
+    cpu_t, cpu_m = statistics.median(tt.cpu[warmup:]), statistics.median(mt.cpu[warmup:])
+    return {"trunk_decode_ms_median": 1e3 * med_t, "mtp_decode_ms_median": 1e3 * med_m,
+            "ratio_mtp_over_trunk": med_m / med_t, "one_over_ratio": med_t / med_m,
+            "trunk_tok_s_raw": 1.0 / med_t,
+            "trunk_cpu_ms_median": 1e3 * cpu_t, "mtp_cpu_ms_median": 1e3 * cpu_m,
+            "cpu_ratio_mtp_over_trunk": cpu_m / cpu_t if cpu_t else None,
+            "trunk_decode_ms_p10_p90": [1e3 * float(np.percentile(t_trunk, q)) for q in (10, 90)],
+            "mtp_decode_ms_p10_p90": [1e3 * float(np.percentile(t_mtp, q)) for q in (10, 90)],
+            "n_tokens": n_tokens, "warmup": warmup, "threads": threads, "n_ctx": n_ctx,
+            "n_prompt": n_prompt, "loadavg": loadavg(),
+            "method": "median one-token llama_decode time (perf_counter around the C call "
+                      "only), trunk and MTP interleaved token by token, positions "
+                      f"{n_prompt}..{n_prompt + warmup + n_tokens - 1}, first {warmup} "
+                      "dropped"}
+
+
+# -- the side-by-side ----------------------------------------------------------------------
+@dataclass
+class SideBySideConfig:
+    ks: tuple[int, ...] = (1, 2, 3)
+    rate_sets: tuple[tuple[float, ...], ...] = ((0.0,), (0.77, 0.37), (1.0,))
+    real_mtp: bool = True
+    runs: int = 5
+    warmup: int = 1
+    threads: int = 2
+    n_ctx: int = 1024
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_new: int = 128
+    n_prompt: int = 32
+    prompt_seed: int = 0
+    synth_seed: int = 0
+    kv_type: str = "f16"
+    flash_attn: str = "auto"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ks"] = list(self.ks)
+        d["rate_sets"] = [list(r) for r in self.rate_sets]
+        return d
+
+
+class _MtplibSide:
+    """One MTPRuntime per case; synthetic cases get a fresh SyntheticDrafter per run (the
+    same seed, as upstream reseeds per request) wrapping the real MTP drafter."""
+
+    def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig) -> None:
+        from mtplib.runtime.speculative import MTPRuntime
+
+        self.case, self.cfg = case, cfg
+        self.rt = MTPRuntime(trunk, sidecar if case.k else None, k=case.k, n_ctx=cfg.n_ctx,
+                             n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, n_threads=cfg.threads,
+                             kv_type=cfg.kv_type, flash_attn=cfg.flash_attn)
+        self.mtp = self.rt.engine.drafter
+
+    def run(self, prompt: list[int], ref: list[int] | None) -> dict:
+        from mtplib.runtime.drafters import SyntheticDrafter
+
+        if self.case.synthetic:
+            self.rt.engine.drafter = SyntheticDrafter(
+                ref or [0], len(prompt), list(self.case.rates), self.rt.trunk.n_vocab,
+                seed=self.cfg.synth_seed, inner=self.mtp)
+        try:
+            toks, m = self.rt.generate(prompt, self.cfg.n_new)
+        finally:
+            self.rt.engine.drafter = self.mtp
+        return {"decode_tok_s": m["decode_tok_s"], "n_generated": m["n_generated"],
+                "drafted": m["drafted"], "accepted": m["accepted"],
+                "acceptance_rate": m["acceptance_rate"], "tokens": toks,
+                "time_s": m["time_s"], "hidden_rows": m.get("hidden_rows")}
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+class _UpstreamSide:
+    def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig,
+                 log_path: Path | None) -> None:
+        from mtplib.upstream_tools import Server, ServerConfig
+
+        self.server = Server(ServerConfig(
+            model=trunk, mtp=sidecar if case.k else None, k=case.k,
+            rates=list(case.rates) if case.rates else None, threads=cfg.threads,
+            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
+            kv_type=cfg.kv_type, flash_attn=cfg.flash_attn, seed=cfg.synth_seed),
+            log_path=log_path)
+        self.argv = self.server.cfg.argv(self.server.binary, self.server.port)
+
+        self.n_new = cfg.n_new
+
+    def run(self, prompt: list[int], ref: list[int] | None) -> dict:
+        from mtplib.upstream_tools import parse_completion
+
+        return parse_completion(self.server.complete(prompt, self.n_new))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
+                     log: LOG | None = None, log_dir: Path | None = None) -> dict:
+    """Every case through upstream's llama-server and mtplib, interleaved A/B."""
+    from mtplib.gguf_header import read_header
+
+    log = log or (lambda s: None)
+    t0 = time.time()
+    n_vocab = read_header(trunk).n_vocab
+    prompt = prompt_tokens(cfg.prompt_seed, cfg.n_prompt, n_vocab)
+    cases = make_cases(cfg.ks, cfg.rate_sets, real_mtp=cfg.real_mtp)
+    rows: list[dict] = []
+    ref: list[int] | None = None
+    for case in cases:
+        log(f"{case.label}: starting upstream server and mtplib runtime")
+        la0 = loadavg()
+        up = _UpstreamSide(trunk, sidecar, case, cfg,
+                           (log_dir / f"server-{_slug(case.label)}.log") if log_dir else None)
+        mt = _MtplibSide(trunk, sidecar, case, cfg)
+        try:
+            sides = {"upstream": up, "mtplib": mt}
+            for rep, engine in ab_order(cfg.runs, cfg.warmup):
+                la = loadavg()
+                r = sides[engine].run(prompt, ref)
+                r.update(case=case.label, k=case.k,
+                         rates=list(case.rates) if case.rates else None,
+                         synthetic=case.synthetic, engine=engine, rep=rep,
+                         warmup=rep is None, loadavg_before=la, loadavg_after=loadavg(),
+                         quality_valid=not case.synthetic)
+                if engine == "upstream":
+                    r["argv"] = up.argv
+                rows.append(r)
+                log(f"  {engine:8s} rep={rep} {r['decode_tok_s']:.1f} tok/s "
+                    f"acc={r['accepted']}/{r['drafted']} load={la[0]:.2f}")
+            if case.k == 0 and ref is None:  # MTP-off output: the synthetic reference
+                ref = next(r["tokens"] for r in rows
+                           if r["case"] == "plain" and r["engine"] == "mtplib")
+        finally:
+            up.close()
+            mt.close()
+        log(f"{case.label}: load {la0} -> {loadavg()}")
+    return {"kind": "side-by-side", "config": cfg.to_dict(), "trunk": str(trunk),
+            "sidecar": str(sidecar), "prompt": prompt, "rows": rows,
+            "summary": summarize(rows), "host": host_info(), "wall_s": time.time() - t0}
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in s).strip("-")
+
+
+def host_info() -> dict:
+    from mtplib.upstream_tools import tools_dir
+
+    info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python":
+            platform.python_version(), "pins": pins.as_dict()}
+    try:
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in
+                                 Path("/proc/cpuinfo").read_text().splitlines()
+                                 if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    bi = tools_dir() / "build_info.json"
+    if bi.is_file():
+        info["upstream_build"] = json.loads(bi.read_text())
+    return info
+
+
+def _median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per case: median decode tok/s of each engine, ratio mtplib / upstream,
+    accepted / drafted of each, token agreement, load average range."""
+    out = []
+    labels = list(dict.fromkeys(r["case"] for r in rows))
+    for label in labels:
+        rs = [r for r in rows if r["case"] == label and not r["warmup"]]
+        by = {e: [r for r in rs if r["engine"] == e] for e in ENGINES}
+        med = {e: _median(r["decode_tok_s"] for r in by[e]) for e in ENGINES}
+        first = rs[0]
+        la = [r["loadavg_before"][0] for r in rs] + [r["loadavg_after"][0] for r in rs]
+        row = {"case": label, "k": first["k"], "rates": first["rates"],
+               "synthetic": first["synthetic"], "runs": min(len(by[e]) for e in ENGINES),
+               "upstream_tok_s": med["upstream"], "mtplib_tok_s": med["mtplib"],
+               "ratio": (med["mtplib"] / med["upstream"]) if med["upstream"] else None,
+               "upstream_tok_s_min_max": _minmax(by["upstream"]),
+               "mtplib_tok_s_min_max": _minmax(by["mtplib"]),
+               "loadavg_1m_min_max": [min(la), max(la)] if la else None}
+        for e in ENGINES:
+            d = sum(r["drafted"] for r in by[e])
+            a = sum(r["accepted"] for r in by[e])
+            row[f"{e}_acceptance"] = a / d if d else None
+            row[f"{e}_accepted_drafted_per_run"] = [by[e][0]["accepted"], by[e][0]["drafted"]] \
+                if by[e] else None
+        if not first["synthetic"] and by["upstream"] and by["mtplib"]:
+            u, m = by["upstream"][0]["tokens"], by["mtplib"][0]["tokens"]
+            row["tokens_equal"] = u == m
+            row["first_token_divergence"] = next(
+                (i for i, (a, b) in enumerate(zip(u, m, strict=False)) if a != b), None)
+        out.append(row)
+    return out
+
+
+def _minmax(rs: list[dict]) -> list[float] | None:
+    xs = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
+    return [min(xs), max(xs)] if xs else None
+
+
+def table(path: str | Path):
+    """The side-by-side table of a results JSON (pandas DataFrame, one row per case)."""
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    s = pd.DataFrame(data["summary"])
+    cols = ["case", "k", "rates", "runs", "upstream_tok_s", "mtplib_tok_s", "ratio",
+            "upstream_acceptance", "mtplib_acceptance", "loadavg_1m_min_max"]
+    if "tokens_equal" in s:
+        cols.append("tokens_equal")
+    return s[[c for c in cols if c in s]].round(3)
+
+
+# -- the acceptance sweep (mtplib only) ---------------------------------------------------
+@dataclass
+class SweepConfig:
+    ks: tuple[int, ...] = (1, 2, 3)
+    rates: tuple[float, ...] = (0.0, 0.37, 0.5, 0.77, 1.0)
+    runs: int = 5
+    warmup: int = 1
+    threads: int = 2
+    n_ctx: int = 1024
+    n_new: int = 128
+    n_prompt: int = 32
+    prompt_seed: int = 0
+    synth_seed: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ks"], d["rates"] = list(self.ks), list(self.rates)
+        return d
+
+
+def acceptance_sweep(trunk: str, sidecar: str, cfg: SweepConfig, *,
+                     log: LOG | None = None) -> dict:
+    """MTP off, then per k and rate (same rate at every position) with the MTP block
+    drafting every step; runs of the rates interleaved (rep-major) within each k, MTP-off
+    runs interleaved with every k's."""
+    from mtplib.runtime.drafters import SyntheticDrafter
+    from mtplib.runtime.speculative import MTPRuntime
+
+    log = log or (lambda s: None)
+    t0 = time.time()
+    ctx = dict(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+    rows: list[dict] = []
+
+    def row(m: dict, **kw) -> dict:
+        r = {"decode_tok_s": m["decode_tok_s"], "drafted": m["drafted"],
+             "accepted": m["accepted"], "acceptance_rate": m["acceptance_rate"],
+             "accepted_per_position": m["accepted_per_position"], "time_s": m["time_s"],
+             "loadavg": loadavg(), **kw}
+        rows.append(r)
+        return r
+
+    with MTPRuntime(trunk, None, k=0, **ctx) as off:
+        prompt = prompt_tokens(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
+        ref, _ = off.generate(prompt, cfg.n_new)
+        n_vocab = off.trunk.n_vocab
+        for k in cfg.ks:
+            log(f"sweep k={k}")
+            with MTPRuntime(trunk, sidecar, k=k, **ctx) as rt:
+                mtp = rt.engine.drafter
+                for rep in [None] * cfg.warmup + list(range(cfg.runs)):
+                    _, m = off.generate(prompt, cfg.n_new)
+                    row(m, k=0, rate=None, sweep_k=k, rep=rep, warmup=rep is None,
+                        mode="off", quality_valid=True)
+                    order = cfg.rates if (rep or 0) % 2 == 0 else tuple(reversed(cfg.rates))
+                    for rate in order:
+                        rt.engine.drafter = SyntheticDrafter(
+                            ref, len(prompt), [rate] * k, n_vocab, seed=cfg.synth_seed,
+                            inner=mtp)
+                        try:
+                            _, m = rt.generate(prompt, cfg.n_new)
+                        finally:
+                            rt.engine.drafter = mtp
+                        r = row(m, k=k, rate=rate, sweep_k=k, rep=rep, warmup=rep is None,
+                                mode="synthetic", quality_valid=False)
+                        log(f"  k={k} rate={rate} rep={rep} {r['decode_tok_s']:.1f} tok/s")
+    summary = sweep_summary(rows)
+    return {"kind": "acceptance-sweep", "config": cfg.to_dict(), "trunk": str(trunk),
+            "sidecar": str(sidecar), "prompt": prompt, "rows": rows, "summary": summary,
+            "break_even": break_even(summary), "host": host_info(),
+            "wall_s": time.time() - t0}
+
+
+def sweep_summary(rows: list[dict]) -> list[dict]:
+    """Per (k, rate): median tok/s, speed-up over the MTP-off runs interleaved with it."""
+    out = []
+    meas = [r for r in rows if not r["warmup"]]
+    for k in sorted({r["sweep_k"] for r in meas}):
+        off = _median(r["decode_tok_s"] for r in meas if r["sweep_k"] == k and r["k"] == 0)
+        rates = sorted({r["rate"] for r in meas if r["sweep_k"] == k and r["k"] == k})
+        for rate in rates:
+            rs = [r for r in meas if r["k"] == k and r["rate"] == rate]
+            med = _median(r["decode_tok_s"] for r in rs)
+            d = sum(r["drafted"] for r in rs)
+            a = sum(r["accepted"] for r in rs)
+            pos1 = _median(r["accepted_per_position"][0] for r in rs)
+            out.append({"k": k, "rate": rate, "runs": len(rs), "off_tok_s": off,
+                        "tok_s": med, "speedup": med / off if off and med else None,
+                        "acceptance_pos_1": pos1, "acceptance": a / d if d else None,
+                        "loadavg_1m_min_max": [min(r["loadavg"][0] for r in rs),
+                                               max(r["loadavg"][0] for r in rs)]})
+    return out
+
+
+def _crossing(pts: list[tuple[float, float]]) -> tuple[float | None, str]:
+    be, note = None, ""
+    if pts and pts[0][1] >= 1.0:
+        be, note = pts[0][0], "speed-up >= 1 already at the lowest rate"
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if y0 < 1.0 <= y1 and x1 > x0:
+            be = x0 + (1.0 - y0) * (x1 - x0) / (y1 - y0)
+    if be is None and pts:
+        note = "never reaches 1 in the swept range"
+    return be, note
+
+
+def break_even(summary: list[dict]) -> list[dict]:
+    """Per k: where the speed-up crosses 1 (linear interpolation between the sweep points,
+    at the last upward crossing; None if it never does), against the nominal rate and
+    against the realized position-1 acceptance (the seeded draws of a short run differ
+    from the nominal rate)."""
+    out = []
+    for k in sorted({r["k"] for r in summary}):
+        rs = [r for r in summary if r["k"] == k and r["speedup"] is not None]
+        be, note = _crossing(sorted((r["rate"], r["speedup"]) for r in rs))
+        be_acc, _ = _crossing(sorted((r["acceptance_pos_1"], r["speedup"]) for r in rs
+                                     if r.get("acceptance_pos_1") is not None))
+        out.append({"k": k, "break_even_rate": be, "break_even_acceptance_pos_1": be_acc,
+                    "max_speedup": max((r["speedup"] for r in rs), default=None),
+                    "note": note})
+    return out
+
+
+def sweep_table(path: str | Path):
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    return pd.DataFrame(data["summary"]).round(3), pd.DataFrame(data["break_even"]).round(3)
+
+
+def save(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return path
+
+
+def plot_sweep(path: str | Path, ax=None):
+    """Speed-up over MTP off vs the synthetic rate (same at every position), one line per
+    k, break-even marked; returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(path).read_text())
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    for k in sorted({r["k"] for r in data["summary"]}):
+        pts = sorted((r["rate"], r["speedup"]) for r in data["summary"] if r["k"] == k)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=f"k={k}")
+    for be in data["break_even"]:
+        if be["break_even_rate"] is not None:
+            ax.plot([be["break_even_rate"]], [1.0], "kx")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("synthetic acceptance rate (every position, unconditional)")
+    ax.set_ylabel("decode speed-up over MTP off")
+    cfg = data["config"]
+    ax.set_title(f"v4-ratio-cpu, {cfg['threads']} thread(s): x = break-even")
+    ax.legend()
+    return ax
