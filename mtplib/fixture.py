@@ -140,9 +140,9 @@ def _tensor_key(spec: TensorSpec, sidecar: bool) -> str:
     return spec.name
 
 
-def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
-    w.add_name(name)
-    for key, val in gguf_keys(cfg, sidecar=sidecar).items():
+def add_typed_keys(w, keys: dict) -> None:
+    """Write metadata keys with the GGUF types upstream reads them as (u32, f32, ...)."""
+    for key, val in keys.items():
         if isinstance(val, bool):
             w.add_bool(key, val)
         elif isinstance(val, int):
@@ -155,6 +155,11 @@ def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
             w.add_string(key, val)
         else:
             raise TypeError(f"unsupported key type for {key}: {type(val)}")
+
+
+def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
+    w.add_name(name)
+    add_typed_keys(w, gguf_keys(cfg, sidecar=sidecar))
     # upstream's own fixture tokenizer: ids <-> "tok_<i>", zero scores
     w.add_tokenizer_model("test")
     w.add_token_list([f"tok_{i}" for i in range(cfg.n_vocab)])

@@ -31,18 +31,10 @@ PARITY_CHARS = 1600
 
 
 def _add_keys(w, cfg: V4Config, sidecar: bool, name: str, tok, meta: dict) -> None:
+    from mtplib.fixture import add_typed_keys
+
     w.add_name(name)
-    for key, val in gguf_keys(cfg, sidecar=sidecar).items():
-        if isinstance(val, bool):
-            w.add_bool(key, val)
-        elif isinstance(val, int):
-            w.add_uint32(key, val)
-        elif isinstance(val, float):
-            w.add_float32(key, val)
-        elif isinstance(val, list):
-            w.add_array(key, val)
-        else:
-            w.add_string(key, str(val))
+    add_typed_keys(w, gguf_keys(cfg, sidecar=sidecar))
     for key, val in meta.items():
         w.add_string(key, str(val))
     tk.add_to_gguf(w, tok)
