@@ -19,8 +19,10 @@ def _ks(s: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {s!r}") \
             from None
+    if ks == (0,):
+        return ()  # plain decoding only
     if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {s!r}")
+        raise argparse.ArgumentTypeError(f"--k values must be >= 1 (or just 0), got {s!r}")
     return ks
 
 
@@ -129,7 +131,8 @@ def register(sub) -> None:
         "medians and the ratio mtplib / upstream per case.")
     p.add_argument("--model", help="trunk GGUF")
     p.add_argument("--mtp", help="its mtp- sidecar GGUF")
-    p.add_argument("--k", type=_ks, default=(1, 2, 3), help="draft lengths (default 1,2,3)")
+    p.add_argument("--k", type=_ks, default=(1, 2, 3),
+                   help="draft lengths (default 1,2,3; 0: plain decoding only)")
     p.add_argument("--rates", default="0;0.77,0.37;1",
                    help="synthetic rate sets, ';'-separated, each comma-separated "
                    "unconditional per-position probabilities (upstream --spec-synth-rates), "
