@@ -555,6 +555,6 @@ def plot_sweep(path: str | Path, ax=None):
     ax.set_xlabel("synthetic acceptance rate (every position, unconditional)")
     ax.set_ylabel("decode speed-up over MTP off")
     cfg = data["config"]
-    ax.set_title(f"v4-ratio-cpu, {cfg['threads']} thread(s): x = break-even")
+    ax.set_title(f"{Path(data['trunk']).stem}, {cfg['threads']} thread(s): x = break-even")
     ax.legend()
     return ax

@@ -4,7 +4,8 @@ Opt-in (never part of CI): `build_tools()` compiles `llama-server` (and `llama-c
 on upstream's server loop in tools/server/server-context.cpp) from the pinned
 llama-cpp-python sdist's `vendor/llama.cpp` once, CPU only, with the flags the Python
 wheel is built with (Release, GGML_NATIVE on, GGML_RPC on), and caches the binaries under
-``~/.cache/mtplib/upstream-tools/<commit>/bin``. About 9 minutes on 2 cores.
+``~/.cache/mtplib/upstream-tools/<commit>/bin`` (the issue estimates about 9 minutes on 2
+idle cores; 28 minutes were measured here under a load of about 5).
 
 Why llama-server: at the pinned commit `--spec-synth-rates` is accepted by the server and
 the CLI only (common/arg.cpp: LLAMA_EXAMPLE_SERVER, LLAMA_EXAMPLE_CLI), and llama-cli runs

@@ -82,17 +82,19 @@ V4_FLASH = V4Config(
 
 #: Cost-faithful CPU fixture (issue 7): V4-Flash's layer structure with thin layers, so
 #: that one MTP step costs about 1/43 of one trunk step, as in the real model (where the
-#: MTP block is about 1/43 of the active compute); on the `tiny` fixture it is about 1/4,
-#: so no speed curve measured there transfers. 43 trunk layers with V4-Flash's pattern
-#: (V4_FLASH_RATIOS: layers 0-1 SWA only, then CSA (4) and HCA (128) alternating, layer 42
-#: CSA; the first 3 hash-routed) + 1 MTP block (ratio 0); tiny widths (the `tiny` preset's),
-#: the real sliding window (128) and indexer top-k (512); vocab 512 so the output head stays
-#: small next to a block. Indexer key length 128 != head dim 64 (equal crashes upstream).
-#: F32 weights: trunk 47.8 MB, sidecar 1.5 MB, written in about 1 s.
+#: MTP block is about 1/43 of the active compute); on the `tiny` fixture it is 0.20 (1/4.9,
+#: measured the same way at 2 threads), so no speed curve measured there transfers.
+#: 43 trunk layers with V4-Flash's pattern (V4_FLASH_RATIOS: layers 0-1 SWA only, then CSA
+#: (4) and HCA (128) alternating, layer 42 CSA; the first 3 hash-routed) + 1 MTP block
+#: (ratio 0); tiny widths (the `tiny` preset's), the real sliding window (128) and indexer
+#: top-k (512); vocab 512 so the output head stays small next to a block. Indexer key
+#: length 128 != head dim 64 (equal crashes upstream). F32 weights: trunk 47.8 MB,
+#: sidecar 1.5 MB, written in 0.5 s.
 #: Measured cost ratio (MTP decode / trunk decode, one token, medians of 300 interleaved
-#: one-token decodes, time of the llama_decode call only; `mtplib.sidebyside.cost_ratio`):
-#: 0.0218 = 1/45.8 at 2 threads (trunk 16.8 ms = 59 tok/s, MTP step 0.37 ms), 0.0222 =
-#: 1/45.1 at 1 thread, load average 0.3-0.4 (evidence/side-by-side/README.md).
+#: one-token decodes, time of the llama_decode call only; `mtplib compare-upstream
+#: --cost-ratio-only`): 0.0232 = 1/43.2 at 2 threads (trunk 14.5 ms = 69 tok/s, MTP step
+#: 0.34 ms), 0.0213 = 1/46.9 at 1 thread; load average 1.7 (V4_RATIO_CPU_MEASURED,
+#: evidence/side-by-side/README.md).
 V4_RATIO_CPU = V4Config(
     n_vocab=512,
     n_embd=128,
@@ -117,17 +119,17 @@ V4_RATIO_CPU = V4Config(
     n_ctx_train=4096,
 )
 #: What `cost_ratio` measured on `v4-ratio-cpu` (seed 0), with the command and the load
-#: (raw numbers: evidence/side-by-side/cost-ratio-v4-ratio-cpu.json).
+#: (raw numbers: evidence/side-by-side/cost-ratio-v4-ratio-cpu-t{2,1}.json).
 V4_RATIO_CPU_MEASURED: dict = {
-    "ratio_mtp_over_trunk": 0.0218,  # threads 2; 1/45.8 (V4-Flash: about 1/43)
-    "trunk_decode_ms_median": 16.83,
-    "mtp_decode_ms_median": 0.367,
+    "ratio_mtp_over_trunk": 0.0232,  # threads 2: 1/43.2 (V4-Flash: about 1/43)
+    "trunk_decode_ms_median": 14.53,
+    "mtp_decode_ms_median": 0.337,
     "threads": 2,
-    "ratio_mtp_over_trunk_threads_1": 0.0222,
-    "loadavg": [0.33, 1.17, 2.10],
-    "command": "mtplib fixture --out FX --preset v4-ratio-cpu && .venv/bin/python "
-               "-c 'from mtplib.sidebyside import cost_ratio; print(cost_ratio(TRUNK, MTP, "
-               "n_tokens=300, threads=2))'",
+    "ratio_mtp_over_trunk_threads_1": 0.0213,  # 1/46.9
+    "loadavg": [1.71, 2.38, 2.25],
+    "command": "mtplib fixture --out FX --preset v4-ratio-cpu; mtplib compare-upstream "
+               "--cost-ratio-only --model FX/v4-v4-ratio-cpu-s0.gguf --mtp "
+               "FX/mtp-v4-v4-ratio-cpu-s0.gguf --threads 2 --cost-tokens 300",
 }
 
 PRESETS: dict[str, V4Config] = {"tiny": TINY, "v4-flash": V4_FLASH,
