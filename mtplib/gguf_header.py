@@ -65,7 +65,8 @@ class GGUFHeader:
         return n_nextn > 0 and "blk.0.attn_norm.weight" not in self.names()
 
 
-def _block_of(name: str) -> int | None:
+def block_of(name: str) -> int | None:
+    """The N of a `blk.N.*` tensor name; None for root tensors."""
     if name.startswith("blk."):
         try:
             return int(name.split(".")[1])
@@ -122,7 +123,7 @@ def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
             dtype=t.tensor_type.name,
             nbytes=int(t.n_bytes),
             offset=int(t.data_offset),
-            block=_block_of(t.name),
+            block=block_of(t.name),
         )
         for t in reader.tensors
     )

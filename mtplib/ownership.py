@@ -34,6 +34,7 @@ from mtplib.gguf_header import (
     GGUFHeader,
     ModelFileError,
     TensorRecord,
+    block_of,
     require_deepseek4,
 )
 from mtplib.v4.arch import ROOT_HC_HEAD, V4Config, config_from_keys, ggml_nbytes
@@ -170,17 +171,8 @@ def _parse(p: Path, m: mmap.mmap) -> tuple[GGUFHeader, int]:
         for d in ne:
             n *= d
         tensors.append(TensorRecord(name=name, ne=ne, dtype=qt.name, nbytes=n // block * size,
-                                    offset=data_start + offset, block=_block_of(name)))
+                                    offset=data_start + offset, block=block_of(name)))
     return GGUFHeader(p, kv, tuple(tensors)), data_start
-
-
-def _block_of(name: str) -> int | None:
-    if name.startswith("blk."):
-        try:
-            return int(name.split(".")[1])
-        except (IndexError, ValueError):
-            return None
-    return None
 
 
 @dataclass(frozen=True)
@@ -229,7 +221,7 @@ def _main_reads(names: set[str], cfg: V4Config) -> set[str]:
     """Weights the main (target) graph reads: the embedding, every trunk block, the tail."""
     out = {n for n in HEAD_TENSORS + TAIL_TENSORS if n in names}
     for n in names:
-        b = _block_of(n)
+        b = block_of(n)
         if b is not None and b < cfg.n_layer and not n.endswith(VISION_ONLY_SUFFIX):
             out.add(n)
     return out
