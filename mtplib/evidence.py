@@ -146,6 +146,24 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _run_rows(rec: dict) -> list[list[str]]:
+    """The rows every story's "The run" table starts with: how to repeat the run."""
+    git, pins = rec.get("git", {}), rec.get("pins", {})
+    return [
+        ["command", f"`{rec.get('command')}`"],
+        ["lane", f"`{rec.get('lane')}` (`{rec.get('params_file')}`)"],
+        ["git commit", f"`{git.get('commit')}` (uncommitted changes: `{git.get('dirty')}`)"],
+        ["pins", f"`llama-cpp-python=={pins.get('llama_cpp_python')}`, llama.cpp "
+                 f"`{pins.get('llama_cpp_commit')}`, `{pins.get('cmake_args')}`"],
+    ]
+
+
+def _model_rows(rec: dict, label: str) -> list[list[str]]:
+    sha = rec.get("model_sha256", {})
+    return [[f"{label}: {key}", f"`{Path(path).name}` sha256 `{sha.get(path, '?')}`"]
+            for key, path in rec.get("models", {}).items()]
+
+
 class _Links:
     def __init__(self, run_dir: Path, out: Path) -> None:
         self.run_dir, self.base = run_dir, out.parent
@@ -171,8 +189,6 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
     summ = [r for r in b["summary"] if r["plan"] == "whole"]
     off = next(r for r in summ if r["k"] == 0)
     on = [r for r in summ if r["k"] > 0]
-    models = rec.get("models", {})
-    sha = rec.get("model_sha256", {})
     gpus = rec.get("gpu") or []
     backend = b.get("backend", {})
     notebooks = [n["notebook"] for n in rec.get("notebooks", [])]
@@ -189,15 +205,9 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
     w("")
     w("## The run")
     w("")
-    git = rec.get("git", {})
-    pins = rec.get("pins", {})
     cpu = rec.get("cpu", {})
     rows = [
-        ["command", f"`{rec.get('command')}`"],
-        ["lane", f"`{rec.get('lane')}` (`{rec.get('params_file')}`)"],
-        ["git commit", f"`{git.get('commit')}` (uncommitted changes: `{git.get('dirty')}`)"],
-        ["pins", f"`llama-cpp-python=={pins.get('llama_cpp_python')}`, llama.cpp "
-                 f"`{pins.get('llama_cpp_commit')}`, `{pins.get('cmake_args')}`"],
+        *_run_rows(rec),
         ["CPU", f"`{cpu.get('model')}`, {cpu.get('logical_cores')} logical cores"],
         ["GPU and driver", ", ".join(f"`{g['name']}` driver `{g['driver']}`" for g in gpus)
          or "none"],
@@ -209,9 +219,7 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
         ["started", f"`{rec.get('started')}`"],
         ["executed notebooks", ", ".join(link(n) for n in notebooks) or "none"],
     ]
-    for key, path in models.items():
-        name = Path(path).name
-        rows.append([f"model: {key}", f"`{name}` sha256 `{sha.get(path, '?')}`"])
+    rows += _model_rows(rec, "model")
     L += _table(["", ""], rows)
     w("")
 
@@ -455,8 +463,6 @@ def _dgr065(run_dir: Path, raw: dict, link: _Links) -> str:
                          "fixture_reads / fixture_checks); rerun notebooks 01 and 02")
     fx = own["fixture"]
     notebooks = {n["notebook"]: n for n in rec.get("notebooks", [])}
-    models = rec.get("models", {})
-    sha = rec.get("model_sha256", {})
     n_shards = sorted(int(n) for n in own["flash_shards"])
     n_max = n_shards[-1]
     shard_words = "/".join(str(n) for n in n_shards)
@@ -475,18 +481,14 @@ def _dgr065(run_dir: Path, raw: dict, link: _Links) -> str:
     # -- the run
     w("## The run")
     w("")
-    git, pins, cpu = rec.get("git", {}), rec.get("pins", {}), rec.get("cpu", {})
+    cpu = rec.get("cpu", {})
     nb_cells = []
     for name in DGR065_NOTEBOOKS:
         e = notebooks.get(name)
         nb_cells.append(f"{link(name)} ({'not run' if e is None else e.get('status')}, "
                         f"`{e and e.get('started')}` to `{e and e.get('ended')}`)")
     rows = [
-        ["command", f"`{rec.get('command')}`"],
-        ["lane", f"`{rec.get('lane')}` (`{rec.get('params_file')}`)"],
-        ["git commit", f"`{git.get('commit')}` (uncommitted changes: `{git.get('dirty')}`)"],
-        ["pins", f"`llama-cpp-python=={pins.get('llama_cpp_python')}`, llama.cpp "
-                 f"`{pins.get('llama_cpp_commit')}`, `{pins.get('cmake_args')}`"],
+        *_run_rows(rec),
         ["CPU", f"`{cpu.get('model')}`, {cpu.get('logical_cores')} logical cores, "
                 f"{cpu.get('mem_total_bytes')} bytes of memory"],
         ["GPU", ", ".join(f"`{g['name']}`" for g in rec.get("gpu") or []) or "none"],
@@ -494,9 +496,7 @@ def _dgr065(run_dir: Path, raw: dict, link: _Links) -> str:
         ["network", f"`{rec.get('network')}`"],
         ["notebooks of this story", "; ".join(nb_cells)],
     ]
-    for key, path in models.items():
-        rows.append([f"fixture model: {key}", f"`{Path(path).name}` sha256 "
-                                              f"`{sha.get(path, '?')}`"])
+    rows += _model_rows(rec, "fixture model")
     L += _table(["", ""], rows)
     w("")
     w("Artifacts of this story in the run (sha256 of the files as they are beside this "
@@ -778,6 +778,7 @@ def _dgr065(run_dir: Path, raw: dict, link: _Links) -> str:
       "`n_layer_nextn == 1`); replicas assume MTP runs on the last shard.")
     w("- The alpha-policy result above covers the fixtures' named line-ups; the general "
       "claim rests on the property test, which is not part of this run.")
+    git = rec.get("git", {})
     if git.get("dirty"):
         w("- The run was made from a checkout with uncommitted changes "
           f"(`{git.get('commit')}` plus edits).")

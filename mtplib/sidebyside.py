@@ -324,15 +324,30 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
             "summary": summarize(rows), "host": host_info(), "wall_s": time.time() - t0}
 
 
+#: where the committed side-by-side results live (issue 7)
+EVIDENCE_DIR = Path(__file__).resolve().parents[1] / "evidence" / "side-by-side"
+
+
+def evidence_dir(path: str | Path | None = None) -> Path:
+    """A results folder; relative paths are taken from the repository root, so a notebook
+    finds the committed files whatever its working directory."""
+    if path is None:
+        return EVIDENCE_DIR
+    p = Path(path)
+    return p if p.is_absolute() else EVIDENCE_DIR.parents[1] / p
+
+
 def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in s).strip("-")
 
 
 def host_info() -> dict:
+    from mtplib.record import git_state
     from mtplib.upstream_tools import tools_dir
 
     info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python":
-            platform.python_version(), "pins": pins.as_dict()}
+            platform.python_version(), "pins": pins.as_dict(),
+            "mtplib_git": git_state(Path(__file__).resolve().parents[1])}
     try:
         info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in
                                  Path("/proc/cpuinfo").read_text().splitlines()
@@ -399,6 +414,25 @@ def table(path: str | Path):
     if "tokens_equal" in s:
         cols.append("tokens_equal")
     return s[[c for c in cols if c in s]].round(3)
+
+
+COST_RATIO_COLUMNS = ("threads", "trunk_decode_ms_median", "mtp_decode_ms_median",
+                      "ratio_mtp_over_trunk", "one_over_ratio", "n_tokens")
+
+
+def cost_ratio_table(paths: Sequence[str | Path]):
+    """One row per cost-ratio JSON (`compare-upstream --cost-ratio-only`): the MTP step's
+    cost as a fraction of a trunk step, with the load it was measured under."""
+    import pandas as pd
+
+    rows = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        c = d["cost_ratio"]
+        rows.append({"file": Path(p).name, "trunk": Path(d["trunk"]).name,
+                     **{k: c.get(k) for k in COST_RATIO_COLUMNS},
+                     "loadavg": c.get("loadavg", d.get("loadavg"))})
+    return pd.DataFrame(rows).round(4)
 
 
 # -- the acceptance sweep (mtplib only) ---------------------------------------------------

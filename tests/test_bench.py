@@ -62,7 +62,12 @@ def data(run_dir):
 def test_lane_writes_notebook_metrics_plots_record_and_readme(run_dir):
     nb = nbformat.read(str(run_dir / "04_benchmark.ipynb"), as_version=4)
     outs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert sum("image/png" in o.get("data", {}) for o in outs) == 5  # the five plots
+    # the five bench plots, then one figure for the committed side-by-side sweeps (issue 7)
+    assert sum("image/png" in o.get("data", {}) for o in outs) == 6
+    text = "".join(str(o.get("data", {}).get(kind, "")) for o in outs
+                   for kind in ("text/plain", "text/markdown"))
+    for name in ("sbs-v4-ratio-cpu-t2.json", "sweep-v4-ratio-cpu-t2.json"):
+        assert name in text, f"notebook 04 did not show {name}"
     for name in ("bench.json", "bench_summary.csv", "bench_runs.csv", "bench_sweep.csv",
                  "bench_break_even.csv", "bench_sweep_runs.csv", "bench_sampling.csv"):
         assert (run_dir / "bench" / name).stat().st_size > 0, name

@@ -77,6 +77,22 @@ def test_committed_notebooks_have_no_outputs():
                 assert not c.outputs and c.execution_count is None, f"{p.name} has outputs"
 
 
+def test_committed_notebooks_match_their_sources():
+    """notebooks/*.ipynb are written by tools/nbwrite.py from tools/notebooks_src.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_src",
+                                                  REPO / "tools" / "notebooks_src.py")
+    src = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(src)
+    for name, cells in src.NOTEBOOKS.items():
+        nb = nbformat.read(str(REPO / "notebooks" / name), as_version=4)
+        got = [(c.cell_type, c.source) for c in nb.cells]
+        want = [("markdown" if kind == "md" else "code", text.strip("\n"))
+                for kind, text in cells]
+        assert got == want, f"{name} differs from tools/notebooks_src.py: run tools/nbwrite.py"
+
+
 def test_every_lane_file_parses():
     for p in sorted((REPO / "params").glob("*.yaml")):
         assert load_lane(p).notebooks

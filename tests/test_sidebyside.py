@@ -278,3 +278,32 @@ def test_v4_ratio_cpu_measured_ratio_recorded():
 
     assert 1 / 60 < m["ratio_mtp_over_trunk"] < 1 / 30
     assert m["command"] and m["loadavg"]
+
+
+# -- the committed results, as notebook 04 shows them ---------------------------------------
+def test_evidence_dir_resolves_from_repo_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a notebook's working directory is not the repo root
+    assert S.evidence_dir("evidence/side-by-side") == S.EVIDENCE_DIR
+    assert S.evidence_dir(tmp_path) == tmp_path
+    assert (S.EVIDENCE_DIR / "README.md").is_file()
+
+
+def test_cost_ratio_table_matches_the_preset_record():
+    from mtplib.v4.presets import V4_RATIO_CPU_MEASURED as m
+
+    t = S.cost_ratio_table([S.EVIDENCE_DIR / "cost-ratio-v4-ratio-cpu-t2.json",
+                            S.EVIDENCE_DIR / "cost-ratio-tiny-t2.json"])
+    ratio = t.set_index("file")["ratio_mtp_over_trunk"]
+    assert ratio["cost-ratio-v4-ratio-cpu-t2.json"] == pytest.approx(
+        m["ratio_mtp_over_trunk"], abs=1e-4)
+    assert ratio["cost-ratio-tiny-t2.json"] > 0.15  # the tiny fixture: MTP ~ 1/5 of a step
+    assert list(t["threads"]) == [2, 2]
+
+
+def test_committed_side_by_side_tables_load():
+    files = sorted(S.EVIDENCE_DIR.glob("sbs-*.json"))
+    assert files
+    for p in files:
+        t = S.table(p)
+        assert "plain" in set(t["case"])
+        assert t["ratio"].notna().all()

@@ -515,11 +515,12 @@ sidecar = None
 threads = 2
 run_dir = "."
 bench = {}          # the lane's `bench:` section (mtplib.bench.BenchConfig)
+sbs_dir = "evidence/side-by-side"   # committed side-by-side results (repo-relative)
 """),
     ("code", """
 from pathlib import Path
 import pandas as pd
-from IPython.display import Image, display
+from IPython.display import Image, Markdown, display
 from mtplib import bench as B
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
 cfg = B.BenchConfig.from_dict(bench, threads=threads)
@@ -602,6 +603,60 @@ tokens it saves. Read these acceptances against the sweep's speed-up curve above
     ("code", """
 from mtplib.trained_eval import anchor_table
 pd.DataFrame(anchor_table())
+"""),
+]
+
+NB04 += [
+    ("md", """
+## Side by side with upstream's C++ MTP loop (issue 7, preset `v4-ratio-cpu`)
+
+Committed results from `mtplib compare-upstream` (opt-in, not part of CI; commands in each
+file's `argv` and in `evidence/side-by-side/README.md`). Upstream side: `llama-server`
+built from the pinned sdist, `--spec-type draft-mtp -md SIDECAR --spec-draft-n-max k
+[--spec-synth-rates ...]`, the prompt sent as token ids. mtplib side: `MTPRuntime`, same
+files, threads, context, batch, KV type, k, rates and seed. Each case: a warm-up per side,
+then interleaved A/B runs; decode tok/s medians; ratio = mtplib / upstream (goal >= 0.9).
+The machine has 2 shared vCPUs, so the 1-minute load average is shown next to every case.
+"""),
+    ("code", """
+from mtplib import sidebyside as SBS
+sbs = SBS.evidence_dir(sbs_dir)
+if not sbs.is_dir():
+    print(f"no side-by-side results in {sbs}")
+for p in sorted(sbs.glob("sbs-*.json")):
+    display(Markdown(f"**{p.name}**"), SBS.table(p))
+"""),
+    ("md", "Plain decoding repeated (the case whose ratio moves most with the load):"),
+    ("code", """
+reps = sorted(sbs.glob("plain-repeat-*.json"))
+pd.concat([SBS.table(p).assign(file=p.name) for p in reps]) if reps else "none"
+"""),
+    ("md", """
+### The preset's cost ratio: one MTP step against one trunk step
+
+Median one-token `llama_decode` time of the MTP context over the trunk's, 300 tokens,
+interleaved token by token (`compare-upstream --cost-ratio-only`). DeepSeek-V4-Flash's
+MTP block is about 1/43 of its active compute; the `tiny` fixture's is about 1/5.
+"""),
+    ("code", "SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json')))"),
+    ("md", """
+### Acceptance -> speed on `v4-ratio-cpu`, break-even acceptance
+
+The MTP block drafts every step (its real cost); acceptance is synthetic with upstream's
+`--spec-synth-rates` semantics at the same rate at every position; MTP-off runs are
+interleaved with every k. Break-even = where the speed-up crosses 1.
+"""),
+    ("code", """
+import matplotlib.pyplot as plt
+sweeps = sorted(sbs.glob("sweep-*.json"))
+for p in sweeps:
+    sw, be = SBS.sweep_table(p)
+    display(Markdown(f"**{p.name}**"), sw, be)
+if sweeps:
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4), squeeze=False)
+    for p, ax in zip(sweeps, axes[0]):
+        SBS.plot_sweep(p, ax=ax)
+    plt.show()
 """),
 ]
 

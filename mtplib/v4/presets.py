@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mtplib.v4.arch import V4Config
 
 #: Default lane: every V4 layer kind in 4 trunk layers, small enough for CI on 2 cores.
@@ -95,28 +97,15 @@ V4_FLASH = V4Config(
 #: --cost-ratio-only`): 0.0232 = 1/43.2 at 2 threads (trunk 14.5 ms = 69 tok/s, MTP step
 #: 0.34 ms), 0.0213 = 1/46.9 at 1 thread; load average 1.7 (V4_RATIO_CPU_MEASURED,
 #: evidence/side-by-side/README.md).
-V4_RATIO_CPU = V4Config(
+V4_RATIO_CPU = replace(
+    TINY,  # the widths; what differs from `tiny` is spelled out:
     n_vocab=512,
-    n_embd=128,
     n_layer=43,
-    n_head=4,
-    head_dim=64,
-    rope_dim=32,
-    q_lora=64,
-    o_groups=2,
-    o_lora=32,
-    n_expert=4,
-    n_expert_used=2,
-    n_ff_exp=64,
-    n_expert_shared=1,
     n_hash_layers=3,
     sliding_window=128,
-    indexer_heads=4,
-    indexer_dim=128,
     indexer_top_k=512,
     compress_ratios=V4_FLASH_RATIOS,
     n_mtp=1,
-    n_ctx_train=4096,
 )
 #: What `cost_ratio` measured on `v4-ratio-cpu` (seed 0), with the command and the load
 #: (raw numbers: evidence/side-by-side/cost-ratio-v4-ratio-cpu-t{2,1}.json).
