@@ -11,12 +11,14 @@ One lane's ``bench:`` section (`BenchConfig`) drives three measurements on a tru
   whole model: no seam), and quality against MTP off (greedy token agreement with the
   near-tie audit of `mtplib.quality`).
 - **sweep**: the same target with a drafter that proposes the target's own (MTP-off)
-  continuation, each draft position replaced by a wrong token with probability 1 - rate
-  (one rate for every position). With ``draft_cost: mtp`` the real MTP block still drafts
-  (and is fed) every step, so the sweep pays the real drafting cost and only the accepted
-  tokens are synthetic. Speed-up = decode tok/s / decode tok/s of MTP off; the break-even
-  acceptance is where the speed-up curve crosses 1. Sweep rows are marked
-  ``quality_valid = False``: their drafts are the oracle's, only their speed counts.
+  continuation up to a drawn length and a wrong token there, the length drawn with
+  upstream's `--spec-synth-rates` semantics at one rate for every position (rate = the
+  unconditional probability that a position is accepted: a step accepts nothing with
+  probability 1 - rate, otherwise every draft). With ``draft_cost: mtp`` the real MTP
+  block still drafts (and is fed) every step, so the sweep pays the real drafting cost
+  and only the accepted tokens are synthetic. Speed-up = decode tok/s / decode tok/s of
+  MTP off; the break-even acceptance is where the speed-up curve crosses 1. Sweep rows are
+  marked ``quality_valid = False``: their drafts are the oracle's, only their speed counts.
 - **sampling** (optional): MTP on vs off with temperature / top-p, per seed: equal streams
   (sample-and-match) and the total-variation distance between the pooled token
   distributions.
@@ -229,7 +231,8 @@ def _row(m: dict, **extra) -> dict:
 class CostedSyntheticDrafter(Drafter):
     """Synthetic acceptance at the real drafting cost: the MTP block drafts (and is fed)
     every step as usual, then its drafts are replaced by the synthetic ones (the target's
-    own continuation, each position wrong with probability 1 - rate)."""
+    own continuation up to a length drawn with upstream's `--spec-synth-rates` semantics,
+    see SyntheticDrafter)."""
 
     name = "synthetic+mtp"
     needs_rows = True

@@ -318,11 +318,14 @@ def _dgr066(run_dir: Path, raw: dict, link: _Links) -> str:
         cost = ("the real MTP block drafts and is fed every step (its cost is paid), then "
                 "its drafts are replaced" if sc["draft_cost"] == "mtp" else
                 "drafting costs nothing (no MTP block)")
-        w(f"The drafter proposes the target's own MTP-off continuation, each draft position "
-          f"replaced by a wrong token with probability 1 − rate (the same rate at every "
-          f"position); {cost}. {sc['reps']} measured repetitions per prompt after "
-          f"{sc['warmup']} warm-up. Speed-up = median decode tok/s ÷ median MTP-off decode "
-          f"tok/s ({_f(off['decode_tok_s_median'])}). Only speed counts here: the sweep's "
+        w(f"The drafter proposes the target's own MTP-off continuation up to a drawn length "
+          f"and a wrong token there; the length is drawn with upstream's "
+          f"`--spec-synth-rates` semantics, the rate being the unconditional probability "
+          f"that a position is accepted, the same at every position (so a step accepts "
+          f"nothing with probability 1 − rate and otherwise all k drafts); {cost}. "
+          f"{sc['reps']} measured repetitions per prompt after {sc['warmup']} warm-up. "
+          f"Speed-up = median decode tok/s ÷ median MTP-off decode tok/s "
+          f"({_f(off['decode_tok_s_median'])}). Only speed counts here: the sweep's "
           "drafts come from the reference, so its quality columns are invalid by design. "
           "Table: " + link(BENCH_DIR + "/bench_sweep.csv") + "; plot: "
           + link(BENCH_DIR + "/plots/speedup_curve.png", "speedup_curve") + ".")

@@ -504,9 +504,9 @@ NB04 = [
 For the lane's trunk and `mtp-` sidecar: MTP off and MTP on (k = 1..3) per plan, with
 warm-up runs excluded and repetitions for the spread; quality against MTP off; acceptance
 overall, per draft position and as a histogram; TTFT and decode speed; the time split;
-memory; seam bytes. Then the synthetic acceptance sweep: the target's own continuation
-with wrong tokens at a set rate gives the speed-up at acceptance 0..100% and the
-break-even acceptance, with the reference numbers of upstream-v4-mtp.md §9 marked.
+memory; seam bytes. Then the synthetic acceptance sweep: the target's own continuation,
+cut at a length drawn with upstream's `--spec-synth-rates` semantics, gives the speed-up
+at acceptance 0..100% and the break-even acceptance, with the reference numbers of upstream-v4-mtp.md §9 marked.
 Everything comes from `mtplib.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
 """),
     ("params", """

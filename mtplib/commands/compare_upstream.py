@@ -141,7 +141,7 @@ def register(sub) -> None:
                    help="skip the cases with real (non-synthetic) MTP drafts")
     p.add_argument("--runs", type=int, default=5, help="measured runs per engine and case")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine and case")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (both engines; default 2)")
     p.add_argument("--ctx", type=int, default=1024, help="context size (both engines)")
     p.add_argument("--n", type=int, default=128, help="tokens to generate per run")
     p.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt length")
