@@ -506,7 +506,8 @@ warm-up runs excluded and repetitions for the spread; quality against MTP off; a
 overall, per draft position and as a histogram; TTFT and decode speed; the time split;
 memory; seam bytes. Then the synthetic acceptance sweep: the target's own continuation,
 cut at a length drawn with upstream's `--spec-synth-rates` semantics, gives the speed-up
-at acceptance 0..100% and the break-even acceptance, with the reference numbers of upstream-v4-mtp.md §9 marked.
+at acceptance 0..100% and the break-even acceptance, with the reference numbers of
+upstream-v4-mtp.md §9 marked.
 Everything comes from `mtplib.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
 """),
     ("params", """
