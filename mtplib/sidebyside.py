@@ -214,6 +214,10 @@ class SideBySideConfig:
     synth_seed: int = 0
     kv_type: str = "f16"
     flash_attn: str = "auto"
+    #: the SWA cache of both sides (llama-server's default: false, a window-sized cache;
+    #: true is the C API default and mtplib's). Runs before this field existed had false
+    #: on the server and true in mtplib.
+    swa_full: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -232,7 +236,8 @@ class _MtplibSide:
         self.case, self.cfg = case, cfg
         self.rt = MTPRuntime(trunk, sidecar if case.k else None, k=case.k, n_ctx=cfg.n_ctx,
                              n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, n_threads=cfg.threads,
-                             kv_type=cfg.kv_type, flash_attn=cfg.flash_attn)
+                             kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
+                             swa_full=cfg.swa_full)
         self.mtp = self.rt.engine.drafter
 
     def run(self, prompt: list[int], ref: list[int] | None) -> dict:
@@ -264,7 +269,8 @@ class _UpstreamSide:
             model=trunk, mtp=sidecar if case.k else None, k=case.k,
             rates=list(case.rates) if case.rates else None, threads=cfg.threads,
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-            kv_type=cfg.kv_type, flash_attn=cfg.flash_attn, seed=cfg.synth_seed),
+            kv_type=cfg.kv_type, flash_attn=cfg.flash_attn, swa_full=cfg.swa_full,
+            seed=cfg.synth_seed),
             log_path=log_path)
         self.argv = self.server.cfg.argv(self.server.binary, self.server.port)
 

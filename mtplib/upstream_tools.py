@@ -181,6 +181,7 @@ class ServerConfig:
     n_ubatch: int = 512
     kv_type: str = "f16"
     flash_attn: str = "auto"
+    swa_full: bool = False  # llama-server's default; --swa-full turns it on
     seed: int = 0
     extra: list[str] = field(default_factory=list)
 
@@ -190,6 +191,8 @@ class ServerConfig:
              "-b", str(self.n_batch), "-ub", str(self.n_ubatch), "-np", "1",
              "-ctk", self.kv_type, "-ctv", self.kv_type, "-fa", self.flash_attn,
              "--no-warmup", "--seed", str(self.seed)]
+        if self.swa_full:
+            a.append("--swa-full")
         a += spec_args(self.mtp, self.k, self.rates)
         return a + list(self.extra)
 

@@ -7,6 +7,7 @@ synthetic-acceptance semantics (upstream's --spec-synth-rates) and the v4-ratio-
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -307,3 +308,11 @@ def test_committed_side_by_side_tables_load():
         t = S.table(p)
         assert "plain" in set(t["case"])
         assert t["ratio"].notna().all()
+
+
+def test_swa_full_is_the_same_on_both_sides():
+    cfg = S.SideBySideConfig()
+    assert cfg.swa_full is False and cfg.to_dict()["swa_full"] is False  # llama-server's
+    off = U.ServerConfig(model="m.gguf").argv(Path("llama-server"), 1)
+    on = U.ServerConfig(model="m.gguf", swa_full=True).argv(Path("llama-server"), 1)
+    assert "--swa-full" not in off and "--swa-full" in on

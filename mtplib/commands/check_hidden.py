@@ -41,7 +41,8 @@ def _bools(s: str) -> tuple[bool, ...]:
 
 def _cfg(a: argparse.Namespace) -> dict:
     return {"kv_type": a.kv_type, "flash_attn": a.flash_attn, "n_ctx": a.ctx,
-            "n_batch": a.batch, "n_ubatch": a.ubatch, "n_threads": a.threads}
+            "n_batch": a.batch, "n_ubatch": a.ubatch, "n_threads": a.threads,
+            "swa_full": a.swa_full == "on", "n_rs_seq": a.rs}
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -151,6 +152,10 @@ def register(sub) -> None:
                    "threads make a busy 2-core machine many times slower)")
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
     p.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--swa-full", default="on", choices=["on", "off"],
+                   help="full-size SWA cache (on: the C API default, mtplib's; off: what "
+                   "upstream's llama-server and llama-cli use)")
+    p.add_argument("--rs", type=int, default=0, help="n_rs_seq (tail-rollback depth)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--reserve", action="store_true",
                    help="apply the reserve workaround (force_reserve) to every context")

@@ -53,7 +53,8 @@ def run(a: argparse.Namespace) -> int:
     rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
     cfg = S.SideBySideConfig(ks=a.k, rate_sets=rate_sets, real_mtp=not a.no_real_mtp,
                              runs=a.runs, warmup=a.warmup, threads=a.threads, n_ctx=a.ctx,
-                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
+                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed,
+                             swa_full=a.swa_full == "on")
     out = Path(a.out) if a.out else None
     log_dir = (out.parent / (out.stem + "-logs")) if out else None
     if log_dir:
@@ -143,6 +144,9 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine and case")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (both engines; default 2)")
     p.add_argument("--ctx", type=int, default=1024, help="context size (both engines)")
+    p.add_argument("--swa-full", default="off", choices=["on", "off"],
+                   help="full-size SWA cache on both sides (default off: llama-server's "
+                   "default; mtplib's own default is on, the C API's)")
     p.add_argument("--n", type=int, default=128, help="tokens to generate per run")
     p.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt length")
     p.add_argument("--seed", type=int, default=0, help="synthetic acceptance seed (both)")

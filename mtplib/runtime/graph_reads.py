@@ -49,7 +49,7 @@ PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 class _Llama:
-    """The llama_cpp module with context-parameter overrides (swa_full, kv_unified) that
+    """The llama_cpp module with context-parameter overrides (kv_unified) that
     ContextConfig does not expose; everything else passes through."""
 
     def __init__(self, llama) -> None:
@@ -193,8 +193,8 @@ def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
                             n_ubatch=params.n_ubatch, n_seq_max=params.n_seq,
                             n_rs_seq=params.n_rs_seq, n_threads=n_threads,
                             kv_type=params.type_k, flash_attn=flash_attn,
-                            mtp=graph == "mtp")
-        model.llama.ctx_overrides = {"swa_full": params.swa_full, "kv_unified": False}
+                            swa_full=params.swa_full, mtp=graph == "mtp")
+        model.llama.ctx_overrides = {"kv_unified": False}
         LOG_TAIL.clear()
         with Context(model, cfg, cb_eval=cb) as ctx:
             obs.log = list(LOG_TAIL)

@@ -158,6 +158,7 @@ class ContextConfig:
     mtp: bool = False  # LLAMA_CONTEXT_TYPE_MTP
     nextn_rows: str = "off"  # off | all | masked: after-decode h_nextn rows
     no_perf: bool = True
+    swa_full: bool = True  # the C API default; upstream's tools (common_params) use false
 
     def validate(self) -> ContextConfig:
         errs = []
@@ -214,6 +215,7 @@ class Context:
         cp.type_k = cp.type_v = KV_TYPES[cfg.kv_type]
         cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         cp.no_perf = cfg.no_perf
+        cp.swa_full = cfg.swa_full
         if cfg.mtp:
             cp.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP
         self._cb = None

@@ -430,6 +430,9 @@ class EngineOptions:
     n_threads: int = 2
     kv_type: str = "f16"
     flash_attn: str = "auto"
+    #: full-size SWA cache: true is the C API default (mtplib's); upstream's llama-server
+    #: and llama-cli use false (a window-sized cache)
+    swa_full: bool = True
     sampler: Sampler | None = None
     trace: bool = False
     #: where the target's h_nextn rows come from: "auto" checks this configuration once
@@ -449,7 +452,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
     common = dict(n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_ubatch,
                   n_seq_max=opts.n_seq_max, n_threads=opts.n_threads, kv_type=opts.kv_type,
-                  flash_attn=opts.flash_attn)
+                  flash_attn=opts.flash_attn, swa_full=opts.swa_full)
     owned: list = []
     tcfg = ContextConfig(**common, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
                          nextn_rows="all" if needs_rows else "off")
@@ -529,7 +532,7 @@ class MTPRuntime:
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
                  n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_rs_seq: int | None = None, n_threads: int = 2,
-                 kv_type: str = "f16", flash_attn: str = "auto",
+                 kv_type: str = "f16", flash_attn: str = "auto", swa_full: bool = True,
                  sampler: Sampler | None = None, rows: RowFn | None = None,
                  drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
                  sidecar_kwargs: dict | None = None, trace: bool = False,
@@ -539,8 +542,8 @@ class MTPRuntime:
 
         self.opts = EngineOptions(k=k, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                   n_seq_max=n_seq_max, n_rs_seq=n_rs_seq, n_threads=n_threads,
-                                  kv_type=kv_type, flash_attn=flash_attn, sampler=sampler,
-                                  trace=trace, hidden_rows=hidden_rows)
+                                  kv_type=kv_type, flash_attn=flash_attn, swa_full=swa_full,
+                                  sampler=sampler, trace=trace, hidden_rows=hidden_rows)
         self._owned: list = []
         use_mtp = sidecar is not None and k > 0 and drafter is None
         if sidecar is not None:
