@@ -800,6 +800,7 @@ def run_generate_command(a) -> int:
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
     opts = EngineOptions(k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
                          n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
+                         swa_full=a.swa_full == "on",
                          sampler=Sampler(a.temp, a.top_p, a.seed), trace=a.trace)
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,

@@ -1,6 +1,7 @@
 """The command line and the papermill pipeline, end to end on the fixture."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,24 @@ def test_generate_json_same_tokens_every_run(pair):
                               "--n", 32, "--json").stdout) for _ in range(2)]
     assert outs[0]["tokens"] == outs[1]["tokens"] and len(outs[0]["tokens"]) == 32
     assert {"ttft_s", "decode_tok_s"} <= set(outs[0]["metrics"])
+
+
+def test_generate_swa_full_off_same_tokens_smaller_cache(pair):
+    """--swa-full off (llama-server's setting): a window-sized SWA cache that evicts, the
+    same greedy tokens as the full-size cache, with and without MTP."""
+    base = ["generate", "--model", pair.trunk, "--tokens", "1,2,3", "--n", 300, "--ctx", 512,
+            "--ubatch", 8, "--json"]
+    on = json.loads(mtplib(*base, "--swa-full", "on").stdout)["tokens"]
+    off = json.loads(mtplib(*base, "--swa-full", "off").stdout)["tokens"]
+    mtp = json.loads(mtplib(*base, "--swa-full", "off", "--mtp", pair.sidecar,
+                            "--draft", 2).stdout)["tokens"]
+    assert on == off == mtp and len(on) == 300
+    logs = {v: mtplib("generate", "--model", pair.trunk, "--tokens", "1,2", "--n", 2,
+                      "--ctx", 512, "--ubatch", 8, "--swa-full", v, "--verbose").stderr
+            for v in ("on", "off")}
+    cells = {v: [int(n) for n in re.findall(r"creating\s+SWA KV cache, size = (\d+) cells",
+                                             log)] for v, log in logs.items()}
+    assert cells["on"] == [512] and len(cells["off"]) == 1 and cells["off"][0] < 512
 
 
 def test_generate_prompt_text(pair):

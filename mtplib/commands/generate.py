@@ -31,7 +31,8 @@ def run(a: argparse.Namespace) -> int:
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
                     n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
-                    sampler=sampler, trace=a.trace, hidden_rows=a.hidden_rows) as rt:
+                    swa_full=a.swa_full == "on", sampler=sampler, trace=a.trace,
+                    hidden_rows=a.hidden_rows) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -76,6 +77,8 @@ def register(sub) -> None:
     g.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    g.add_argument("--swa-full", default="on", choices=["on", "off"],
+                   help="full-size SWA cache (default on, the C API's; llama-server uses off)")
     g.add_argument("--hidden-rows", default="auto", choices=["auto", "api", "captured"],
                    help="source of the trunk's h_nextn rows for MTP: auto (default) checks "
                    "this configuration once and takes upstream's API rows if right, else "
