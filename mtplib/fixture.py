@@ -69,7 +69,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 def data_start(path: Path) -> int:
     """Absolute offset of a GGUF's data region (header, KV and tensor infos come first)."""
-    from mtplib.ownership import gguf_data_offset  # fast: never parses the token strings
+    from mtplib.gguf_header import gguf_data_offset  # fast: never parses the token strings
 
     return gguf_data_offset(path)
 

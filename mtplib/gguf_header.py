@@ -1,12 +1,15 @@
 """Read a GGUF's header (metadata + tensor table) without reading weights.
 
 Used to validate files before upstream sees them (upstream aborts the process on some bad
-inputs) and as the raw material of the ownership derivation. A 150 GB file takes seconds:
-only the header is parsed; tensor data is never touched.
+inputs) and as the raw material of the ownership derivation. Tensor data is never
+touched: `read_header` (gguf's reader) takes seconds on a 150 GB file, `read_header_fast`
+(struct over an mmap, tokenizer arrays skipped) milliseconds.
 """
 
 from __future__ import annotations
 
+import mmap
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +93,8 @@ def _value(field) -> object:  # gguf.ReaderField -> python value
     return field.parts[field.data[0]].tolist()[0]
 
 
-def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
-    """Parse the header; raise ModelFileError naming the problem for a bad file."""
+def _gguf_path(path: str | Path) -> Path:
+    """The path, once it is known to be an existing file starting with GGUF's magic."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}")
@@ -101,6 +104,12 @@ def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"{p} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    return p
+
+
+def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
+    """Parse the header; raise ModelFileError naming the problem for a bad file."""
+    p = _gguf_path(path)
     import gguf
 
     try:
@@ -111,8 +120,7 @@ def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
     for name, field in reader.fields.items():
         if name.startswith("GGUF."):
             continue
-        if not with_tokens and name in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores",
-                                        "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+        if not with_tokens and name in COUNT_ONLY_KEYS:
             kv[name] = f"<{len(field.data)} entries>"
             continue
         kv[name] = _value(field)
@@ -128,6 +136,115 @@ def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
         for t in reader.tensors
     )
     return GGUFHeader(p, kv, tensors)
+
+
+# -- the fast reader: struct over a read-only mmap -------------------------------------
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+           10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+#: Arrays kept only as their length (tokenizer vocabularies: 100k+ strings, not needed).
+COUNT_ONLY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.merges",
+                   "tokenizer.ggml.token_type")
+
+
+def read_header_fast(path: str | Path) -> GGUFHeader:
+    """`gguf_header.read_header(path, with_tokens=False)` in milliseconds instead of seconds.
+
+    Parses the GGUF header with struct over a read-only mmap (the data region is never
+    touched, so a sparse 150 GB file costs nothing). Tokenizer arrays are skipped and kept
+    as "<N entries>", exactly like read_header(with_tokens=False).
+    """
+    return _read(path)[0]
+
+
+def gguf_data_offset(path: str | Path) -> int:
+    """Absolute file offset where a GGUF's data region starts (after the tensor infos)."""
+    return _read(path)[1]
+
+
+def _read(path: str | Path) -> tuple[GGUFHeader, int]:
+    p = _gguf_path(path)
+    with open(p, "rb") as f:
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                return _parse(p, m)
+        except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
+            raise ModelFileError(f"{p}: cannot parse GGUF header ({type(e).__name__}: {e})") from e
+
+
+def _parse(p: Path, m: mmap.mmap) -> tuple[GGUFHeader, int]:
+    import gguf
+
+    pos = 4
+
+    def take(fmt: str):
+        nonlocal pos
+        v = struct.unpack_from(fmt, m, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string() -> str:
+        nonlocal pos
+        n = take("<Q")
+        if pos + n > len(m):
+            raise ValueError("string runs past the end of the file")
+        s = bytes(m[pos:pos + n]).decode("utf-8", "replace")
+        pos += n
+        return s
+
+    def skip_string() -> None:
+        nonlocal pos
+        n = struct.unpack_from("<Q", m, pos)[0]
+        pos += 8 + n
+
+    def value(vtype: int):
+        if vtype == _STRING:
+            return string()
+        if vtype in _SCALAR:
+            return take(_SCALAR[vtype])
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    version = take("<I")
+    if version not in (2, 3):
+        raise ValueError(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    kv: dict[str, object] = {}
+    for _ in range(n_kv):
+        key = string()
+        vtype = take("<I")
+        if vtype != _ARRAY:
+            kv[key] = value(vtype)
+            continue
+        etype, count = take("<I"), take("<Q")
+        if key in COUNT_ONLY_KEYS:
+            if etype == _STRING:
+                for _ in range(count):
+                    skip_string()
+            else:
+                pos += count * struct.calcsize(_SCALAR[etype])
+            kv[key] = f"<{count} entries>"
+        else:
+            kv[key] = [value(etype) for _ in range(count)]
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        n_dims = take("<I")
+        ne = tuple(take("<Q") for _ in range(n_dims))
+        ttype = take("<I")
+        offset = take("<Q")
+        infos.append((name, ne, ttype, offset))
+    align = int(kv.get("general.alignment", 32))
+    data_start = (pos + align - 1) // align * align
+    tensors = []
+    for name, ne, ttype, offset in infos:
+        qt = gguf.GGMLQuantizationType(ttype)
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        n = 1
+        for d in ne:
+            n *= d
+        tensors.append(TensorRecord(name=name, ne=ne, dtype=qt.name, nbytes=n // block * size,
+                                    offset=data_start + offset, block=block_of(name)))
+    return GGUFHeader(p, kv, tuple(tensors)), data_start
 
 
 def require_deepseek4(h: GGUFHeader) -> None:

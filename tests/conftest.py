@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtplib.fixture import write_fixture
+from mtplib.fixture import write_combined, write_fixture
+from mtplib.ownership import inventory_from_paths
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +16,16 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def other_pair(tmp_path_factory):
     return write_fixture(tmp_path_factory.mktemp("fixture_other"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def inv(pair):
+    """The tiny pair's inventory (trunk + mtp- sidecar)."""
+    return inventory_from_paths(pair.trunk, pair.sidecar)
+
+
+@pytest.fixture(scope="session")
+def combined(pair, tmp_path_factory):
+    """The inventory of the same pair written as one combined file."""
+    path = write_combined(pair.trunk, pair.sidecar, tmp_path_factory.mktemp("combined"))
+    return inventory_from_paths(path)

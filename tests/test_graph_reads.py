@@ -5,8 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from mtplib.fixture import write_combined
-from mtplib.ownership import CacheParams, Inventory, inventory_from_paths
+from mtplib.ownership import CacheParams, Inventory
 from mtplib.runtime.graph_reads import (
     check_caches,
     check_pair,
@@ -21,17 +20,6 @@ PARAMS = [
     CacheParams(n_ctx=2048, n_seq=2, n_ubatch=64, swa_full=False, n_rs_seq=2),
     CacheParams(n_ctx=1024, type_k="f32"),
 ]
-
-
-@pytest.fixture(scope="module")
-def inv(pair):
-    return inventory_from_paths(pair.trunk, pair.sidecar)
-
-
-@pytest.fixture(scope="module")
-def combined(pair, tmp_path_factory):
-    path = write_combined(pair.trunk, pair.sidecar, tmp_path_factory.mktemp("combined"))
-    return inventory_from_paths(path)
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=["n512", "seq2-rs2-swa", "f32"])

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from mtplib.cli import main as cli_main
-from mtplib.fixture import write_combined
-from mtplib.gguf_header import ModelFileError, read_header
+from mtplib.gguf_header import ModelFileError, read_header, read_header_fast
 from mtplib.ownership import (
     CacheParams,
     PlanError,
@@ -17,23 +16,11 @@ from mtplib.ownership import (
     even_plan,
     inventory_from_paths,
     parse_plan,
-    read_header_fast,
 )
 from mtplib.v4.arch import trunk_tensors
 from mtplib.v4.presets import TINY
 
 N = TINY.n_layer  # 4 trunk layers, MTP block 4
-
-
-@pytest.fixture(scope="module")
-def inv(pair):
-    return inventory_from_paths(pair.trunk, pair.sidecar)
-
-
-@pytest.fixture(scope="module")
-def combined(pair, tmp_path_factory):
-    path = write_combined(pair.trunk, pair.sidecar, tmp_path_factory.mktemp("combined"))
-    return inventory_from_paths(path)
 
 
 # -- inventory ----------------------------------------------------------------------------

@@ -30,14 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from mtplib.fixture import require_weights
-from mtplib.gguf_header import ModelFileError, require_deepseek4
+from mtplib.gguf_header import ModelFileError, read_header_fast, require_deepseek4
 from mtplib.ownership import (
     CacheParams,
     CacheTensor,
     Inventory,
     cache_buffers,
     cache_tensors,
-    read_header_fast,
 )
 from mtplib.runtime import ggml_tensor as gt
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
