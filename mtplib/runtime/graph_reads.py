@@ -47,24 +47,6 @@ GGML_TYPE_NAMES = {0: "F32", 1: "F16", 8: "Q8_0", 30: "BF16"}
 PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
-class _Llama:
-    """The llama_cpp module with context-parameter overrides (kv_unified) that
-    ContextConfig does not expose; everything else passes through."""
-
-    def __init__(self, llama) -> None:
-        self._llama = llama
-        self.ctx_overrides: dict = {}
-
-    def __getattr__(self, name: str):
-        return getattr(self._llama, name)
-
-    def llama_context_default_params(self):
-        cp = self._llama.llama_context_default_params()
-        for k, v in self.ctx_overrides.items():
-            setattr(cp, k, v)
-        return cp
-
-
 class LoadedModel(Model):
     """A Model loaded for observation: like Model, but it can load a combined trunk+MTP
     file with load_mtp (upstream's single-file layout) and it refuses weight-less files."""
@@ -78,7 +60,7 @@ class LoadedModel(Model):
         if not load_mtp and self.header.is_mtp_only:
             raise ModelFileError(f"{path} is an MTP sidecar; load it with load_mtp=True")
         llama, self.ext = load()
-        self.llama = _Llama(llama)
+        self.llama = llama
         self.path = Path(path)
         self.load_mtp = load_mtp
         self._keep = []
@@ -193,7 +175,6 @@ def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
                             n_rs_seq=params.n_rs_seq, n_threads=n_threads,
                             kv_type=params.type_k, flash_attn=flash_attn,
                             swa_full=params.swa_full, mtp=graph == "mtp")
-        model.llama.ctx_overrides = {"kv_unified": False}
         LOG_TAIL.clear()
         with Context(model, cfg, cb_eval=cb) as ctx:
             obs.log = list(LOG_TAIL)
