@@ -450,7 +450,8 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, ctx: dict, log: LOG) ->
 
 
 # -- summaries --------------------------------------------------------------------------
-def _median(xs):
+def median_or_none(xs) -> float | None:
+    """Median of the values that are not None; None when there are none."""
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
@@ -472,7 +473,7 @@ def _group(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
 
 
 def _off_medians(runs: list[dict]) -> dict[str, float]:
-    return {plan: _median(r["decode_tok_s"] for r in rs)
+    return {plan: median_or_none(r["decode_tok_s"] for r in rs)
             for (plan, mode), rs in _group(runs, "plan", "mode").items() if mode == "off"}
 
 
@@ -483,7 +484,7 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
     out = []
     for (plan, k), rs in sorted(_group(runs, "plan", "k").items()):
         tps = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
-        med = _median(tps)
+        med = median_or_none(tps)
         drafted = sum(r["drafted"] for r in rs)
         accepted = sum(r["accepted"] for r in rs)
         acc_n, dr_n = _sum_pos(rs, "accepted_per_position_counts", k), \
@@ -501,7 +502,7 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
             "decode_tok_s_max": max(tps) if tps else None,
             "decode_tok_s_spread_pct": (100 * (max(tps) - min(tps)) / med) if med else None,
             "speedup": med / off[plan] if med and off.get(plan) else None,
-            "ttft_ms_median": 1000 * _median(r["ttft_s"] for r in rs),
+            "ttft_ms_median": 1000 * median_or_none(r["ttft_s"] for r in rs),
             "drafted": drafted, "accepted": accepted,
             "acceptance": accepted / drafted if drafted else None,
             "accepted_per_position": [a / d if d else None for a, d in zip(acc_n, dr_n,
@@ -512,7 +513,7 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
             **{f"ms_per_token_{p}": 1000 * t[p] / n_gen for p in TIME_PARTS},
             **{f"share_{p}_pct": 100 * t[p] / t_total if t_total else None
                for p in TIME_PARTS},
-            "seam_bytes_per_token": _median(seam) if seam else None,
+            "seam_bytes_per_token": median_or_none(seam) if seam else None,
             "rss_peak_mib": max(r["rss_peak_bytes"] or 0 for r in rs) / 2**20,
             "trunk_weights_mib": rs[0]["trunk_weights_bytes"] / 2**20,
             "mtp_weights_mib": (rs[0]["mtp_weights_bytes"] or 0) / 2**20,
@@ -539,7 +540,7 @@ def sweep_summary(sweep_runs: list[dict], runs: list[dict]) -> list[dict]:
     off = _off_medians(runs)
     out = []
     for (plan, k, rate), rs in sorted(_group(sweep_runs, "plan", "k", "rate").items()):
-        med = _median(r["decode_tok_s"] for r in rs)
+        med = median_or_none(r["decode_tok_s"] for r in rs)
         acc_n = _sum_pos(rs, "accepted_per_position_counts", k)
         dr_n = _sum_pos(rs, "drafted_per_position", k)
         drafted = sum(r["drafted"] for r in rs)

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from mtplib import pins
+from mtplib.bench import median_or_none
+from mtplib.correctness import seeded_prompt
 
 LOG = Callable[[str], None]
 ENGINES = ("upstream", "mtplib")
@@ -47,11 +49,6 @@ def loadavg() -> list[float]:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except OSError:
         return [float("nan")] * 3
-
-
-def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:
-    """A seeded random prompt of token ids (the fixtures have random weights anyway)."""
-    return [int(x) for x in np.random.default_rng(seed).integers(0, n_vocab, n)]
 
 
 # -- cases ------------------------------------------------------------------------------
@@ -157,7 +154,7 @@ def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int =
         common = dict(n_ctx=n_ctx, n_threads=threads)
         with Context(tm, ContextConfig(**common, nextn_rows="all")) as tc, \
                 Context(sm, ContextConfig(**common, mtp=True, nextn_rows="masked")) as mc:
-            prompt = prompt_tokens(seed, n_prompt, tm.n_vocab)
+            prompt = seeded_prompt(seed, n_prompt, tm.n_vocab)
             tc.decode(prompt, range(n_prompt), logits=[False] * (n_prompt - 1) + [True])
             rows = tc.nextn_rows(n_prompt)
             mc.decode(prompt[1:], range(1, n_prompt), rows=rows[:-1])
@@ -293,7 +290,7 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
     log = log or (lambda s: None)
     t0 = time.time()
     n_vocab = read_header(trunk).n_vocab
-    prompt = prompt_tokens(cfg.prompt_seed, cfg.n_prompt, n_vocab)
+    prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, n_vocab)
     cases = make_cases(cfg.ks, cfg.rate_sets, real_mtp=cfg.real_mtp)
     rows: list[dict] = []
     ref: list[int] | None = None
@@ -348,27 +345,18 @@ def _slug(s: str) -> str:
 
 
 def host_info() -> dict:
-    from mtplib.record import git_state
+    from mtplib.record import cpu_info, git_state
     from mtplib.upstream_tools import tools_dir
 
     info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python":
             platform.python_version(), "pins": pins.as_dict(),
-            "mtplib_git": git_state(Path(__file__).resolve().parents[1])}
-    try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in
-                                 Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+            "mtplib_git": git_state(Path(__file__).resolve().parents[1]),
+            "cpu_model": cpu_info()["model"]}
     bi = tools_dir() / "build_info.json"
     if bi.is_file():
         info["upstream_build"] = json.loads(bi.read_text())
     return info
 
-
-def _median(xs) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -379,7 +367,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for label in labels:
         rs = [r for r in rows if r["case"] == label and not r["warmup"]]
         by = {e: [r for r in rs if r["engine"] == e] for e in ENGINES}
-        med = {e: _median(r["decode_tok_s"] for r in by[e]) for e in ENGINES}
+        med = {e: median_or_none(r["decode_tok_s"] for r in by[e]) for e in ENGINES}
         first = rs[0]
         la = [r["loadavg_before"][0] for r in rs] + [r["loadavg_after"][0] for r in rs]
         row = {"case": label, "k": first["k"], "rates": first["rates"],
@@ -483,7 +471,7 @@ def acceptance_sweep(trunk: str, sidecar: str, cfg: SweepConfig, *,
         return r
 
     with MTPRuntime(trunk, None, k=0, **ctx) as off:
-        prompt = prompt_tokens(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
+        prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
         ref, _ = off.generate(prompt, cfg.n_new)
         n_vocab = off.trunk.n_vocab
         for k in cfg.ks:
@@ -518,14 +506,14 @@ def sweep_summary(rows: list[dict]) -> list[dict]:
     out = []
     meas = [r for r in rows if not r["warmup"]]
     for k in sorted({r["sweep_k"] for r in meas}):
-        off = _median(r["decode_tok_s"] for r in meas if r["sweep_k"] == k and r["k"] == 0)
+        off = median_or_none(r["decode_tok_s"] for r in meas if r["sweep_k"] == k and r["k"] == 0)
         rates = sorted({r["rate"] for r in meas if r["sweep_k"] == k and r["k"] == k})
         for rate in rates:
             rs = [r for r in meas if r["k"] == k and r["rate"] == rate]
-            med = _median(r["decode_tok_s"] for r in rs)
+            med = median_or_none(r["decode_tok_s"] for r in rs)
             d = sum(r["drafted"] for r in rs)
             a = sum(r["accepted"] for r in rs)
-            pos1 = _median(r["accepted_per_position"][0] for r in rs)
+            pos1 = median_or_none(r["accepted_per_position"][0] for r in rs)
             out.append({"k": k, "rate": rate, "runs": len(rs), "off_tok_s": off,
                         "tok_s": med, "speedup": med / off if off and med else None,
                         "acceptance_pos_1": pos1, "acceptance": a / d if d else None,

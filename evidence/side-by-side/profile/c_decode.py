@@ -106,8 +106,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    python_one_json = len(sys.argv) > 1 and sys.argv[1] == "one"
-    if python_one_json:
+    if sys.argv[1:] == ["one"]:
         print(json.dumps(python_one()))
     else:
         main()

@@ -27,10 +27,11 @@ import time
 
 import numpy as np
 
+from mtplib.correctness import seeded_prompt
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import Context, ContextConfig, Model
 from mtplib.runtime.speculative import Engine, run_generation
-from mtplib.sidebyside import loadavg, prompt_tokens
+from mtplib.sidebyside import loadavg
 
 MODEL = os.environ["MODEL"]
 NT = int(os.environ.get("NT", "2"))
@@ -40,7 +41,7 @@ N_NEW, N_PROMPT, ROUNDS = 128, 32, 8
 def main() -> None:
     model = Model(MODEL)
     ctx = Context(model, ContextConfig(n_ctx=1024, n_threads=NT, swa_full=False))
-    prompt = prompt_tokens(0, N_PROMPT, model.n_vocab)
+    prompt = seeded_prompt(0, N_PROMPT, model.n_vocab)
 
     def engine() -> float:
         _, m = run_generation(Engine(ctx, Drafter(), k=0), prompt, N_NEW)

@@ -36,8 +36,9 @@ import mtplib.runtime.drafters as DR
 import mtplib.runtime.model as MD
 import mtplib.runtime.sampling as SA
 import mtplib.runtime.speculative as SP
+from mtplib.correctness import seeded_prompt
 from mtplib.runtime.model import RuntimeInputError, UpstreamError
-from mtplib.sidebyside import _DecodeTimer, loadavg, prompt_tokens
+from mtplib.sidebyside import _DecodeTimer, loadavg
 
 TRUNK, MTP = os.environ["TRUNK"], os.environ["MTP"]
 NT = int(os.environ.get("NT", "2"))
@@ -90,7 +91,7 @@ def mode_step(k, rates):
     tt, mt = timers(rt)
     steps = []
     step_hook(tt, mt, steps)
-    p = prompt_tokens(0, 32, rt.trunk.n_vocab)
+    p = seeded_prompt(0, 32, rt.trunk.n_vocab)
     res = []
     for rep in range(6):
         set_drafter(rt, mtp, rates)
@@ -133,7 +134,7 @@ def mode_parts(k, rates):
                       (SP.SpecSession, "commit"), (SP.SpecSession, "_rollback_target"),
                       (SP.SpecSession, "step")):
         wrap(cls, name)
-    p = prompt_tokens(0, 32, rt.trunk.n_vocab)
+    p = seeded_prompt(0, 32, rt.trunk.n_vocab)
     for _ in range(3):
         set_drafter(rt, mtp, rates)
         acc.clear()
@@ -161,7 +162,7 @@ class _Noop:
 
 def mode_noop(k, rates):
     rt, mtp = runtime(k)
-    p = prompt_tokens(0, 32, rt.trunk.n_vocab)
+    p = seeded_prompt(0, 32, rt.trunk.n_vocab)
     rt.generate(p, 16)  # real decodes first, so every buffer exists
     rt.target.llama = _Noop(rt.target.llama)
     mt = None
@@ -193,7 +194,7 @@ def mode_cold(k, rates):
     from mtplib.runtime.model import Context, ContextConfig, Model
 
     with Model(TRUNK) as mdl, Context(mdl, ContextConfig(n_ctx=1024, n_threads=NT)) as c:
-        p = prompt_tokens(0, 32, mdl.n_vocab)
+        p = seeded_prompt(0, 32, mdl.n_vocab)
         c.decode(p, range(32), logits=[False] * 31 + [True])
         r = defaultdict(list)
         tok = 5
@@ -268,7 +269,7 @@ def mode_ab(k, rates):
     tt, mt = timers(rt)
     steps = []
     step_hook(tt, mt, steps)
-    p = prompt_tokens(0, 32, rt.trunk.n_vocab)
+    p = seeded_prompt(0, 32, rt.trunk.n_vocab)
     res = {"old": [], "new": []}
     tps = {"old": [], "new": []}
     for rep in range(8):
