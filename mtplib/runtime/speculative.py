@@ -546,14 +546,18 @@ class MTPRuntime:
                                   sampler=sampler, trace=trace, hidden_rows=hidden_rows)
         self._owned: list = []
         use_mtp = sidecar is not None and k > 0 and drafter is None
+        # each header is read once: the pair check and the Model share it
+        trunk_kwargs, sidecar_kwargs = dict(trunk_kwargs or {}), dict(sidecar_kwargs or {})
         if sidecar is not None:
-            check_pair(read_header(trunk), read_header(sidecar))
+            trunk_kwargs.setdefault("header", read_header(trunk))
+            sidecar_kwargs.setdefault("header", read_header(sidecar))
+            check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
         try:
-            self.trunk = Model(trunk, **(trunk_kwargs or {}))
+            self.trunk = Model(trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
             self.sidecar = None
             if use_mtp:
-                self.sidecar = Model(sidecar, load_mtp=True, **(sidecar_kwargs or {}))
+                self.sidecar = Model(sidecar, load_mtp=True, **sidecar_kwargs)
                 self._owned.append(self.sidecar)
             self.engine, ctxs = build_engine(self.trunk, self.sidecar, self.opts,
                                              drafter=drafter, rows=rows)
