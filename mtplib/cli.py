@@ -7,10 +7,13 @@ exit 2; upstream is never reached with an input it would abort on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from mtplib.commands import COMMANDS
+from mtplib.errors import CheckFailed, MtplibError
 
 EPILOG = """examples:
   mtplib fixture --out fixtures                      # tiny V4 trunk + mtp- sidecar
@@ -34,14 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mtplib.gguf_header import ModelFileError
-    from mtplib.runtime.lib import UpstreamError
-
     try:
         return int(args.fn(args) or 0)
-    except (ValueError, FileExistsError, ModelFileError, UpstreamError) as e:
+    except CheckFailed as e:  # a check ran and found a fault
+        print(f"mtplib {args.cmd}: check failed: {e}", file=sys.stderr)
+        return 1
+    except MtplibError as e:  # bad input, or upstream/a shard/a tool refused: one line
         print(f"mtplib {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `mtplib ... | head`: the reader left; not an error of ours
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read
+        return 0
     except KeyboardInterrupt:
         print(f"mtplib {args.cmd}: interrupted", file=sys.stderr)
         return 130

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtplib.fixture import write_combined, write_fixture
-from mtplib.ownership import inventory_from_paths
+from mtplib.model.fixture import write_combined, write_fixture
+from mtplib.ownership.derivation import inventory_from_paths
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mtplib import bench as B
-from mtplib.evidence import (
+from mtplib.lab import bench as B
+from mtplib.records.evidence import (
     copy_run,
     load_raw,
     numbers_trace,
@@ -23,7 +23,7 @@ from mtplib.evidence import (
     render_readme,
     write_evidence_readme,
 )
-from mtplib.pipeline import LaneError, load_lane, run_lane
+from mtplib.records.lanes import LaneError, load_lane, run_lane
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mtplib.pipeline import LaneError, load_lane, run_lane
+from mtplib.records.lanes import LaneError, load_lane, run_lane
 
 REPO = Path(__file__).resolve().parent.parent
 

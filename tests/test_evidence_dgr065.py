@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mtplib.evidence import (
+from mtplib.records.evidence import (
     STORY_FILES,
     copy_run,
     load_raw,
@@ -20,7 +20,7 @@ from mtplib.evidence import (
     readme_numbers,
     render_readme,
 )
-from mtplib.pipeline import load_lane, run_lane
+from mtplib.records.lanes import load_lane, run_lane
 
 REPO = Path(__file__).resolve().parent.parent
 STORY = "DGR-065"

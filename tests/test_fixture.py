@@ -3,10 +3,11 @@ import time
 import numpy as np
 import pytest
 
-from mtplib.fixture import sha256_file, write_fixture
-from mtplib.gguf_header import read_header
-from mtplib.v4.arch import ConfigError, sidecar_tensors, trunk_tensors
-from mtplib.v4.presets import TINY
+from mtplib.model.arch import ConfigError, sidecar_tensors, trunk_tensors
+from mtplib.model.fixture import write_fixture
+from mtplib.model.gguf_header import read_header
+from mtplib.model.presets import TINY
+from mtplib.stamps import sha256_file
 
 
 def test_same_seed_gives_identical_bytes(tmp_path, pair):

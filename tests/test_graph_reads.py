@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from mtplib.ownership import CacheParams, Inventory
+from mtplib.ownership.derivation import CacheParams, Inventory
 from mtplib.runtime.graph_reads import (
     check_caches,
     check_pair,

@@ -5,20 +5,19 @@ import json
 import pytest
 
 from mtplib.cli import main as cli_main
-from mtplib.gguf_header import ModelFileError, read_header, read_header_fast
-from mtplib.ownership import (
+from mtplib.model.arch import trunk_tensors
+from mtplib.model.gguf_header import ModelFileError, read_header, read_header_fast
+from mtplib.model.presets import TINY
+from mtplib.ownership.derivation import (
     CacheParams,
     PlanError,
     balanced_plan,
     cache_buffers,
     cache_tensors,
     derive,
-    even_plan,
     inventory_from_paths,
-    parse_plan,
 )
-from mtplib.v4.arch import trunk_tensors
-from mtplib.v4.presets import TINY
+from mtplib.ownership.plan import even_plan, parse_plan
 
 N = TINY.n_layer  # 4 trunk layers, MTP block 4
 

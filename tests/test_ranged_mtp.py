@@ -2,8 +2,8 @@
 
 import pytest
 
-from mtplib.correctness import seeded_prompt
-from mtplib.ranged import RangedMTP
+from mtplib.distributed.ranged_mtp import RangedMTP
+from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime.speculative import EngineOptions, MTPRuntime
 
 PROMPT = seeded_prompt(7, 10)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from mtplib.relay import RPC_TENSOR_SIZE, CountingRelay, RelaySet
+from mtplib.distributed.relay import RPC_TENSOR_SIZE, CountingRelay, RelaySet
 from mtplib.runtime.rpc import ShardError
 
 

@@ -21,22 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtplib.distributed.client import RangedRuntime, SessionFailedError, ShardLostError
+from mtplib.distributed.processes import LocalShards
+from mtplib.distributed.worker import worker_step
+from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.generate import greedy, prefill
 from mtplib.runtime.model import Context, ContextConfig, Model, RuntimeInputError
 from mtplib.runtime.rpc import (
-    PlanError,
     ShardError,
-    ShardPlan,
     open_ranged,
     parse_endpoint,
     probe,
-)
-from mtplib.shards import (
-    LocalShards,
-    RangedRuntime,
-    SessionFailedError,
-    ShardLostError,
-    worker_step,
 )
 
 PROMPT = list(range(1, 25))
@@ -99,9 +94,11 @@ def shards():
 def test_plan_parse_and_errors():
     assert ShardPlan.parse("0-1,2-3", 4).ranges == ((0, 1), (2, 3))
     assert ShardPlan.parse("0, 1-2, 3", 4).ranges == ((0, 0), (1, 2), (3, 3))
-    for bad, msg in [("0-1,3-3", "should start at layer 2"), ("1-3", "should start at layer 0"),
-                     ("0-2", "covers layers 0-2, the trunk has 4"), ("0-x", "not a layer range"),
-                     ("2-1,2-3", "start > end"), ("", "not a layer range")]:
+    for bad, msg in [("0-1,3-3", "gap before range 1"), ("1-3", "gap before range 0"),
+                     ("0-2", "layers 3-3 belong to no shard"), ("0-x", "cannot parse range"),
+                     ("2-1,2-3", "is reversed"), ("2-3,0-1", "not in increasing layer order"),
+                     ("", "empty shard plan"),
+                     ("0-1,1-3", "overlaps the previous range"), ("1-0", "reversed")]:
         with pytest.raises(PlanError, match=msg):
             ShardPlan.parse(bad, 4)
 
@@ -116,7 +113,7 @@ def test_tensor_split_gives_each_shard_exactly_its_layers():
         k = rng.randint(1, min(16, n_layer))
         cuts = sorted(rng.sample(range(1, n_layer), k - 1)) if k > 1 else []
         bounds = [0, *cuts, n_layer]
-        plan = ShardPlan(tuple((bounds[i], bounds[i + 1] - 1) for i in range(k))).check(n_layer)
+        plan = ShardPlan(tuple((bounds[i], bounds[i + 1] - 1) for i in range(k)), n_layer)
         got = plan.upstream_assignment()
         assert got == {il: plan.owner(il) for il in range(n_layer + 1)}, str(plan)
 
@@ -172,7 +169,7 @@ def _zombie(pid: int) -> bool:
 
 CHILD = """
 import sys, time
-from mtplib.shards import LocalShards
+from mtplib.distributed.processes import LocalShards
 sh = LocalShards(1, log_dir=sys.argv[1]).start()
 print(sh.pids()[0], flush=True)
 time.sleep(60)
@@ -467,4 +464,4 @@ def test_generate_cli_with_plan_matches_whole_and_reports_seam_bytes(pair):
     r = subprocess.run([sys.executable, "-m", "mtplib.cli", "generate", "--model",
                         str(pair.trunk), "--tokens", "1", "--plan", "0-1,3-3"],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.returncode == 2 and "should start at layer 2" in r.stderr
+    assert r.returncode == 2 and "layers 2-2 belong to no shard" in r.stderr

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mtplib.gguf_header import ModelFileError
+from mtplib.model.gguf_header import ModelFileError
 from mtplib.runtime.generate import greedy, run_greedy
 from mtplib.runtime.model import (
     Context,
@@ -98,7 +98,7 @@ def test_sidecar_as_trunk_and_trunk_as_sidecar(pair):
 
 
 def test_pair_from_different_fixtures_is_refused(pair, other_pair):
-    from mtplib.gguf_header import read_header
+    from mtplib.model.gguf_header import read_header
 
     check_pair(read_header(pair.trunk), read_header(pair.sidecar))  # the right pair passes
     with pytest.raises(ModelFileError, match="token_embd data differs"):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mtplib import sidebyside as S
-from mtplib import upstream_tools as U
+from mtplib.lab import sidebyside as S
+from mtplib.lab import upstream_tools as U
+from mtplib.model.arch import sidecar_tensors, trunk_tensors
+from mtplib.model.presets import V4_FLASH, V4_FLASH_RATIOS, get_preset
 from mtplib.runtime.drafters import SyntheticDrafter
-from mtplib.v4.arch import sidecar_tensors, trunk_tensors
-from mtplib.v4.presets import V4_FLASH, V4_FLASH_RATIOS, get_preset
 
 # -- recorded upstream outputs (llama-server at the pinned commit, v4-ratio-cpu seed 0) --
 #: /completion response of a k=2 run with --spec-synth-rates 0.77,0.37, seed 0, 64 tokens,
@@ -253,7 +253,7 @@ def test_break_even_interpolates():
     assert be["break_even_rate"] == pytest.approx(0.5 + 0.1 / 0.4 * 0.5)
     assert be["max_speedup"] == 1.3
     never = S.break_even([{"k": 2, "rate": r, "speedup": 0.5} for r in (0.0, 1.0)])[0]
-    assert never["break_even_rate"] is None and "never" in never["note"]
+    assert never["break_even_rate"] is None and "not reached" in never["note"]
 
 
 # -- the v4-ratio-cpu preset ---------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_v4_ratio_cpu_preset_structure():
 
 
 def test_v4_ratio_cpu_measured_ratio_recorded():
-    from mtplib.v4.presets import V4_RATIO_CPU_MEASURED as m
+    from mtplib.model.presets import V4_RATIO_CPU_MEASURED as m
 
     assert 1 / 60 < m["ratio_mtp_over_trunk"] < 1 / 30
     assert m["command"] and m["loadavg"]
@@ -290,7 +290,7 @@ def test_evidence_dir_resolves_from_repo_root(tmp_path, monkeypatch):
 
 
 def test_cost_ratio_table_matches_the_preset_record():
-    from mtplib.v4.presets import V4_RATIO_CPU_MEASURED as m
+    from mtplib.model.presets import V4_RATIO_CPU_MEASURED as m
 
     t = S.cost_ratio_table([S.EVIDENCE_DIR / "cost-ratio-v4-ratio-cpu-t2.json",
                             S.EVIDENCE_DIR / "cost-ratio-tiny-t2.json"])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mtplib.contract.session import ForeignSessionError, StaleEpochError
-from mtplib.correctness import equality, forced, rollback_noise, seeded_prompt, sessions
-from mtplib.quality import NOISE_BOUND
+from mtplib.lab.correctness import equality, forced, rollback_noise, seeded_prompt, sessions
+from mtplib.lab.quality import NOISE_BOUND
 from mtplib.runtime.generate import prefill
 from mtplib.runtime.model import Context, ContextConfig, Model
 from mtplib.runtime.sampling import Sampler

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtplib.trained_eval import check_parity, trained_paths
+from mtplib.lab.trained_eval import check_parity
+from mtplib.model.trained import trained_paths
 
 PAIR = trained_paths()
 pytestmark = pytest.mark.skipif(
@@ -50,7 +51,7 @@ def test_upstream_tokenizes_heldout_text_like_training_tokenizer():
 
 
 def test_pair_is_a_valid_trunk_and_sidecar():
-    from mtplib.gguf_header import read_header
+    from mtplib.model.gguf_header import read_header
     from mtplib.runtime.model import check_pair
 
     check_pair(read_header(PAIR.trunk), read_header(PAIR.sidecar))
@@ -58,7 +59,7 @@ def test_pair_is_a_valid_trunk_and_sidecar():
 
 
 def test_fixture_lookup_names_the_committed_pair():
-    from mtplib.fixture import trained_pair
+    from mtplib.model.fixture import trained_pair
 
     fp = trained_pair()
     assert fp is not None and fp.preset == "trained"

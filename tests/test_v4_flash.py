@@ -5,11 +5,12 @@ from collections import Counter
 
 import pytest
 
-from mtplib.fixture import sha256_header, write_fixture
-from mtplib.gguf_header import ModelFileError
-from mtplib.ownership import CacheParams, derive, even_plan, inventory_from_paths
-from mtplib.v4.arch import ConfigError, sidecar_tensors, tensor_dtype, trunk_tensors
-from mtplib.v4.presets import TINY, V4_FLASH
+from mtplib.model.arch import ConfigError, sidecar_tensors, tensor_dtype, trunk_tensors
+from mtplib.model.fixture import sha256_header, write_fixture
+from mtplib.model.gguf_header import ModelFileError
+from mtplib.model.presets import TINY, V4_FLASH
+from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
+from mtplib.ownership.plan import even_plan
 
 GB = 10**9
 

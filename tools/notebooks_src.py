@@ -21,8 +21,8 @@ run_dir = "."
     ("code", """
 from pathlib import Path
 import pandas as pd
-from mtplib.fixture import write_fixture, sha256_file
-from mtplib.describe import config_frame, tensor_frame
+from mtplib.model.fixture import write_fixture, sha256_file
+from mtplib.model.describe import config_frame, tensor_frame
 from mtplib.runtime.generate import run_greedy
 
 if trunk is None:
@@ -57,7 +57,7 @@ NB03 = [
 The MTP runtime against its contract on the lane's trunk and `mtp-` sidecar:
 MTP-on vs MTP-off output (with the near-tie audit), forced accept / reject accounting,
 rollback exactness (tail removal and checkpoint restore + replay), interleaved sessions,
-and sampling (sample-and-match). Every table comes from `mtplib.correctness`.
+and sampling (sample-and-match). Every table comes from `mtplib.lab.correctness`.
 """),
     ("params", """
 trunk = None
@@ -74,8 +74,8 @@ import json
 from pathlib import Path
 import pandas as pd
 import matplotlib.pyplot as plt
-from mtplib import correctness as C
-from mtplib.quality import NOISE_BOUND
+from mtplib.lab import correctness as C
+from mtplib.lab.quality import NOISE_BOUND
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
 results = {}
 """),
@@ -165,7 +165,7 @@ NB01 = [
 
 Every tensor of a DeepSeek-V4 trunk and its `mtp-` sidecar gets a role (head, main_layer,
 tail, mtp), the graphs that read it (main, mtp, both or none) and a shard under a plan of
-contiguous layer ranges: derived from the GGUF headers alone (`mtplib.ownership`), then
+contiguous layer ranges: derived from the GGUF headers alone (`mtplib.ownership.derivation`), then
 **checked against the graphs upstream builds**: one main decode and one MTP decode with
 the context's eval callback record every weight tensor read, and any difference stops the
 notebook. The same derivation then runs on the weight-less DeepSeek-V4-Flash table (real
@@ -186,9 +186,9 @@ flash_ctx = 131072    # context for the V4-Flash cache column
 import json
 from pathlib import Path
 import pandas as pd
-from mtplib.fixture import write_fixture, write_combined
-from mtplib.ownership import CacheParams, derive, inventory_from_paths
-from mtplib import ownership_report as rep
+from mtplib.model.fixture import write_fixture, write_combined
+from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
+from mtplib.ownership import report as rep
 from mtplib.runtime.graph_reads import check_pair, table_check
 
 pd.set_option("display.width", 220)
@@ -277,7 +277,8 @@ Equal layer counts leave the last shard heaviest (tail + MTP sidecar). A byte-ba
 plan (contiguous ranges minimising the largest shard, `ownership.balanced_plan`):
 """),
     ("code", """
-from mtplib.ownership import balanced_plan, even_plan
+from mtplib.ownership.derivation import balanced_plan
+from mtplib.ownership.plan import even_plan
 plans = pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
                "largest shard GiB": round(max(s.bytes for s in derive(finv, p).shards) / 2**30, 3)}
               for n in flash_shards
@@ -324,7 +325,7 @@ NB02 = [
 
 Which caches each shard allocates for a context (raw SWA K, CSA/HCA compressed K, indexer
 K, compressor states, the MTP block's K), with their bytes: derived from the headers and
-the context parameters (`mtplib.ownership.cache_tensors`), then **compared with what
+the context parameters (`mtplib.ownership.derivation.cache_tensors`), then **compared with what
 upstream allocates** for the same context on the fixture (every cache tensor the graphs
 touch, and the exact size of every cache buffer). Then the same derivation for
 DeepSeek-V4-Flash at 8k, 128k and 1M context over 2, 4 and 8 shards, and the seam bytes
@@ -348,9 +349,9 @@ import json
 from pathlib import Path
 import pandas as pd
 from mtplib.contract import SHARD_LOCAL, CacheKind, names_cache_state
-from mtplib.fixture import write_fixture
-from mtplib.ownership import CacheParams, derive, inventory_from_paths
-from mtplib import ownership_report as rep
+from mtplib.model.fixture import write_fixture
+from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
+from mtplib.ownership import report as rep
 from mtplib.runtime.graph_reads import check_pair
 
 pd.set_option("display.width", 220)
@@ -508,21 +509,21 @@ memory; seam bytes. Then the synthetic acceptance sweep: the target's own contin
 cut at a length drawn with upstream's `--spec-synth-rates` semantics, gives the speed-up
 at acceptance 0..100% and the break-even acceptance, with the reference numbers of
 upstream-v4-mtp.md §9 marked.
-Everything comes from `mtplib.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
+Everything comes from `mtplib.lab.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
 """),
     ("params", """
 trunk = None
 sidecar = None
 threads = 2
 run_dir = "."
-bench = {}          # the lane's `bench:` section (mtplib.bench.BenchConfig)
+bench = {}          # the lane's `bench:` section (mtplib.lab.bench.BenchConfig)
 sbs_dir = "evidence/side-by-side"   # committed side-by-side results (repo-relative)
 """),
     ("code", """
 from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
-from mtplib import bench as B
+from mtplib.lab import bench as B
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
 cfg = B.BenchConfig.from_dict(bench, threads=threads)
 result = B.run_bench(trunk, sidecar, cfg)
@@ -595,14 +596,14 @@ NB04 += [
 
 Random-weight fixtures accept about 1/vocab. The committed trained pair
 (`evidence/trained-v4/`, MTP head trained jointly with DeepSeek's objective) gives real
-acceptance per position on held-out text, measured by `python -m mtplib.trained_eval`
+acceptance per position on held-out text, measured by `python -m mtplib.lab.trained_eval`
 (greedy, 32 held-out prompts x 128 tokens, 1 thread); the reference anchors are from
 reference §9 (DeepSeek-V3: 85-90% second-token acceptance, the midpoint shown; vLLM V4).
 At this size MTP on is slower than off (speed-up < 1): a verify step costs more than the
 tokens it saves. Read these acceptances against the sweep's speed-up curve above.
 """),
     ("code", """
-from mtplib.trained_eval import anchor_table
+from mtplib.lab.trained_eval import anchor_table
 pd.DataFrame(anchor_table())
 """),
 ]
@@ -620,7 +621,7 @@ then interleaved A/B runs; decode tok/s medians; ratio = mtplib / upstream (goal
 The machine has 2 shared vCPUs, so the 1-minute load average is shown next to every case.
 """),
     ("code", """
-from mtplib import sidebyside as SBS
+from mtplib.lab import sidebyside as SBS
 sbs = SBS.evidence_dir(sbs_dir)
 if not sbs.is_dir():
     print(f"no side-by-side results in {sbs}")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from mtplib import paths
+
 
 def run(a: argparse.Namespace) -> int:
     import matplotlib
@@ -13,37 +15,28 @@ def run(a: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    from mtplib import bench as B
-    from mtplib.pipeline import (
-        REPO,
+    from mtplib.lab import bench as B
+    from mtplib.records.lanes import (
         LaneError,
         check_lane_requirements,
         load_lane,
         new_run_id,
-        resolve_models,
+        open_run,
     )
-    from mtplib.record import base_record, file_hashes, now_iso, write_json
-    from mtplib.runtime.devices import backend_info
+    from mtplib.records.run_record import write_json
+    from mtplib.stamps import now_iso
 
     lane = load_lane(a.params)
     if lane.bench is None:
         raise LaneError(f"{lane.path}: no 'bench:' section to run")
     check_lane_requirements(lane)
     cfg = B.BenchConfig.from_dict(lane.bench, threads=lane.threads)
-    out = Path(a.out) if a.out else REPO / "outputs" / (new_run_id(lane.name) + "-bench")
-    if out.exists() and any(out.iterdir()):
-        raise LaneError(f"{out} already exists and is not empty; pick another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    record = base_record(REPO, argv=["mtplib", *sys.argv[1:]])
-    record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(out),
-                   "threads": lane.threads, "network": "loopback", "notebooks": [],
-                   "fixture": lane.fixture, "backend": backend_info()})
-    models = resolve_models(lane, out)
-    record.update(models=models, model_sha256=file_hashes(list(models.values())))
+    out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
+    record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out")
     write_json(out / "run_record.json", record)
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr))
     result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
-    paths = B.save(result, out / "bench")
+    saved = B.save(result, out / "bench")
     record.update(ended=now_iso(), status="ok")
     write_json(out / "run_record.json", record)
     data = B.load(out / "bench")
@@ -56,7 +49,7 @@ def run(a: argparse.Namespace) -> int:
         print()
         print(pd.DataFrame(data["break_even"])[["plan", "k", "break_even_acceptance",
                                                 "max_speedup", "note"]].to_string(index=False))
-    print(f"\nraw metrics: {paths['json']} (+ CSVs), plots: {out / 'bench' / 'plots'}, "
+    print(f"\nraw metrics: {saved['json']} (+ CSVs), plots: {out / 'bench' / 'plots'}, "
           f"bench wall {data['wall_s']:.1f} s")
     return 0
 

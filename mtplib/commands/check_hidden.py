@@ -61,9 +61,9 @@ def run(a: argparse.Namespace) -> int:
     if a.threads is None:
         a.threads = 1 if a.matrix else 2
     from mtplib import pins
-    from mtplib.fixture import sha256_file
-    from mtplib.gguf_header import read_header, require_deepseek4
+    from mtplib.model.gguf_header import read_header, require_deepseek4
     from mtplib.runtime import hidden
+    from mtplib.stamps import sha256_file
 
     require_deepseek4(read_header(a.model))  # bad paths: one line, exit 2
     if a.matrix:

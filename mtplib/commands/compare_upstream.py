@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from mtplib.errors import InputError
+
 
 def _ks(s: str) -> tuple[int, ...]:
     try:
@@ -27,9 +29,8 @@ def _ks(s: str) -> tuple[int, ...]:
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib import sidebyside as S
-    from mtplib import upstream_tools as U
-
+    from mtplib.lab import sidebyside as S
+    from mtplib.lab import upstream_tools as U
     def log(s: str) -> None:
         if not a.quiet:
             print(f"[compare-upstream] {s}", file=sys.stderr, flush=True)
@@ -45,8 +46,8 @@ def run(a: argparse.Namespace) -> int:
                           "flags": U.check_flags(bindir / "llama-server")}, indent=2))
         return 0
     if not a.model or not a.mtp:
-        raise ValueError("--model and --mtp are required (or --build-only)")
-    from mtplib.gguf_header import read_header
+        raise InputError("--model and --mtp are required (or --build-only)")
+    from mtplib.model.gguf_header import read_header
     from mtplib.runtime.model import check_pair
 
     check_pair(read_header(a.model), read_header(a.mtp))
@@ -79,10 +80,9 @@ def run(a: argparse.Namespace) -> int:
 
 def _cost_ratio(a: argparse.Namespace, log) -> int:
     """mtplib only: one MTP step / one trunk step, one-token decode time medians."""
-    from mtplib import sidebyside as S
-
+    from mtplib.lab import sidebyside as S
     if not a.model or not a.mtp:
-        raise ValueError("--cost-ratio-only needs --model and --mtp")
+        raise InputError("--cost-ratio-only needs --model and --mtp")
     log(f"cost ratio, {a.threads} thread(s), {a.cost_tokens} tokens")
     r = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx)
     result = {"kind": "cost-ratio", "argv": ["mtplib", *sys.argv[1:]], "trunk": a.model,
@@ -95,16 +95,16 @@ def _cost_ratio(a: argparse.Namespace, log) -> int:
 
 def _sweep(a: argparse.Namespace, log) -> int:
     """mtplib only: MTP off and k drafts at synthetic rates, speed-up and break-even."""
-    from mtplib import sidebyside as S
-
+    from mtplib.lab import sidebyside as S
     if not a.model or not a.mtp:
-        raise ValueError("--sweep needs --model and --mtp")
+        raise InputError("--sweep needs --model and --mtp")
     rates = tuple(float(x) for x in a.sweep.split(",") if x.strip())
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-        raise ValueError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
-    cfg = S.SweepConfig(ks=a.k, rates=rates, runs=a.runs, warmup=a.warmup, threads=a.threads,
-                        n_ctx=a.ctx, n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
-    result = S.acceptance_sweep(a.model, a.mtp, cfg, log=log)
+        raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
+    sw = S.SweepConfig(ks=list(a.k), rates=list(rates), reps=a.runs, warmup=a.warmup,
+                       synth_seed=a.seed)
+    cfg = S.SideBySideConfig(threads=a.threads, n_ctx=a.ctx, n_new=a.n, n_prompt=a.prompt_len)
+    result = S.acceptance_sweep(a.model, a.mtp, sw, cfg, log=log)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:
         log("cost ratio (MTP step / trunk step)")

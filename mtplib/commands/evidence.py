@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from mtplib import paths
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.evidence import copy_run, load_raw, numbers_trace
+    from mtplib.records.evidence import copy_run, load_raw, numbers_trace
 
     readme = copy_run(a.run, a.story, a.dest, force=a.force)
     missing = numbers_trace(readme.read_text(), load_raw(readme.parent, a.story))
@@ -24,7 +25,7 @@ def register(sub) -> None:
                        "different existing file unless --force.")
     e.add_argument("--run", required=True, help="run directory (outputs/<run-id>)")
     e.add_argument("--story", default="DGR-066", help="story id (default DGR-066)")
-    e.add_argument("--dest", default=str(Path(__file__).resolve().parents[2] / "evidence"),
+    e.add_argument("--dest", default=str(paths.EVIDENCE),
                    help="evidence root (default: the repo's evidence/)")
     e.add_argument("--force", action="store_true", help="overwrite different files")
     e.set_defaults(fn=run)

@@ -7,7 +7,7 @@ import json
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.fixture import write_fixture
+    from mtplib.model.fixture import write_fixture
 
     pair = write_fixture(a.out, seed=a.seed, preset=a.preset, force=a.force)
     print(json.dumps(pair.summary(), indent=2))
@@ -15,7 +15,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from mtplib.v4.presets import PRESETS
+    from mtplib.model.presets import PRESETS
 
     f = sub.add_parser("fixture", help="write a DeepSeek-V4 trunk GGUF and its mtp- sidecar",
                        description="Write a deterministic DeepSeek-V4 trunk GGUF and its MTP "

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from mtplib.commands.common import add_log_args, parse_tokens, setup_logging
+from mtplib.errors import InputError
 
 
 def run(a: argparse.Namespace) -> int:
@@ -14,20 +15,19 @@ def run(a: argparse.Namespace) -> int:
     from mtplib.runtime.speculative import MTPRuntime
 
     if (a.tokens is None) == (a.prompt is None):
-        raise ValueError("give exactly one of --tokens IDS or --prompt TEXT")
+        raise InputError("give exactly one of --tokens IDS or --prompt TEXT")
     if a.draft is not None and a.mtp is None:
-        raise ValueError("--draft needs --mtp SIDECAR (the MTP block drafts)")
+        raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
     if a.n < 0:
-        raise ValueError(f"--n must be >= 0, got {a.n}")
+        raise InputError(f"--n must be >= 0, got {a.n}")
     if a.endpoints and not a.plan:
-        raise ValueError("--endpoints needs --plan (which layers each endpoint serves)")
+        raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
     if a.plan:  # ranged: layer ranges on RPC shards (local ones unless --endpoints)
-        from mtplib.shards import run_generate_command
 
-        return run_generate_command(a)
+        return _run_ranged(a)
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
     if a.mtp and not 1 <= k <= 8:
-        raise ValueError(f"--draft must be in 1..8, got {k}")
+        raise InputError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
                     n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
@@ -94,3 +94,40 @@ def register(sub) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_log_args(g)
     g.set_defaults(fn=run)
+
+
+def _run_ranged(a) -> int:
+    """`mtplib generate --plan PLAN [--endpoints ...]`."""
+    import json
+
+    from mtplib.distributed.ranged_mtp import generate_ranged as generate_ranged_mtp
+    from mtplib.runtime.rpc import parse_endpoint
+    from mtplib.runtime.sampling import Sampler
+    from mtplib.runtime.speculative import EngineOptions
+
+    eps = None
+    if a.endpoints:
+        eps = [e.strip() for e in a.endpoints.split(",") if e.strip()]
+        for e in eps:
+            parse_endpoint(e)
+    k = (3 if a.draft is None else a.draft) if a.mtp else 0
+    opts = EngineOptions(k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
+                         n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
+                         swa_full=a.swa_full == "on",
+                         sampler=Sampler(a.temp, a.top_p, a.seed), trace=a.trace)
+    prompt = a.tokens if a.tokens is not None else a.prompt
+    out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
+                              endpoints=eps, shard_threads=a.shard_threads)
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    m = out["metrics"]
+    print("tokens:", " ".join(map(str, out["tokens"])))
+    if "text" in out:
+        print("text:  ", out["text"])
+    print(f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s, plan {m['plan']}")
+    per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
+    print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
+          + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")
+    return 0
+

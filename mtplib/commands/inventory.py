@@ -65,7 +65,7 @@ def render(own) -> str:
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.ownership import CacheParams, derive, inventory_from_paths
+    from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
 
     inv = inventory_from_paths(a.model, a.mtp)
     params = CacheParams(n_ctx=a.ctx, n_seq=a.seqs, n_ubatch=a.ubatch, type_k=a.kv_type,

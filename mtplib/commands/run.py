@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from mtplib import paths
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.pipeline import run_lane
+    from mtplib.records.lanes import run_lane
 
     run_dir = run_lane(a.params, out_root=a.out, run_id=a.run_id, progress=not a.no_progress,
                        argv=["mtplib", *sys.argv[1:]])
@@ -22,7 +23,7 @@ def register(sub) -> None:
                        description="Run every notebook of a lane (params/*.yaml) with "
                        "papermill into OUT/<run-id>/, with a run record (run_record.json).")
     r.add_argument("--params", default="params/cpu-fixture.yaml", help="lane params YAML")
-    r.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "outputs"),
+    r.add_argument("--out", default=str(paths.OUTPUTS),
                    help="output root (default: the repo's outputs/)")
     r.add_argument("--run-id", help="run directory name (default: timestamp-lane)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")

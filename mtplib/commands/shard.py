@@ -9,6 +9,7 @@ import sys
 import threading
 
 from mtplib.commands.common import add_log_args, setup_logging
+from mtplib.errors import InputError
 
 
 def serve(a: argparse.Namespace) -> int:
@@ -17,14 +18,14 @@ def serve(a: argparse.Namespace) -> int:
 
     parse_endpoint(a.endpoint, allow_remote=a.allow_remote)  # refuse before anything starts
     if a.threads < 1:
-        raise ValueError("--threads must be >= 1")
+        raise InputError("--threads must be >= 1")
     host, _ = a.endpoint.split(":")
     if a.allow_remote and not host.startswith("127."):
         print(f"mtplib shard serve: WARNING: serving {a.endpoint} beyond loopback. Upstream's "
               "RPC protocol has NO authentication: anyone who can reach this port can read "
               "and write this process's memory buffers and run graphs on it.", file=sys.stderr)
     if a.parent_pid:  # started by LocalShards: never outlive it
-        from mtplib.shards import die_with_parent
+        from mtplib.distributed.processes import die_with_parent
 
         die_with_parent(a.parent_pid)
     done = threading.Event()

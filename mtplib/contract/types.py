@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mtplib.errors import InputError
+
 CONTRACT_VERSION = "mtp-contract/1"
 """Shards that advertise any other string cannot be negotiated with (fail closed)."""
 
@@ -30,7 +32,7 @@ RECIPES: tuple[str, ...] = (MTP_OFF, *MTP_RECIPES)
 _DRAFT_RE = re.compile(r"mtp\.v4\.draft([0-9]+)")
 
 
-class ContractError(ValueError):
+class ContractError(InputError):
     """A value breaks the MTP contract; the message names field, expected and got."""
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from mtplib import pins
 from mtplib.contract.capabilities import ShardAdvert, Status
 from mtplib.contract.types import CONTRACT_VERSION, MAX_DRAFT, MTP_OFF
-from mtplib.fixture import sha256_file
-from mtplib.record import now_iso
+from mtplib.stamps import now_iso, sha256_file
 
 RECIPES = [MTP_OFF] + [f"mtp.v4.draft{k}" for k in range(1, MAX_DRAFT + 1)]
 PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
@@ -57,10 +56,10 @@ def _load_cert(cert_dir: Path, key: str) -> dict:
 def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int = 0,
               cert_dir: str | Path = "certifications", probe: bool = True) -> Capability:
     """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed."""
-    from mtplib.gguf_header import read_header
+    from mtplib.model.arch import config_from_keys
+    from mtplib.model.gguf_header import read_header
     from mtplib.runtime.lib import UpstreamError, load
     from mtplib.runtime.model import check_pair
-    from mtplib.v4.arch import config_from_keys
 
     reasons: dict[str, str] = {}
     status = {r: Status.UNSUPPORTED for r in RECIPES}

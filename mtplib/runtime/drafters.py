@@ -12,11 +12,11 @@ Only `MTPDrafter` touches a model; the others exist to prove the accounting exac
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from mtplib.errors import InputError
 from mtplib.runtime.model import Context, RuntimeInputError
 
 
@@ -55,8 +55,6 @@ class MTPDrafter(Drafter):
         self.ctx = ctx
         self.pending: dict[int, np.ndarray] = {}  # seq -> h_{n_fed-1}
         self.n_fed: dict[int, int] = {}  # seq -> next MTP position to feed
-        self.t_feed = 0.0
-        self.t_draft = 0.0
 
     def _feed(self, seq: int, tokens: Sequence[int], positions: Sequence[int],
               rows: np.ndarray) -> None:
@@ -66,19 +64,16 @@ class MTPDrafter(Drafter):
 
     def prefill(self, seq: int, tokens: Sequence[int], rows: np.ndarray | None) -> None:
         assert rows is not None and len(rows) == len(tokens)
-        t0 = time.perf_counter()
         self.ctx.seq_rm(seq, 0, -1)
         n = len(tokens)
         if n > 1:  # entry p = (x_p, h_{p-1}) for p = 1..n-1
             self._feed(seq, list(tokens[1:]), list(range(1, n)), rows[: n - 1])
         self.pending[seq] = rows[n - 1].copy()
         self.n_fed[seq] = n
-        self.t_feed += time.perf_counter() - t0
 
     def propose(self, seq: int, last: int, base: int, k: int) -> list[int]:
         if k <= 0:
             return []
-        t0 = time.perf_counter()
         if self.n_fed[seq] != base:
             raise RuntimeInputError(f"MTP seq {seq} fed up to {self.n_fed[seq]}, draft at {base}")
         drafts: list[int] = []
@@ -92,12 +87,10 @@ class MTPDrafter(Drafter):
         # entry `base` = (last, h_{base-1}) is committed data: keep it; drop the chain
         self.ctx.seq_rm(seq, base + 1, -1)
         self.n_fed[seq] = base + 1
-        self.t_draft += time.perf_counter() - t0
         return drafts
 
     def commit(self, seq: int, base: int, tokens: Sequence[int], rows: np.ndarray | None) -> None:
         assert rows is not None and len(rows) == len(tokens)
-        t0 = time.perf_counter()
         start = self.n_fed[seq]  # base (plain step) or base+1 (after a draft)
         positions = list(range(start, base + len(tokens)))
         if positions:
@@ -105,7 +98,6 @@ class MTPDrafter(Drafter):
             self._feed(seq, [tokens[p - base] for p in positions], positions, np.stack(prev))
         self.pending[seq] = rows[-1].copy()
         self.n_fed[seq] = base + len(tokens)
-        self.t_feed += time.perf_counter() - t0
 
     def truncate(self, seq: int, keep: int, last_row: np.ndarray | None) -> None:
         # keep-1 is the new undecoded last token: its entry needs h_{keep-2} = last_row
@@ -170,9 +162,9 @@ class SyntheticDrafter(OracleDrafter):
         super().__init__(reference, n_prompt, n_vocab=n_vocab)
         rates = [float(r) for r in rates]
         if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-            raise ValueError(f"synthetic rates must be in [0, 1], got {rates}")
+            raise InputError(f"synthetic rates must be in [0, 1], got {rates}")
         if any(b > a for a, b in zip(rates, rates[1:], strict=False)):
-            raise ValueError(f"synthetic rates must be non-increasing (unconditional "
+            raise InputError(f"synthetic rates must be non-increasing (unconditional "
                              f"per-position probabilities), got {rates}")
         self.rates = rates
         self.seed = int(seed) & 0xFFFFFFFF

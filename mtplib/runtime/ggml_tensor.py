@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.errors import InputError, UpstreamFault
+
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_OP_PARAMS = 64
@@ -75,7 +77,7 @@ def as_tensor(ptr: int | ctypes.c_void_p) -> GGMLTensor:
     if not _lib.get("checked"):
         lib = ggml()
         if lib.ggml_get_name(ctypes.addressof(t)) != t.name:
-            raise RuntimeError("ggml_tensor layout mismatch: the pinned ggml.h changed")
+            raise UpstreamFault("ggml_tensor layout mismatch: the pinned ggml.h changed")
         _lib["checked"] = True
     return t
 
@@ -102,12 +104,6 @@ def is_weight(t: GGMLTensor) -> bool:
     return bool(t.buffer) and ggml().ggml_backend_buffer_get_usage(t.buffer) == BUFFER_USAGE_WEIGHTS
 
 
-def base_name(t: GGMLTensor) -> str:
-    while t.view_src:
-        t = t.view_src.contents
-    return name(t)
-
-
 def read_f32(t: GGMLTensor) -> np.ndarray:
     """Copy a contiguous F32 tensor's data (any backend) to a numpy array, shape reversed."""
     if t.type != GGML_TYPE_F32:
@@ -115,7 +111,7 @@ def read_f32(t: GGMLTensor) -> np.ndarray:
     lib = ggml()
     addr = ctypes.addressof(t)
     if not lib.ggml_is_contiguous(addr):
-        raise ValueError(f"{name(t)} is not contiguous")
+        raise InputError(f"{name(t)} is not contiguous")
     n = lib.ggml_nbytes(addr)
     out = np.empty(n // 4, dtype=np.float32)
     lib.ggml_backend_tensor_get(addr, out.ctypes.data, 0, n)

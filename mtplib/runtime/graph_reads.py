@@ -1,7 +1,7 @@
 """What upstream's graphs actually read and what its caches actually allocate.
 
-The ownership derivation (mtplib.ownership) restates upstream's source; this module checks
-it against the pinned build instead of trusting it:
+The ownership derivation (mtplib.ownership.derivation) restates upstream's source; this module
+checks it against the pinned build instead of trusting it:
 
 * `observe`: load a model, create a context with an eval callback (cb_eval), run one
   decode (main graph, or the MTP graph on a model loaded with load_mtp) and record every
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib.fixture import require_weights
-from mtplib.gguf_header import ModelFileError, read_header_fast, require_deepseek4
-from mtplib.ownership import (
+from mtplib.errors import InputError
+from mtplib.model.fixture import require_weights
+from mtplib.model.gguf_header import ModelFileError, read_header_fast, require_deepseek4
+from mtplib.ownership.derivation import (
     CacheParams,
     CacheTensor,
     Inventory,
@@ -160,7 +161,7 @@ def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
     values do not matter for what is read). Context parameters come from ``params``.
     """
     if graph not in ("main", "mtp"):
-        raise ValueError(f"graph must be 'main' or 'mtp', got {graph!r}")
+        raise InputError(f"graph must be 'main' or 'mtp', got {graph!r}")
     if not 1 <= n_tokens <= len(PROMPT):
         raise RuntimeInputError(f"n_tokens must be in 1..{len(PROMPT)}")
     load_mtp = (graph == "mtp") if load_mtp is None else load_mtp
@@ -273,7 +274,7 @@ def check_pair(inv: Inventory, params: CacheParams, *, flash_attn: str = "auto")
     """Main decode on the trunk and MTP decode on the sidecar (or the combined file loaded
     with load_mtp): reads and caches compared with the derivation. JSON-serialisable."""
     if not inv.has_mtp:
-        raise ValueError("check_pair needs a trunk with an MTP block (pair or combined)")
+        raise InputError("check_pair needs a trunk with an MTP block (pair or combined)")
     trunk = inv.paths["trunk"]
     mtp_path, mtp_file = (inv.paths["mtp"], "mtp") if inv.layout == "pair" else (trunk, "trunk")
     main = observe(trunk, params, graph="main", flash_attn=flash_attn)

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from mtplib import pins
+from mtplib.errors import InputError, UpstreamFault
 from mtplib.runtime import ggml_tensor as gt
 from mtplib.runtime.model import Context, ContextConfig, Model, RuntimeInputError
 
@@ -63,7 +64,7 @@ MATRIX_DEFAULTS = {
 }
 
 
-class CaptureError(RuntimeError):
+class CaptureError(UpstreamFault):
     """The eval callback did not deliver the rows of the last decode."""
 
 
@@ -83,7 +84,7 @@ class CapturedRows:
 
     def __init__(self, width: int) -> None:
         if width < 1:
-            raise ValueError("width must be >= 1")
+            raise InputError("width must be >= 1")
         self.width = int(width)
         self._parts: list[np.ndarray] = []
         self.errors: list[str] = []
@@ -169,7 +170,7 @@ def force_reserve(ctx: Context) -> None:
     """
     rc = int(ctx.llama.llama_set_adapter_cvec(ctx.ptr, None, 0, ctx.model.n_embd, -1, -1))
     if rc != 0:
-        raise RuntimeError(f"llama_set_adapter_cvec(NULL) returned {rc}")
+        raise UpstreamFault(f"llama_set_adapter_cvec(NULL) returned {rc}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def _flags(n: int, pattern: str) -> list[bool]:
         return [False] * (n - 1) + [True]
     if pattern == "every3":  # output rows at 2, 5, 8, ... and the last token
         return [i % 3 == 2 or i == n - 1 for i in range(n)]
-    raise ValueError(f"unknown logits pattern {pattern!r}")
+    raise InputError(f"unknown logits pattern {pattern!r}")
 
 
 def _plan(n_tokens: int, n_batch: int, masked: bool,

@@ -16,9 +16,10 @@ from pathlib import Path
 from types import ModuleType
 
 from mtplib import pins
+from mtplib.errors import UpstreamFault
 
 
-class UpstreamError(RuntimeError):
+class UpstreamError(UpstreamFault):
     """The installed upstream is missing, the wrong build, or refused a call."""
 
 

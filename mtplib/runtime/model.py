@@ -16,14 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
+from mtplib.errors import InputError
+from mtplib.model.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
 from mtplib.runtime.lib import UpstreamError, load
 
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
 
-class RuntimeInputError(ValueError):
+class RuntimeInputError(InputError):
     """A call the runtime refuses before upstream can abort on it."""
 
 
@@ -78,7 +79,7 @@ class Model:
                  tensor_split: Sequence[float] | None = None) -> None:
         self.header = header or read_header(path)
         require_deepseek4(self.header)
-        from mtplib.fixture import require_weights
+        from mtplib.model.fixture import require_weights
 
         require_weights(self.header)
         if load_mtp and not self.header.is_mtp_only:

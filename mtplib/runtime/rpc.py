@@ -12,7 +12,7 @@ src/llama-model.cpp):
   malformed response") when a shard connection fails: at connect, at the handshake and
   on any later command. `probe` does the handshake in Python first, so an unreachable
   shard is an exception, not an abort; a shard lost *later* still aborts the client
-  process, which is why `mtplib.shards.RangedRuntime` runs the client in a subprocess.
+  process, which is why `mtplib.distributed.client.RangedRuntime` runs the client in a subprocess.
 - A server serves one client connection at a time (accept loop); everything a client
   allocated on it is freed when that connection closes.
 - Layer il of n_layer_all (the output layer is il = n_layer_all) goes to device
@@ -29,10 +29,14 @@ import re
 import socket
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from mtplib.errors import InputError
+from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
+
+#: upstream's RPC client serves at most this many servers (ggml-rpc.cpp)
+MAX_RPC_SERVERS = 16
 
 RPC_PROTO_MAJOR = 7
 RPC_PROTO_MINOR = 0
@@ -43,10 +47,6 @@ GGML_BACKEND_DEVICE_TYPE_CPU = 0
 
 class ShardError(UpstreamError):
     """A shard is unreachable, not an RPC server, or the wrong protocol version."""
-
-
-class PlanError(ValueError):
-    """A shard plan that does not cover the trunk with contiguous layer ranges."""
 
 
 # -- endpoints --------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def serve(endpoint: str, *, threads: int, cache_dir: str | None = None,
     accept loop; returns only if upstream gives up, e.g. the port is taken)."""
     parse_endpoint(endpoint, allow_remote=allow_remote)
     if threads < 1:
-        raise ValueError("--threads must be >= 1")
+        raise InputError("--threads must be >= 1")
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
     devs = (ctypes.c_void_p * 1)(cpu_device())
@@ -173,95 +173,6 @@ def add_server(endpoint: str, *, timeout_s: float = 5.0, allow_remote: bool = Fa
 
 def device_name(dev: int) -> str:
     return libs()["ggml"].ggml_backend_dev_name(dev).decode()
-
-
-# -- plans ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ShardPlan:
-    """Contiguous, inclusive layer ranges, one per shard, covering trunk layers
-    0..n_layer-1 in order. The last (tail) shard also holds the output head (and the MTP
-    sidecar)."""
-
-    ranges: tuple[tuple[int, int], ...]
-
-    @classmethod
-    def parse(cls, text: str, n_layer: int | None = None) -> ShardPlan:
-        """``"0-1,2-3"`` (a single layer may be written ``"2"``)."""
-        ranges = []
-        for part in str(text).replace(" ", "").split(","):
-            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-            if not m:
-                raise PlanError(f"plan {text!r}: {part!r} is not a layer range like 0-3")
-            a = int(m.group(1))
-            b = int(m.group(2)) if m.group(2) is not None else a
-            ranges.append((a, b))
-        plan = cls(tuple(ranges))
-        plan.check(n_layer)
-        return plan
-
-    @classmethod
-    def even(cls, n_layer: int, n_shards: int) -> ShardPlan:
-        if not 1 <= n_shards <= n_layer:
-            raise PlanError(f"cannot split {n_layer} layers into {n_shards} shards")
-        cuts = [round(i * n_layer / n_shards) for i in range(n_shards + 1)]
-        return cls(tuple((cuts[i], cuts[i + 1] - 1) for i in range(n_shards)))
-
-    def check(self, n_layer: int | None = None) -> ShardPlan:
-        if not self.ranges:
-            raise PlanError("empty plan")
-        nxt = 0
-        for a, b in self.ranges:
-            if a > b:
-                raise PlanError(f"plan {self}: range {a}-{b} is empty (start > end)")
-            if a != nxt:
-                raise PlanError(f"plan {self}: range {a}-{b} should start at layer {nxt} "
-                                "(ranges must be contiguous, in order, from layer 0)")
-            nxt = b + 1
-        if n_layer is not None and nxt != n_layer:
-            raise PlanError(f"plan {self} covers layers 0-{nxt - 1}, the trunk has "
-                            f"{n_layer} (0-{n_layer - 1})")
-        if len(self.ranges) > 16:
-            raise PlanError("upstream's RPC client supports at most 16 servers")
-        return self
-
-    def __str__(self) -> str:
-        return ",".join(f"{a}-{b}" for a, b in self.ranges)
-
-    @property
-    def n_shards(self) -> int:
-        return len(self.ranges)
-
-    @property
-    def n_layer(self) -> int:
-        return self.ranges[-1][1] + 1
-
-    def owner(self, layer: int) -> int:
-        """The shard index of a trunk layer; layer == n_layer is the output head (tail)."""
-        if layer == self.n_layer:
-            return self.n_shards - 1
-        for i, (a, b) in enumerate(self.ranges):
-            if a <= layer <= b:
-                return i
-        raise PlanError(f"layer {layer} is outside plan {self}")
-
-    def tensor_split(self) -> list[float]:
-        """Integer weights: layer counts, +1 on the tail for the output layer."""
-        w = [float(b - a + 1) for a, b in self.ranges]
-        w[-1] += 1.0
-        return w
-
-    def upstream_assignment(self) -> dict[int, int]:
-        """Which device upstream's formula (llama-model.cpp load_tensors) picks for every
-        layer 0..n_layer (the last = output), computed in float32 like upstream."""
-        import bisect
-
-        import numpy as np
-
-        w = np.asarray(self.tensor_split(), dtype=np.float32)
-        splits = list(np.cumsum(w, dtype=np.float32) / np.float32(w.sum()))
-        n_all = self.n_layer + 1
-        return {il: bisect.bisect_right(splits, float(np.float32(il) / np.float32(n_all)))
-                for il in range(n_all)}
 
 
 # -- what upstream's log says -----------------------------------------------------------
@@ -338,8 +249,8 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
     (layer -> endpoint, read back from upstream's own load log).
 
     In-process: a shard lost later aborts THIS process (upstream's client); use
-    mtplib.shards.RangedRuntime to contain that."""
-    from mtplib.gguf_header import read_header
+    mtplib.distributed.client.RangedRuntime to contain that."""
+    from mtplib.model.gguf_header import read_header
     from mtplib.runtime.model import Model, check_pair
 
     th = read_header(trunk)
@@ -348,7 +259,11 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
     n_layer = int(th.kv["deepseek4.block_count"])
     if isinstance(plan, str):
         plan = ShardPlan.parse(plan, n_layer)
-    plan.check(n_layer)
+    if plan.n_layer != n_layer:
+        raise PlanError(f"plan {plan} covers layers 0-{plan.n_layer - 1}, the trunk has "
+                        f"{n_layer} (0-{n_layer - 1})")
+    if plan.n_shards > MAX_RPC_SERVERS:
+        raise PlanError(f"upstream's RPC client supports at most {MAX_RPC_SERVERS} servers")
     endpoints = list(endpoints)
     if len(endpoints) != plan.n_shards:
         raise PlanError(f"plan {plan} has {plan.n_shards} shards but {len(endpoints)} "
@@ -402,14 +317,6 @@ def check_placement(plan: ShardPlan, endpoints: Sequence[str], placement: dict) 
         raise ShardError(f"upstream placed layers differently from plan {plan}: "
                          f"layer -> (got, wanted) {bad}" + (
                              "" if placement else " (no 'assigned to device' log lines seen)"))
-
-
-def quiet_aborts() -> None:
-    """Upstream's GGML_ABORT forks gdb for a backtrace when gdb is installed (seconds);
-    skip that so a lost shard ends the client process at once."""
-    import os
-
-    os.environ["GGML_NO_BACKTRACE"] = "1"
 
 
 class log_capture:  # noqa: N801 - used as a context manager

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtplib.errors import InputError
+
 
 @dataclass(frozen=True)
 class Sampler:
@@ -24,9 +26,9 @@ class Sampler:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

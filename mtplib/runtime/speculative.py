@@ -537,7 +537,7 @@ class MTPRuntime:
                  drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
                  sidecar_kwargs: dict | None = None, trace: bool = False,
                  hidden_rows: str = "auto") -> None:
-        from mtplib.gguf_header import read_header
+        from mtplib.model.gguf_header import read_header
         from mtplib.runtime.model import Model, check_pair
 
         self.opts = EngineOptions(k=k, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mtplib.v4.arch import V4Config
+from mtplib.model.arch import V4Config
 
 TRAINED = V4Config(
     n_vocab=2048,

@@ -1,6 +1,6 @@
 """Export a trained V4Model to a trunk GGUF and an `mtp-` sidecar in upstream's layout.
 
-Names, shapes, creation order and `deepseek4.*` keys come from mtplib.v4.arch
+Names, shapes, creation order and `deepseek4.*` keys come from mtplib.model.arch
 (trunk_tensors / sidecar_tensors / gguf_keys), exactly as the random fixtures are written.
 The sidecar's root token_embd / output / output_norm hold the trunk's bytes; its root
 output_hc_* is the MTP block's own hc head; nextn.shared_head_norm is written. The
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mtplib.model.arch import ROOT_HC_HEAD, V4Config, gguf_keys, sidecar_tensors, trunk_tensors
+from mtplib.model.trained import PARITY_NAME, SIDECAR_NAME, TRUNK_NAME
 from mtplib.train import tokenizer as tk
 from mtplib.train.model import MTP_HEAD_PREFIX, V4Model
-from mtplib.trained_eval import PARITY_NAME, SIDECAR_NAME, TRUNK_NAME
-from mtplib.v4.arch import ROOT_HC_HEAD, V4Config, gguf_keys, sidecar_tensors, trunk_tensors
 
 #: Parity reference: this many held-out tokens, logits stored at these many positions.
 PARITY_TOKENS = 320
@@ -31,7 +31,7 @@ PARITY_CHARS = 1600
 
 
 def _add_keys(w, cfg: V4Config, sidecar: bool, name: str, tok, meta: dict) -> None:
-    from mtplib.fixture import add_typed_keys
+    from mtplib.model.fixture import add_typed_keys
 
     w.add_name(name)
     add_typed_keys(w, gguf_keys(cfg, sidecar=sidecar))

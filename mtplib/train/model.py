@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtplib.v4.arch import HC, V4Config, block_tensors, root_tensors
+from mtplib.model.arch import HC, V4Config, block_tensors, root_tensors
 
 MTP_HEAD_PREFIX = "mtp."
 NORM_EPS_W = 6.103515625e-5  # expert weight normalisation floor (lg:2148-2166)

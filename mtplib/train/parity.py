@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mtplib.model.arch import ROOT_HC_HEAD, config_from_keys
 from mtplib.train.model import MTP_HEAD_PREFIX, V4Model
-from mtplib.v4.arch import ROOT_HC_HEAD, config_from_keys
 
 
 def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
@@ -29,7 +29,7 @@ def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
 def load_pair(trunk: str | Path, sidecar: str | Path, *,
               dtype: torch.dtype = torch.float64) -> V4Model:
     """A V4Model holding the weights of a trunk and its `mtp-` sidecar."""
-    from mtplib.gguf_header import read_header
+    from mtplib.model.gguf_header import read_header
 
     h = read_header(sidecar)
     cfg = config_from_keys(h.kv, h.n_vocab)
@@ -65,7 +65,7 @@ def torch_outputs(model: V4Model, tokens, rows: np.ndarray | None = None):
 
 
 def compare(trunk: str | Path, sidecar: str | Path, tokens, *, n_threads: int = 2) -> dict:
-    from mtplib.trained_eval import PARITY_CTX, upstream_mtp, upstream_trunk
+    from mtplib.lab.trained_eval import PARITY_CTX, upstream_mtp, upstream_trunk
 
     model = load_pair(trunk, sidecar)
     up_logits, up_rows = upstream_trunk(trunk, tokens, n_threads=n_threads, **PARITY_CTX)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
-    from mtplib.gguf_header import read_header
+    from mtplib.model.gguf_header import read_header
 
     n_vocab = read_header(a.trunk).n_vocab
     toks = np.random.default_rng(a.seed).integers(0, n_vocab, a.tokens).tolist()

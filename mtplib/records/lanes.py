@@ -10,18 +10,20 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
-from mtplib.record import base_record, file_hashes, now_iso, write_json
+from mtplib import paths
+from mtplib.errors import InputError
+from mtplib.records.run_record import base_record, file_hashes, write_json
+from mtplib.stamps import now_iso, run_stamp
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = paths.REPO
 NOTEBOOKS = REPO / "notebooks"
 
 
-class LaneError(ValueError):
+class LaneError(InputError):
     """A params file that is malformed or asks for what this machine lacks."""
 
 
@@ -35,7 +37,7 @@ class Lane:
     threads: int = 2
     parameters: dict = field(default_factory=dict)
     description: str = ""
-    bench: dict | None = None  # the `bench:` section (mtplib.bench.BenchConfig)
+    bench: dict | None = None  # the `bench:` section (mtplib.lab.bench.BenchConfig)
     evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
 
 
@@ -83,7 +85,7 @@ def _storage_root(models: dict) -> Path:
 def resolve_models(lane: Lane, run_dir: Path) -> dict:
     """Paths of the trunk and sidecar the notebooks use, generating the fixture if asked."""
     if lane.fixture:
-        from mtplib.fixture import write_fixture
+        from mtplib.model.fixture import write_fixture
 
         pair = write_fixture(run_dir / "models", seed=int(lane.fixture.get("seed", 0)),
                              preset=str(lane.fixture.get("preset", "tiny")))
@@ -105,7 +107,7 @@ def check_lane_requirements(lane: Lane) -> None:
     """Stop before anything runs when the lane's bench section is malformed or needs what
     this machine lacks (e.g. a GPU build); and when it asks for an unknown evidence story."""
     if lane.evidence:
-        from mtplib.evidence import WRITERS
+        from mtplib.records.evidence import WRITERS
 
         unknown = [s for s in lane.evidence if s not in WRITERS]
         if unknown:
@@ -113,7 +115,7 @@ def check_lane_requirements(lane: Lane) -> None:
                             f"(known: {sorted(WRITERS)})")
     if lane.bench is None:
         return
-    from mtplib.bench import BenchConfig, MissingCapability, check_requirements
+    from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
 
     try:
         check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads))
@@ -139,7 +141,27 @@ def _merge_seam_bytes(run_dir: Path, record: dict) -> None:
 
 
 def new_run_id(lane: str) -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + re.sub(r"[^\w.-]", "_", lane)
+    return run_stamp() + "-" + re.sub(r"[^\w.-]", "_", lane)
+
+
+def open_run(lane: Lane, run_dir: Path, *, argv: list[str] | None = None,
+             what: str = "--run-id") -> tuple[dict, dict]:
+    """Create the run folder (refusing a non-empty one), write its first run record,
+    resolve the lane's models (generating fixtures into the folder). Returns (record,
+    models); the caller updates the record and writes it again with `write_json`. The one
+    run-record setup of lanes (`run_lane`) and `mtplib bench`."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise LaneError(f"{run_dir} already exists and is not empty; pick another {what}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = base_record(REPO, argv=argv)
+    record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(run_dir),
+                   "threads": lane.threads, "network": "loopback", "notebooks": [],
+                   "fixture": lane.fixture, "backend": _backend()})
+    write_json(run_dir / "run_record.json", record)
+    models = resolve_models(lane, run_dir)
+    record["models"] = models
+    record["model_sha256"] = file_hashes(list(models.values()))
+    return record, models
 
 
 def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
@@ -152,18 +174,8 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     lane = load_lane(params)
     check_lane_requirements(lane)
     run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise LaneError(f"{run_dir} already exists and is not empty; pick another --run-id")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record = base_record(REPO, argv=argv)
-    record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(run_dir),
-                   "threads": lane.threads, "network": "loopback", "notebooks": [],
-                   "fixture": lane.fixture, "backend": _backend()})
+    record, models = open_run(lane, run_dir, argv=argv)
     record_path = run_dir / "run_record.json"
-    write_json(record_path, record)
-    models = resolve_models(lane, run_dir)
-    record["models"] = models
-    record["model_sha256"] = file_hashes(list(models.values()))
     status = "ok"
     try:
         for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
@@ -190,7 +202,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                 _merge_seam_bytes(run_dir, record)
                 write_json(record_path, record)
         if lane.evidence:
-            from mtplib.evidence import write_evidence_readme
+            from mtplib.records.evidence import write_evidence_readme
 
             try:
                 record["evidence"] = [str(write_evidence_readme(

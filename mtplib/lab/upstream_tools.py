@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtplib import pins
+from mtplib.errors import UpstreamFault
 
 TARGETS = ("llama-server", "llama-cli")
 CACHE_ROOT = Path(os.environ.get("MTPLIB_CACHE", Path.home() / ".cache" / "mtplib"))
@@ -65,7 +66,7 @@ CMAKE_FLAGS = (
 REQUIRED_FLAGS = ("--spec-type", "--spec-draft-n-max", "--spec-synth-rates", "--spec-draft-model")
 
 
-class UpstreamToolError(RuntimeError):
+class UpstreamToolError(UpstreamFault):
     """Upstream's tools are missing, failed to build, or a run failed."""
 
 

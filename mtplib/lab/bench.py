@@ -9,7 +9,7 @@ One lane's ``bench:`` section (`BenchConfig`) drives three measurements on a tru
   time split prefill / draft / verify / feed / rollback, memory (peak RSS, weights and
   per-sequence cache state as upstream reports them), seam bytes per token (None for the
   whole model: no seam), and quality against MTP off (greedy token agreement with the
-  near-tie audit of `mtplib.quality`).
+  near-tie audit of `mtplib.lab.quality`).
 - **sweep**: the same target with a drafter that proposes the target's own (MTP-off)
   continuation up to a drawn length and a wrong token there, the length drawn with
   upstream's `--spec-synth-rates` semantics at one rate for every position (rate = the
@@ -45,8 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib.correctness import seeded_prompt
-from mtplib.quality import compare_streams
+from mtplib.errors import InputError, UpstreamFault
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.quality import compare_streams
+from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import MTPRuntime
@@ -65,20 +67,11 @@ TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
 LOG = Callable[[str], None]
 
 
-class BenchConfigError(ValueError):
+class BenchConfigError(InputError):
     """A malformed ``bench:`` section."""
 
 
 # -- configuration ----------------------------------------------------------------------
-@dataclass
-class SweepConfig:
-    rates: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    ks: list[int] = field(default_factory=lambda: [1, 2, 3])
-    reps: int = 2
-    warmup: int = 1
-    draft_cost: str = "mtp"  # mtp: the MTP block drafts every step (real cost); none: free
-
-
 @dataclass
 class SamplingConfig:
     temperature: float = 1.0
@@ -168,7 +161,7 @@ def _sub(cls, d: dict):
 
 
 # -- requirements -----------------------------------------------------------------------
-class MissingCapability(RuntimeError):
+class MissingCapability(UpstreamFault):
     """The lane needs what this machine or build lacks (a GPU backend, ...)."""
 
 
@@ -256,11 +249,12 @@ class CostedSyntheticDrafter(Drafter):
 
 def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dict,
                 **kw) -> list[dict]:
-    """MTP off / on on a layer-range plan over local RPC shards (mtplib.ranged): the same
-    rows as the whole-model runs with ``plan`` set and ``seam_bytes_per_token`` (bytes on
-    all shard connections while generating, per generated token) measured by the shards'
-    counting relays; ``seam_by_step`` keeps the per-step-kind figures."""
-    from mtplib.ranged import RangedMTP
+    """MTP off / on on a layer-range plan over local RPC shards
+    (mtplib.distributed.ranged_mtp): the same rows as the whole-model runs with ``plan``
+    set and ``seam_bytes_per_token`` (bytes on all shard connections while generating, per
+    generated token) measured by the shards' counting relays; ``seam_by_step`` keeps the
+    per-step-kind figures."""
+    from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.runtime.speculative import EngineOptions
 
     rows = []
@@ -339,7 +333,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
     for plan in sorted(cfg.plans, key=lambda p: p != "whole"):
         if plan != "whole":
             if not refs:
-                raise ValueError("ranged plans need 'whole' in plans (the quality reference)")
+                raise InputError("ranged plans need 'whole' in plans (the quality reference)")
             runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, **ctx))
             continue
         common = {"plan": "whole", "seam_bytes_per_token": None, "threads": cfg.threads}
@@ -450,12 +444,6 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, ctx: dict, log: LOG) ->
 
 
 # -- summaries --------------------------------------------------------------------------
-def median_or_none(xs) -> float | None:
-    """Median of the values that are not None; None when there are none."""
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def _sum_pos(rows: list[dict], key: str, k: int) -> list[int]:
     out = [0] * k
     for r in rows:
@@ -556,36 +544,6 @@ def sweep_summary(sweep_runs: list[dict], runs: list[dict]) -> list[dict]:
             "reference_intact_runs": sum(r["reference_intact"] for r in rs),
             "draft_cost": rs[0]["draft_cost"], "quality_valid": False,
         })
-    return out
-
-
-def break_even(sweep: list[dict]) -> list[dict]:
-    """Per (plan, k): the position-1 acceptance where speed-up crosses 1 (linear
-    interpolation at the last upward crossing, so noise below it cannot hide a later dip).
-    None with a note when the curve never crosses."""
-    out = []
-    by: dict[tuple, list[dict]] = {}
-    for r in sweep:
-        by.setdefault((r["plan"], r["k"]), []).append(r)
-    for (plan, k), rs in sorted(by.items()):
-        pts = sorted((r["acceptance_pos_1"], r["speedup"]) for r in rs
-                     if r["acceptance_pos_1"] is not None and r["speedup"] is not None)
-        value, note = None, "no data"
-        if pts:
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            if all(y >= 1 for y in ys):
-                note = "faster than MTP off at every measured acceptance"
-            elif ys[-1] < 1:
-                note = "not reached: slower than MTP off at the highest measured acceptance"
-            else:
-                i = max(j for j in range(len(ys) - 1) if ys[j] < 1 <= ys[j + 1])
-                x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-                value = x0 + (1 - y0) * (x1 - x0) / (y1 - y0)
-                note = "interpolated"
-        out.append({"plan": plan, "k": k, "break_even_acceptance": value, "note": note,
-                    "speedup_at_min_acceptance": pts[0][1] if pts else None,
-                    "speedup_at_max_acceptance": pts[-1][1] if pts else None,
-                    "max_speedup": max(p[1] for p in pts) if pts else None})
     return out
 
 

@@ -13,10 +13,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplib.errors import InputError
+
 GGUF_MAGIC = b"GGUF"
 
 
-class ModelFileError(ValueError):
+class ModelFileError(InputError):
     """A model path that is missing, not a GGUF, or not the model we need."""
 
 
@@ -187,7 +189,7 @@ def _parse(p: Path, m: mmap.mmap) -> tuple[GGUFHeader, int]:
         nonlocal pos
         n = take("<Q")
         if pos + n > len(m):
-            raise ValueError("string runs past the end of the file")
+            raise InputError("string runs past the end of the file")
         s = bytes(m[pos:pos + n]).decode("utf-8", "replace")
         pos += n
         return s
@@ -202,11 +204,11 @@ def _parse(p: Path, m: mmap.mmap) -> tuple[GGUFHeader, int]:
             return string()
         if vtype in _SCALAR:
             return take(_SCALAR[vtype])
-        raise ValueError(f"unknown GGUF value type {vtype}")
+        raise InputError(f"unknown GGUF value type {vtype}")
 
     version = take("<I")
     if version not in (2, 3):
-        raise ValueError(f"unsupported GGUF version {version}")
+        raise InputError(f"unsupported GGUF version {version}")
     n_tensors, n_kv = take("<Q"), take("<Q")
     kv: dict[str, object] = {}
     for _ in range(n_kv):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtplib.gguf_header import read_header
-from mtplib.v4.arch import config_from_keys
+from mtplib.model.arch import config_from_keys
+from mtplib.model.gguf_header import read_header
 
 
 def config_frame(path: str | Path) -> pd.DataFrame:

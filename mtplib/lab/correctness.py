@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mtplib.quality import NOISE_BOUND, compare_streams
+from mtplib.lab.quality import NOISE_BOUND, compare_streams
 from mtplib.runtime.drafters import OracleDrafter
 from mtplib.runtime.generate import prefill
 from mtplib.runtime.model import Context, ContextConfig
@@ -137,7 +137,7 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
     """The same generation whole and on loopback RPC shards (MTP on the tail shard): tokens
     must agree (near-tie rule); seam bytes per token per step kind next to the contract's
     minimum."""
-    from mtplib.ranged import RangedMTP
+    from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.runtime.speculative import EngineOptions
 
     prompt = seeded_prompt(prompt_seed, 10)

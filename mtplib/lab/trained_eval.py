@@ -12,75 +12,24 @@ from `llama_get_embeddings_nextn`, which can be wrong in some context configurat
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-EVIDENCE_DIR = Path(__file__).resolve().parent.parent / "evidence" / "trained-v4"
-TRUNK_NAME = "v4-trained.gguf"
-SIDECAR_NAME = "mtp-v4-trained.gguf"
-PARITY_NAME = "parity_logits.npz"
+from mtplib.errors import InputError
+from mtplib.model.trained import EVIDENCE_DIR, TrainedPair, trained_paths
+from mtplib.runtime.hidden import CapturedRows
+
 #: Parity configuration: F32 K/V, flash attention off (flash attention rounds K/V to F16).
 PARITY_CTX = {"kv_type": "f32", "flash_attn": "off"}
-HIDDEN_NODE = b"h_nextn\0"
-
-
-@dataclass(frozen=True)
-class TrainedPair:
-    trunk: Path
-    sidecar: Path
-    parity: Path
-
-    def exists(self) -> bool:
-        return all(p.exists() for p in (self.trunk, self.sidecar, self.parity))
-
-
-def trained_paths(root: str | Path | None = None) -> TrainedPair:
-    d = Path(root) if root is not None else EVIDENCE_DIR
-    return TrainedPair(d / TRUNK_NAME, d / SIDECAR_NAME, d / PARITY_NAME)
 
 
 # ---------------------------------------------------------------------------------------
 # upstream logits and rows
 # ---------------------------------------------------------------------------------------
-class _Capture:
-    """Collects the ``h_nextn`` node of each main-graph ubatch through ``cb_eval``."""
-
-    def __init__(self) -> None:
-        from mtplib.runtime import ggml_tensor as gt
-
-        self.gt = gt
-        self.parts: list[np.ndarray] = []
-        self.errors: list[str] = []
-        self.name_off = gt.GGMLTensor.name.offset
-
-    def __call__(self, ptr, ask, _user) -> bool:
-        if not ptr:
-            return False
-        try:
-            if ask:
-                return ctypes.string_at(ptr + self.name_off, len(HIDDEN_NODE)) == HIDDEN_NODE
-            t = self.gt.as_tensor(ptr)
-            self.parts.append(self.gt.read_f32(t).copy())
-        except Exception as e:  # noqa: BLE001 - nothing may cross into C
-            self.errors.append(f"{type(e).__name__}: {e}")
-        return True
-
-    def take(self, width: int, n: int) -> np.ndarray:
-        if self.errors:
-            raise RuntimeError("h_nextn capture failed: " + "; ".join(self.errors))
-        rows = np.concatenate([p.reshape(-1, width) for p in self.parts])
-        self.parts = []
-        if rows.shape[0] != n:
-            raise RuntimeError(f"captured {rows.shape[0]} h_nextn rows, expected {n}")
-        return rows
-
-
 def _ctx_len(n: int) -> int:
     return max(256, -(-n // 256) * 256)
 
@@ -93,18 +42,18 @@ def upstream_trunk(trunk: str | Path, tokens: Sequence[int], *, n_threads: int =
     from mtplib.runtime.model import Context, ContextConfig, Model
 
     T = len(tokens)
-    cap = _Capture()
     with Model(trunk) as m:
+        cap = CapturedRows(m.n_embd_out)
         cfg = ContextConfig(n_ctx=_ctx_len(T), n_batch=512, n_ubatch=n_ubatch,
                             n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn,
                             nextn_rows="all")
-        with Context(m, cfg, cb_eval=cap) as ctx:
+        with Context(m, cfg, cb_eval=cap.callback) as ctx:
             logits, rows = [], []
             for a in range(0, T, ctx.n_batch):
                 chunk = list(tokens[a : a + ctx.n_batch])
                 ctx.decode(chunk, range(a, a + len(chunk)), logits=True)
                 logits += [ctx.logits(i) for i in range(len(chunk))]
-                rows.append(cap.take(ctx.width, len(chunk)))
+                rows.append(cap.take(len(chunk)))
     return np.stack(logits), np.concatenate(rows)
 
 
@@ -181,7 +130,7 @@ def heldout_modules(split_json: str | Path | None = None) -> list[dict]:
         out.append({"module": e["module"], "text": b.decode("utf-8"),
                     "sha256_ok": hashlib.sha256(b).hexdigest() == e["sha256"]})
     if not out:
-        raise FileNotFoundError(f"none of the held-out modules of the split is in {root}")
+        raise InputError(f"none of the held-out modules of the split is in {root}")
     return out
 
 
@@ -211,8 +160,8 @@ def next_token_accuracy(trunk: str | Path, docs: list[list[int]], *, window: int
     nll = 0.0
     m_n = m_hit = m_agree = 0
     t0 = time.perf_counter()
-    cap = _Capture()
     with Model(trunk) as model:
+        cap = CapturedRows(model.n_embd_out)
         cfg = ContextConfig(n_ctx=_ctx_len(window), n_batch=window, n_ubatch=window,
                             n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn,
                             nextn_rows="all" if sidecar else "off")
@@ -224,7 +173,7 @@ def next_token_accuracy(trunk: str | Path, docs: list[list[int]], *, window: int
                                                kv_type=kv_type, flash_attn=flash_attn,
                                                mtp=True))
         try:
-            with Context(model, cfg, cb_eval=cap if sidecar else None) as ctx:
+            with Context(model, cfg, cb_eval=cap.callback if sidecar else None) as ctx:
                 for doc in docs:
                     for a in range(0, len(doc) - 1, window):
                         w = doc[a : a + window + 1]
@@ -242,7 +191,7 @@ def next_token_accuracy(trunk: str | Path, docs: list[list[int]], *, window: int
                         nll += float((lse - z[np.arange(len(y)), y]).sum())
                         if mctx is None:
                             continue
-                        rows = cap.take(ctx.width, len(x))
+                        rows = cap.take(len(x))
                         mctx.clear()
                         T = len(x)
                         mctx.decode(x[1:], range(1, T), logits=True, rows=rows[: T - 1])
@@ -277,30 +226,6 @@ def prompts_from(docs: list[list[int]], *, n: int, length: int, seed: int = 0
     return out
 
 
-def _captured_runtime(trunk, sidecar, k: int, *, n_ctx: int, n_threads: int, kv_type: str,
-                      flash_attn: str):
-    """The runtime's Engine + MTPDrafter with target rows taken from the eval callback."""
-    from mtplib.runtime.drafters import MTPDrafter
-    from mtplib.runtime.model import Context, ContextConfig, Model
-    from mtplib.runtime.speculative import Engine
-
-    cap = _Capture()
-    owned = []
-    tm = Model(trunk)
-    owned.append(tm)
-    tgt = Context(tm, ContextConfig(n_ctx=n_ctx, n_rs_seq=k, n_threads=n_threads,
-                                    kv_type=kv_type, flash_attn=flash_attn, nextn_rows="all"),
-                  cb_eval=cap)
-    owned.append(tgt)
-    sm = Model(sidecar, load_mtp=True)
-    owned.append(sm)
-    mctx = Context(sm, ContextConfig(n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
-                                     flash_attn=flash_attn, mtp=True, nextn_rows="masked"))
-    owned.append(mctx)
-    eng = Engine(tgt, MTPDrafter(mctx), k=k, rows=lambda ctx, n: cap.take(ctx.width, n))
-    return eng, owned
-
-
 def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]], *,
                ks: Sequence[int] = (1, 2, 3), n_new: int = 128, n_threads: int = 2,
                kv_type: str = "f16", flash_attn: str = "auto", rows: str = "api") -> dict:
@@ -318,24 +243,10 @@ def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]],
         dr = np.zeros(k)
         hist = np.zeros(k + 1)
         outputs = []
-        if rows == "api":
-            rt = MTPRuntime(str(trunk), str(sidecar), k=k, n_ctx=n_ctx, n_threads=n_threads,
-                            kv_type=kv_type, flash_attn=flash_attn)
-            gen, close = rt.generate, rt.close
-        else:
-            eng, owned = _captured_runtime(trunk, sidecar, k, n_ctx=n_ctx, n_threads=n_threads,
-                                           kv_type=kv_type, flash_attn=flash_attn)
-
-            def gen(p, n, eng=eng):
-                s = eng.open(p)
-                try:
-                    return s.generate(n), s.metrics.to_dict()
-                finally:
-                    eng.close(s)
-
-            def close(owned=owned):
-                for o in reversed(owned):
-                    o.close()
+        # "api": MTPRuntime as shipped; "captured": the same runtime, rows from cb_eval
+        rt = MTPRuntime(str(trunk), str(sidecar), k=k, n_ctx=n_ctx, n_threads=n_threads,
+                        kv_type=kv_type, flash_attn=flash_attn, hidden_rows=rows)
+        gen, close = rt.generate, rt.close
         try:
             for p in prompts:
                 toks, m = gen(p, n_new)
@@ -442,14 +353,10 @@ def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts
     return res
 
 
-def write_json(obj: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mtplib.trained_eval",
+    ap = argparse.ArgumentParser(prog="python -m mtplib.lab.trained_eval",
                                  description="measure the trained pair on upstream (no torch)")
     ap.add_argument("--dir", default=str(EVIDENCE_DIR), help="where the trained pair lies")
     ap.add_argument("--out", help="write the metrics JSON here")
@@ -483,10 +390,9 @@ def anchor_table(metrics_path: str | None = None) -> list[dict]:
     import json
     from pathlib import Path
 
-    from mtplib.bench import REFERENCE_S9
+    from mtplib.lab.bench import REFERENCE_S9
 
-    p = Path(metrics_path) if metrics_path else \
-        Path(__file__).resolve().parent.parent / "evidence" / "trained-v4" / "metrics.json"
+    p = Path(metrics_path) if metrics_path else EVIDENCE_DIR / "metrics.json"
     m = json.loads(p.read_text())
     rows = []
     for k, d in sorted(m["acceptance_api_rows"]["by_k"].items()):

@@ -20,21 +20,22 @@ the fixtures and tests/test_graph_reads.py compares the two.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mtplib.contract.seam import seam_bytes_per_token
 from mtplib.contract.types import CacheKind, DType, ModelDims
-from mtplib.gguf_header import (
+from mtplib.errors import InputError
+from mtplib.model.arch import ROOT_HC_HEAD, V4Config, config_from_keys, ggml_nbytes
+from mtplib.model.gguf_header import (
     GGUFHeader,
     ModelFileError,
     block_of,
     read_header_fast,
     require_deepseek4,
 )
-from mtplib.v4.arch import ROOT_HC_HEAD, V4Config, config_from_keys, ggml_nbytes
+from mtplib.ownership.plan import PlanError, ShardPlan, parse_plan
 
 ROLES = ("head", "main_layer", "tail", "mtp")
 GRAPHS = ("main", "mtp")
@@ -48,10 +49,6 @@ VISION_ONLY_SUFFIX = ".exp_probs_b_vl.bias"
 SHARED_ROOT = ("token_embd.weight", "output.weight", "output_norm.weight")
 CPU_TENSOR_ALIGNMENT = 32  # ggml TENSOR_ALIGNMENT: CPU buffer alignment per tensor
 DSV4_CSA, DSV4_HCA = 4, 128
-
-
-class PlanError(ValueError):
-    """A shard plan that is malformed, has gaps or overlaps, or leaves the layer range."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,91 +203,6 @@ def inventory_from_paths(model: str | Path, mtp: str | Path | None = None) -> In
 # 2. Shard plans
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ShardPlan:
-    """Contiguous, gap-free layer ranges covering 0..n_layer-1, in order."""
-
-    ranges: tuple[tuple[int, int], ...]
-    n_layer: int
-
-    def __post_init__(self) -> None:
-        check_plan(self.ranges, self.n_layer)
-
-    @property
-    def n_shards(self) -> int:
-        return len(self.ranges)
-
-    def shard_of(self, layer: int) -> int:
-        for i, (a, b) in enumerate(self.ranges):
-            if a <= layer <= b:
-                return i
-        raise PlanError(f"layer {layer} is outside the plan (0..{self.n_layer - 1})")
-
-    def __str__(self) -> str:
-        return ",".join(f"{a}-{b}" for a, b in self.ranges)
-
-
-def check_plan(ranges: Sequence[tuple[int, int]], n_layer: int) -> None:
-    """Raise PlanError naming the first problem: empty, reversed, gap, overlap, range."""
-    if n_layer < 1:
-        raise PlanError(f"the model has no trunk layers (n_layer={n_layer})")
-    if not ranges:
-        raise PlanError("a shard plan needs at least one range")
-    starts = [a for a, _ in ranges]
-    if starts != sorted(starts):
-        raise PlanError(f"ranges are not in increasing layer order ({starts}); list them from "
-                        "layer 0 up, the first shard holds the head and the last the tail")
-    expect = 0
-    for i, (a, b) in enumerate(ranges):
-        if a > b:
-            raise PlanError(f"range {i} ({a}-{b}) is reversed: first layer > last layer")
-        if a < expect:
-            raise PlanError(f"range {i} ({a}-{b}) overlaps the previous range (which ends at "
-                            f"{expect - 1}); ranges must be contiguous and in order")
-        if a > expect:
-            raise PlanError(f"gap before range {i} ({a}-{b}): layers {expect}-{a - 1} belong "
-                            "to no shard")
-        if b >= n_layer:
-            raise PlanError(f"range {i} ({a}-{b}) is out of range: the trunk has layers "
-                            f"0-{n_layer - 1}")
-        expect = b + 1
-    if expect != n_layer:
-        raise PlanError(f"layers {expect}-{n_layer - 1} belong to no shard; the last range "
-                        f"must end at {n_layer - 1}")
-
-
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
-
-
-def parse_plan(text: str, n_layer: int) -> ShardPlan:
-    """Parse "0-20,21-42" (a single layer may be written "7"). Errors name the problem."""
-    if not isinstance(text, str) or not text.strip():
-        raise PlanError("empty shard plan; write ranges like 0-20,21-42")
-    ranges = []
-    for part in text.split(","):
-        m = _RANGE_RE.match(part)
-        if not m:
-            raise PlanError(f"cannot parse range {part.strip()!r} in {text!r}: write "
-                            "FIRST-LAST with non-negative integers, e.g. 0-20,21-42")
-        a = int(m.group(1))
-        b = int(m.group(2)) if m.group(2) is not None else a
-        ranges.append((a, b))
-    return ShardPlan(tuple(ranges), n_layer)
-
-
-def even_plan(n_layer: int, n_shards: int) -> ShardPlan:
-    """Equal layer counts (earlier shards take the remainder)."""
-    if not 1 <= n_shards <= n_layer:
-        raise PlanError(f"n_shards must be in 1..{n_layer}, got {n_shards}")
-    q, r = divmod(n_layer, n_shards)
-    ranges, a = [], 0
-    for i in range(n_shards):
-        n = q + (1 if i < r else 0)
-        ranges.append((a, a + n - 1))
-        a += n
-    return ShardPlan(tuple(ranges), n_layer)
-
-
 def balanced_plan(inv: Inventory, n_shards: int) -> ShardPlan:
     """Contiguous ranges minimising the largest shard's bytes (head on the first shard,
     tail and MTP on the last), by dynamic programming over the layer boundaries."""
@@ -373,7 +285,7 @@ class CacheParams:
         if self.type_k not in KV_TYPES:
             errs.append(f"type_k must be one of {sorted(KV_TYPES)}, got {self.type_k!r}")
         if errs:
-            raise ValueError("bad cache params: " + "; ".join(errs))
+            raise InputError("bad cache params: " + "; ".join(errs))
 
     def effective(self) -> dict:
         """What llama_context derives (llama-context.cpp): padded n_ctx, per-seq n_ctx_seq,
@@ -381,7 +293,7 @@ class CacheParams:
         n_ctx = _pad(self.n_ctx, 256)
         n_ctx_seq = _pad(n_ctx // self.n_seq, 256)
         if n_ctx_seq == 0:
-            raise ValueError("n_ctx_seq == 0 (upstream refuses the context)")
+            raise InputError("n_ctx_seq == 0 (upstream refuses the context)")
         n_ctx = n_ctx_seq * self.n_seq
         n_batch = min(n_ctx, self.n_batch)
         n_ubatch = min(n_batch, self.n_ubatch)
@@ -425,7 +337,7 @@ def cache_tensors(cfg: V4Config, params: CacheParams, *, context: str,
     Raw/MTP SWA cells: n_ctx_seq if swa_full, else PAD(min(n_ctx_seq, n_swa + n_ubatch), 256).
     """
     if context not in ("main", "mtp"):
-        raise ValueError(f"context must be 'main' or 'mtp', got {context!r}")
+        raise InputError(f"context must be 'main' or 'mtp', got {context!r}")
     e = params.effective()
     n_ctx_seq, n_ubatch, S = e["n_ctx_seq"], e["n_ubatch"], params.n_seq
     D, Di = cfg.head_dim, cfg.indexer_dim

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib.v4.arch import (
+from mtplib.errors import InputError, WouldOverwrite
+from mtplib.model.arch import (
     ROOT_HC_HEAD,
     TensorSpec,
     V4Config,
@@ -24,7 +25,8 @@ from mtplib.v4.arch import (
     sidecar_tensors,
     trunk_tensors,
 )
-from mtplib.v4.presets import DEFAULT_PRESET, get_preset
+from mtplib.model.presets import DEFAULT_PRESET, get_preset
+from mtplib.stamps import sha256_file
 
 #: Metadata key marking a weight-less file (header + tensor table, data region a sparse
 #: hole of zeros). Such a file is for inventory and ownership derivation only.
@@ -59,17 +61,9 @@ class FixturePair:
         }
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
 def data_start(path: Path) -> int:
     """Absolute offset of a GGUF's data region (header, KV and tensor infos come first)."""
-    from mtplib.gguf_header import gguf_data_offset  # fast: never parses the token strings
+    from mtplib.model.gguf_header import gguf_data_offset  # fast: never parses the token strings
 
     return gguf_data_offset(path)
 
@@ -90,7 +84,7 @@ def is_weightless(kv: dict) -> bool:
 
 def require_weights(header) -> None:
     """Refuse a weight-less file before upstream decodes it: it has no weights."""
-    from mtplib.gguf_header import ModelFileError
+    from mtplib.model.gguf_header import ModelFileError
 
     if is_weightless(header.kv):
         raise ModelFileError(
@@ -231,7 +225,7 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
     header and tensor table only, with a sparse data region (seed unused).
     """
     if seed < 0 or seed >= 2**32:
-        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+        raise InputError(f"seed must be in [0, 2**32), got {seed}")
     cfg = get_preset(preset).validate()
     weightless = bool(cfg.extra.get("weightless"))
     out = Path(out_dir)
@@ -248,7 +242,7 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
             _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
         if path.exists() and not force and not _same_file(path, staged, weightless):
             staged.unlink()
-            raise FileExistsError(
+            raise WouldOverwrite(
                 f"{path} exists with different contents; remove it or pass --force")
         os.replace(staged, path)
         paths.append(path)
@@ -265,8 +259,8 @@ def write_combined(trunk: str | Path, sidecar: str | Path, out_dir: str | Path) 
     """
     import gguf
 
-    from mtplib.gguf_header import read_header
-    from mtplib.v4.arch import config_from_keys
+    from mtplib.model.arch import config_from_keys
+    from mtplib.model.gguf_header import read_header
 
     trunk, sidecar = Path(trunk), Path(sidecar)
     side = read_header(sidecar, with_tokens=False)
@@ -299,9 +293,9 @@ def trained_pair() -> FixturePair | None:
     Unlike the random presets it is not generated: the files are the evidence, read in
     place (do not write to them). Preset name "trained", seed = the training seed.
     """
-    from mtplib.gguf_header import read_header
-    from mtplib.trained_eval import trained_paths
-    from mtplib.v4.arch import config_from_keys
+    from mtplib.model.arch import config_from_keys
+    from mtplib.model.gguf_header import read_header
+    from mtplib.model.trained import trained_paths
 
     p = trained_paths()
     if not (p.trunk.exists() and p.sidecar.exists()):

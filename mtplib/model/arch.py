@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from mtplib.errors import InputError
+
 ARCH = "deepseek4"
 HC = 4  # hyper-connection streams; upstream asserts hc == 4
 HC_MIX = (2 + HC) * HC  # 24 mixing coefficients per token (pre 4, post 4, comb 16)
@@ -18,7 +20,7 @@ ROOT_TENSORS = ("token_embd", "output_norm", "output")
 ROOT_HC_HEAD = ("output_hc_fn", "output_hc_base", "output_hc_scale")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A V4 configuration upstream would reject or crash on."""
 
 
@@ -139,9 +141,9 @@ def ggml_nbytes(dtype: str, ne: tuple[int, ...]) -> int:
     try:
         block, size = GGML_TYPE_SIZES[dtype]
     except KeyError:
-        raise ValueError(f"unknown ggml type {dtype!r}; known: {sorted(GGML_TYPE_SIZES)}") from None
+        raise InputError(f"unknown ggml type {dtype!r}; known: {sorted(GGML_TYPE_SIZES)}") from None
     if ne and ne[0] % block:
-        raise ValueError(f"{dtype} needs ne[0] % {block} == 0, got ne={ne}")
+        raise InputError(f"{dtype} needs ne[0] % {block} == 0, got ne={ne}")
     n = 1
     for d in ne:
         n *= d

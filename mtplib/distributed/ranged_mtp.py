@@ -17,8 +17,8 @@ from mtplib.runtime.speculative import EngineOptions
 
 def _worker_generate(models, opts: EngineOptions, prompt: list[int], n_new: int) -> tuple:
     """Runs in the worker (`RangedRuntime.call`): build the Engine on the ranged models."""
+    from mtplib.distributed.worker import worker_step
     from mtplib.runtime.speculative import build_engine, run_generation
-    from mtplib.shards import worker_step
 
     engine, owned = build_engine(models.trunk, models.sidecar if opts.k else None, opts,
                                  phase=worker_step)
@@ -47,9 +47,11 @@ class RangedMTP:
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                  allow_remote: bool = False) -> None:
-        from mtplib.gguf_header import read_header
+        from mtplib.distributed.client import RangedRuntime
+        from mtplib.distributed.processes import LocalShards
+        from mtplib.model.gguf_header import read_header
+        from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
-        from mtplib.shards import LocalShards, PlanError, RangedRuntime, ShardPlan
 
         h = read_header(trunk)
         if sidecar is not None:
@@ -74,13 +76,13 @@ class RangedMTP:
 
     def generate(self, prompt: Sequence[int] | str, n_new: int,
                  opts: EngineOptions | None = None) -> tuple[list[int], dict]:
-        from mtplib.shards import _tokenize
+        from mtplib.distributed.worker import tokenize
 
         opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
         if not self.has_sidecar:
             opts = replace(opts, k=0)
         rt = self.rt
-        toks = rt.call(_tokenize, prompt) if isinstance(prompt, str) else list(prompt)
+        toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
         rt.reset_counts()
         tokens, metrics = rt.call(_worker_generate, opts, toks, n_new)
         metrics.update(rt.seam_metrics())
@@ -109,7 +111,7 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                     allow_remote: bool = False) -> dict:
     """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
     when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}."""
-    from mtplib.shards import _detokenize
+    from mtplib.distributed.worker import detokenize
 
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
                    endpoints=endpoints, shard_threads=shard_threads,
@@ -117,5 +119,5 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
         tokens, metrics = r.generate(prompt, n_new, opts)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):
-            out["text"] = r.rt.call(_detokenize, tokens)
+            out["text"] = r.rt.call(detokenize, tokens)
         return out

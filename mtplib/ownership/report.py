@@ -1,6 +1,6 @@
 """Tables and charts of an ownership derivation, for notebooks 01/02 (pandas, matplotlib).
 
-Presentation only: every number comes from mtplib.ownership (derivation) or
+Presentation only: every number comes from mtplib.ownership.derivation (derivation) or
 mtplib.runtime.graph_reads (upstream observation); nothing is computed here.
 """
 
@@ -11,16 +11,16 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from mtplib.ownership import (
+from mtplib.ownership.derivation import (
     CACHE_SUMMARY_KEYS,
     ROLES,
     CacheParams,
     Inventory,
     Ownership,
     derive,
-    even_plan,
     inventory_from_paths,
 )
+from mtplib.ownership.plan import even_plan
 
 GIB = 2**30
 

@@ -1,21 +1,12 @@
-"""Run records: what a reader needs to repeat a run (command, commit, pins, hashes, host)."""
+"""Facts about the machine and the checkout a measurement ran on (run records, side-by-side
+results and evidence all describe the host the same way)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
-
-from mtplib import pins
-from mtplib.fixture import sha256_file
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def git_state(repo: Path) -> dict:
@@ -63,24 +54,3 @@ def gpu_info() -> list[dict]:
         name, driver, mem = (x.strip() for x in line.split(","))
         gpus.append({"name": name, "driver": driver, "memory": mem})
     return gpus
-
-
-def file_hashes(paths: list[str | Path]) -> dict[str, str]:
-    return {str(p): sha256_file(Path(p)) for p in paths}
-
-
-def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
-    return {
-        "command": " ".join(argv if argv is not None else sys.argv),
-        "git": git_state(repo),
-        "pins": pins.as_dict(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu": cpu_info(),
-        "gpu": gpu_info(),
-        "started": now_iso(),
-    }
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

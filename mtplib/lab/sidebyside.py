@@ -9,7 +9,7 @@ Three measurements, each a list of plain rows (dicts) saved as one JSON file:
 - **side by side** (`run_side_by_side`): per case (plain decoding; k drafts with real MTP
   drafts; k drafts with upstream's synthetic acceptance ``--spec-synth-rates``), the same
   trunk, sidecar, prompt (token ids), threads, context, batch sizes, k and rates through
-  upstream's `llama-server` (`mtplib.upstream_tools`) and through `MTPRuntime`. Runs are
+  upstream's `llama-server` (`mtplib.lab.upstream_tools`) and through `MTPRuntime`. Runs are
   interleaved A/B within a case (warm-up of each first, then U M, M U, U M, ...), the
   load average is read before and after every run; decode tok/s is each side's own
   measure of the same quantity ((n_new - 1) / time from the first to the last token).
@@ -36,9 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib import pins
-from mtplib.bench import median_or_none
-from mtplib.correctness import seeded_prompt
+from mtplib import paths, pins
+from mtplib.errors import InputError
+from mtplib.lab import sweep
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.sweep import SweepConfig, median_or_none
 
 LOG = Callable[[str], None]
 ENGINES = ("upstream", "mtplib")
@@ -58,11 +60,11 @@ def parse_rates(text: str) -> list[float]:
     try:
         rates = [float(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
-        raise ValueError(f"rates must be comma-separated numbers, got {text!r}") from None
+        raise InputError(f"rates must be comma-separated numbers, got {text!r}") from None
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-        raise ValueError(f"rates must be in [0, 1], got {text!r}")
+        raise InputError(f"rates must be in [0, 1], got {text!r}")
     if any(b > a for a, b in zip(rates, rates[1:], strict=False)):
-        raise ValueError(f"rates must be non-increasing (unconditional per position): {text!r}")
+        raise InputError(f"rates must be non-increasing (unconditional per position): {text!r}")
     return rates
 
 
@@ -99,7 +101,7 @@ def make_cases(ks: Sequence[int], rate_sets: Sequence[Sequence[float]], *,
     out = [Case(0)]
     for k in ks:
         if k < 1:
-            raise ValueError(f"k must be >= 1 for MTP cases, got {k}")
+            raise InputError(f"k must be >= 1 for MTP cases, got {k}")
         if real_mtp:
             out.append(Case(k))
         for rs in rate_sets:
@@ -115,7 +117,7 @@ def ab_order(runs: int, warmup: int = 1) -> list[tuple[int | None, str]]:
     in machine load hits both sides alike.
     """
     if runs < 1 or warmup < 0:
-        raise ValueError("runs must be >= 1 and warmup >= 0")
+        raise InputError("runs must be >= 1 and warmup >= 0")
     order: list[tuple[int | None, str]] = []
     for _ in range(warmup):
         order += [(None, "upstream"), (None, "mtplib")]
@@ -260,7 +262,7 @@ class _MtplibSide:
 class _UpstreamSide:
     def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig,
                  log_path: Path | None) -> None:
-        from mtplib.upstream_tools import Server, ServerConfig
+        from mtplib.lab.upstream_tools import Server, ServerConfig
 
         self.server = Server(ServerConfig(
             model=trunk, mtp=sidecar if case.k else None, k=case.k,
@@ -274,7 +276,7 @@ class _UpstreamSide:
         self.n_new = cfg.n_new
 
     def run(self, prompt: list[int], ref: list[int] | None) -> dict:
-        from mtplib.upstream_tools import parse_completion
+        from mtplib.lab.upstream_tools import parse_completion
 
         return parse_completion(self.server.complete(prompt, self.n_new))
 
@@ -285,7 +287,7 @@ class _UpstreamSide:
 def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
                      log: LOG | None = None, log_dir: Path | None = None) -> dict:
     """Every case through upstream's llama-server and mtplib, interleaved A/B."""
-    from mtplib.gguf_header import read_header
+    from mtplib.model.gguf_header import read_header
 
     log = log or (lambda s: None)
     t0 = time.time()
@@ -328,7 +330,7 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
 
 
 #: where the committed side-by-side results live (issue 7)
-EVIDENCE_DIR = Path(__file__).resolve().parents[1] / "evidence" / "side-by-side"
+EVIDENCE_DIR = paths.EVIDENCE / "side-by-side"
 
 
 def evidence_dir(path: str | Path | None = None) -> Path:
@@ -345,12 +347,12 @@ def _slug(s: str) -> str:
 
 
 def host_info() -> dict:
-    from mtplib.record import cpu_info, git_state
-    from mtplib.upstream_tools import tools_dir
+    from mtplib.host import cpu_info, git_state
+    from mtplib.lab.upstream_tools import tools_dir
 
     info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python":
             platform.python_version(), "pins": pins.as_dict(),
-            "mtplib_git": git_state(Path(__file__).resolve().parents[1]),
+            "mtplib_git": git_state(paths.REPO),
             "cpu_model": cpu_info()["model"]}
     bi = tools_dir() / "build_info.json"
     if bi.is_file():
@@ -430,30 +432,12 @@ def cost_ratio_table(paths: Sequence[str | Path]):
 
 
 # -- the acceptance sweep (mtplib only) ---------------------------------------------------
-@dataclass
-class SweepConfig:
-    ks: tuple[int, ...] = (1, 2, 3)
-    rates: tuple[float, ...] = (0.0, 0.37, 0.5, 0.77, 1.0)
-    runs: int = 5
-    warmup: int = 1
-    threads: int = 2
-    n_ctx: int = 1024
-    n_new: int = 128
-    n_prompt: int = 32
-    prompt_seed: int = 0
-    synth_seed: int = 0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ks"], d["rates"] = list(self.ks), list(self.rates)
-        return d
-
-
-def acceptance_sweep(trunk: str, sidecar: str, cfg: SweepConfig, *,
+def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideConfig, *,
                      log: LOG | None = None) -> dict:
-    """MTP off, then per k and rate (same rate at every position) with the MTP block
-    drafting every step; runs of the rates interleaved (rep-major) within each k, MTP-off
-    runs interleaved with every k's."""
+    """MTP off, then per k and rate of ``sw`` (same rate at every position) with the MTP
+    block drafting every step; runs of the rates interleaved (rep-major) within each k,
+    MTP-off runs interleaved with every k's. ``cfg`` gives the context, prompt and length
+    (its own ks, rate_sets and runs are not used)."""
     from mtplib.runtime.drafters import SyntheticDrafter
     from mtplib.runtime.speculative import MTPRuntime
 
@@ -474,18 +458,18 @@ def acceptance_sweep(trunk: str, sidecar: str, cfg: SweepConfig, *,
         prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
         ref, _ = off.generate(prompt, cfg.n_new)
         n_vocab = off.trunk.n_vocab
-        for k in cfg.ks:
+        for k in sw.ks:
             log(f"sweep k={k}")
             with MTPRuntime(trunk, sidecar, k=k, **ctx) as rt:
                 mtp = rt.engine.drafter
-                for rep in [None] * cfg.warmup + list(range(cfg.runs)):
+                for rep in [None] * sw.warmup + list(range(sw.reps)):
                     _, m = off.generate(prompt, cfg.n_new)
                     row(m, k=0, rate=None, sweep_k=k, rep=rep, warmup=rep is None,
                         mode="off", quality_valid=True)
-                    order = cfg.rates if (rep or 0) % 2 == 0 else tuple(reversed(cfg.rates))
+                    order = sw.rates if (rep or 0) % 2 == 0 else list(reversed(sw.rates))
                     for rate in order:
                         rt.engine.drafter = SyntheticDrafter(
-                            ref, len(prompt), [rate] * k, n_vocab, seed=cfg.synth_seed,
+                            ref, len(prompt), [rate] * k, n_vocab, seed=sw.synth_seed,
                             inner=mtp)
                         try:
                             _, m = rt.generate(prompt, cfg.n_new)
@@ -495,7 +479,11 @@ def acceptance_sweep(trunk: str, sidecar: str, cfg: SweepConfig, *,
                                 mode="synthetic", quality_valid=False)
                         log(f"  k={k} rate={rate} rep={rep} {r['decode_tok_s']:.1f} tok/s")
     summary = sweep_summary(rows)
-    return {"kind": "acceptance-sweep", "config": cfg.to_dict(), "trunk": str(trunk),
+    config = {"ks": list(sw.ks), "rates": list(sw.rates), "runs": sw.reps,
+              "warmup": sw.warmup, "synth_seed": sw.synth_seed,
+              **{f: getattr(cfg, f) for f in ("threads", "n_ctx", "n_new", "n_prompt",
+                                               "prompt_seed")}}
+    return {"kind": "acceptance-sweep", "config": config, "trunk": str(trunk),
             "sidecar": str(sidecar), "prompt": prompt, "rows": rows, "summary": summary,
             "break_even": break_even(summary), "host": host_info(),
             "wall_s": time.time() - t0}
@@ -522,30 +510,16 @@ def sweep_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _crossing(pts: list[tuple[float, float]]) -> tuple[float | None, str]:
-    be, note = None, ""
-    if pts and pts[0][1] >= 1.0:
-        be, note = pts[0][0], "speed-up >= 1 already at the lowest rate"
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
-        if y0 < 1.0 <= y1 and x1 > x0:
-            be = x0 + (1.0 - y0) * (x1 - x0) / (y1 - y0)
-    if be is None and pts:
-        note = "never reaches 1 in the swept range"
-    return be, note
-
-
 def break_even(summary: list[dict]) -> list[dict]:
-    """Per k: where the speed-up crosses 1 (linear interpolation between the sweep points,
-    at the last upward crossing; None if it never does), against the nominal rate and
-    against the realized position-1 acceptance (the seeded draws of a short run differ
-    from the nominal rate)."""
+    """Per k: where the speed-up crosses 1 against the realized position-1 acceptance
+    (`mtplib.lab.sweep.break_even`) and against the nominal rate (the seeded draws of a
+    short run differ from the nominal rate)."""
     out = []
-    for k in sorted({r["k"] for r in summary}):
-        rs = [r for r in summary if r["k"] == k and r["speedup"] is not None]
-        be, note = _crossing(sorted((r["rate"], r["speedup"]) for r in rs))
-        be_acc, _ = _crossing(sorted((r["acceptance_pos_1"], r["speedup"]) for r in rs
-                                     if r.get("acceptance_pos_1") is not None))
-        out.append({"k": k, "break_even_rate": be, "break_even_acceptance_pos_1": be_acc,
+    for be in sweep.break_even(summary):
+        rs = [r for r in summary if r["k"] == be["k"] and r.get("speedup") is not None]
+        rate, note = sweep.crossing([(r["rate"], r["speedup"]) for r in rs])
+        out.append({"k": be["k"], "break_even_rate": rate,
+                    "break_even_acceptance_pos_1": be["break_even_acceptance"],
                     "max_speedup": max((r["speedup"] for r in rs), default=None),
                     "note": note})
     return out

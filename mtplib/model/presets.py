@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mtplib.v4.arch import V4Config
+from mtplib.errors import InputError
+from mtplib.model.arch import V4Config
 
 #: Default lane: every V4 layer kind in 4 trunk layers, small enough for CI on 2 cores.
 #: Layer 0 is hash-routed and SWA-only, 1 SWA-only, 2 CSA (ratio 4, indexer), 3 HCA (128);
@@ -130,6 +131,6 @@ def get_preset(name: str) -> V4Config:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(
+        raise InputError(
             f"unknown preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}"
         ) from None

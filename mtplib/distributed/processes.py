@@ -1,0 +1,232 @@
+"""Local shard processes: start, probe, stop, and never leave one behind.
+
+`LocalShards(n, threads)` starts n ``mtplib shard serve`` processes on free loopback ports,
+waits until each answers upstream's RPC handshake, and kills them on exit, error, Ctrl-C
+or interpreter exit (own process group each; atexit; and a parent-death safeguard:
+PR_SET_PDEATHSIG plus a watchdog thread in the shard that exits when its parent is gone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+from mtplib.errors import InputError
+from mtplib.runtime.rpc import ShardError, probe
+
+PR_SET_PDEATHSIG = 1
+
+
+# -- process hygiene --------------------------------------------------------------------
+LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child: exit when ``parent_pid`` is gone. PR_SET_PDEATHSIG (if the spawner
+    asked for it with MTPLIB_PDEATHSIG=1: it follows the spawning *thread*, so only a
+    main-thread spawn asks) plus a watchdog thread polling the parent pid."""
+    if os.environ.get("MTPLIB_PDEATHSIG") == "1":
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before we got here
+        os._exit(3)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
+def _spawn(argv: list[str], *, log_path: Path, env: dict | None = None,
+           pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """A child in its own process group (killable as a whole), output to a file (never a
+    pipe that could fill); the child calls `die_with_parent`."""
+    env = dict(os.environ if env is None else env)
+    in_main = threading.current_thread() is threading.main_thread()
+    env["MTPLIB_PDEATHSIG"] = "1" if in_main else "0"
+    log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=env, pass_fds=tuple(pass_fds), close_fds=True)
+    finally:
+        log.close()
+
+
+def _kill_group(p: subprocess.Popen, grace_s: float = 2.0) -> None:
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)  # anything left in the group
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=grace_s)
+
+
+@atexit.register
+def _close_all() -> None:
+    for obj in list(LIVE):
+        with contextlib.suppress(Exception):
+            obj.close()
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        data = path.read_bytes()[-n:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace").strip()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- local shards -----------------------------------------------------------------------
+class LocalShards:
+    """n local shard processes on free loopback ports; a context manager.
+
+    ``endpoints`` lists them in order; ``kill(i)`` / ``restart(i)`` exist for fault
+    handling (restart reuses the endpoint)."""
+
+    def __init__(self, n: int, threads: int = 1, *, cache_dir: str | None = None,
+                 start_timeout_s: float = 30.0, log_dir: str | Path | None = None) -> None:
+        if not 1 <= n <= 16:
+            raise InputError(f"LocalShards: n must be in 1..16, got {n}")
+        if threads < 1:
+            raise InputError("LocalShards: threads must be >= 1")
+        self.n, self.threads, self.cache_dir = n, threads, cache_dir
+        self.start_timeout_s = start_timeout_s
+        self._tmp = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="mtplib-shards-")
+            log_dir = self._tmp.name
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.endpoints: list[str] = []
+        self.procs: list[subprocess.Popen | None] = []
+        self._started = False
+
+    def _argv(self, endpoint: str) -> list[str]:
+        argv = [sys.executable, "-m", "mtplib.cli", "shard", "serve", "--endpoint", endpoint,
+                "--threads", str(self.threads), "--parent-pid", str(os.getpid())]
+        if self.cache_dir:
+            argv += ["--cache-dir", str(self.cache_dir)]
+        return argv
+
+    def log_path(self, i: int) -> Path:
+        return self.log_dir / f"shard{i}.log"
+
+    def _launch(self, i: int, endpoint: str) -> subprocess.Popen:
+        return _spawn(self._argv(endpoint), log_path=self.log_path(i))
+
+    def start(self) -> LocalShards:
+        if self._started:
+            return self
+        self._started = True
+        LIVE.add(self)
+        try:
+            for i in range(self.n):
+                ep = f"127.0.0.1:{_free_port()}"
+                self.endpoints.append(ep)
+                self.procs.append(self._launch(i, ep))
+            deadline = time.monotonic() + self.start_timeout_s
+            for i in range(self.n):
+                for _attempt in range(3):
+                    if self._wait_ready(i, deadline):
+                        break
+                    # the port was taken between choosing and binding: another one
+                    self.endpoints[i] = f"127.0.0.1:{_free_port()}"
+                    self.procs[i] = self._launch(i, self.endpoints[i])
+                else:
+                    raise ShardError(f"shard {i} could not bind a port; log: "
+                                     f"{_tail(self.log_path(i), 500)}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _wait_ready(self, i: int, deadline: float) -> bool:
+        """True when shard i answers the handshake; False if it exited because its port
+        was taken; ShardError on any other failure or timeout."""
+        p, ep = self.procs[i], self.endpoints[i]
+        while True:
+            rc = p.poll()
+            if rc is not None:
+                if rc == 4:
+                    return False
+                raise ShardError(f"shard {i} ({ep}) exited with code {rc} while starting; "
+                                 f"log: {_tail(self.log_path(i), 800)}")
+            try:
+                probe(ep, timeout_s=1.0)
+                return True
+            except ShardError:
+                if time.monotonic() > deadline:
+                    raise ShardError(f"shard {i} ({ep}) did not answer within "
+                                     f"{self.start_timeout_s} s; log: "
+                                     f"{_tail(self.log_path(i), 800)}") from None
+                time.sleep(0.05)
+
+    def alive(self) -> list[bool]:
+        return [p is not None and p.poll() is None for p in self.procs]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Kill shard i (fault injection / operator action)."""
+        p = self.procs[i]
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+    def restart(self, i: int) -> str:
+        """Start shard i again on the same endpoint (killing it first if it still runs)."""
+        p = self.procs[i]
+        if p is not None:
+            _kill_group(p, grace_s=1.0)
+        self.procs[i] = self._launch(i, self.endpoints[i])
+        if not self._wait_ready(i, time.monotonic() + self.start_timeout_s):
+            raise ShardError(f"shard {i}: endpoint {self.endpoints[i]} is taken by another "
+                             "process; cannot restart on it")
+        return self.endpoints[i]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p is not None:
+                _kill_group(p)
+        LIVE.discard(self)
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalShards:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+

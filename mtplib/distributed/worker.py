@@ -1,0 +1,158 @@
+"""The ranged client worker: its own process, where upstream's RPC client lives.
+
+It loads the trunk across the shards (and the sidecar on the tail), creates contexts and
+answers requests from `RangedRuntime` over a pipe. Functions run here through
+``RangedRuntime.call`` label their steps with `worker_step`, so the relays in front of the
+shards attribute every byte to a step kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+
+from mtplib.distributed.processes import die_with_parent
+from mtplib.errors import InputError
+from mtplib.runtime.lib import UpstreamError
+
+# -- the worker (client side, in its own process) ---------------------------------------
+_worker_conn: Connection | None = None
+
+
+@contextlib.contextmanager
+def worker_step(label: str, n_tokens: int | None = None) -> Iterator[None]:
+    """Inside a function run by `RangedRuntime.call`: count the block's shard bytes under
+    ``label`` (the parent switches the relays' label, synchronously). A no-op elsewhere."""
+    conn = _worker_conn
+    if conn is None:
+        yield
+        return
+    conn.send(("step_begin", label))
+    conn.recv()
+    try:
+        yield
+    finally:
+        conn.send(("step_end", label, n_tokens))
+        conn.recv()
+
+
+class Models:
+    def __init__(self) -> None:
+        self.trunk = self.sidecar = None
+        self.contexts: dict = {}
+        self._next = 1
+
+
+def _model_info(m, placement: dict, buffers: list) -> dict:
+    from mtplib.runtime.rpc import endpoint_of_buffer
+
+    return {"n_vocab": m.n_vocab, "n_embd": m.n_embd, "n_embd_out": m.n_embd_out,
+            "n_layer": m.n_layer, "size_bytes": m.size_bytes, "placement": placement,
+            "buffers": [dict(b, endpoint=endpoint_of_buffer(b["buffer"])) for b in buffers]}
+
+
+def _handle(models: Models, msg: tuple):
+    from mtplib.runtime.model import Context, ContextConfig
+    from mtplib.runtime.rpc import (
+        buffer_lines,
+        cache_placement,
+        endpoint_of_buffer,
+        log_capture,
+        open_ranged,
+    )
+
+
+    op = msg[0]
+    if op == "open":
+        kw = msg[1]
+        t, s = open_ranged(kw["trunk"], kw["plan"], kw["endpoints"], sidecar=kw["sidecar"],
+                           allow_remote=kw["allow_remote"])
+        models.trunk, models.sidecar = t, s
+        side = None if s is None else _model_info(s, s.placement, s.load_buffers)
+        return {"trunk": _model_info(t, t.placement, t.load_buffers), "sidecar": side}
+    if op == "context":
+        cfg = ContextConfig(**msg[1])
+        model = models.sidecar if cfg.mtp else models.trunk
+        with log_capture() as lines:
+            ctx = Context(model, cfg)
+        h = models._next
+        models._next += 1
+        models.contexts[h] = ctx
+        names = getattr(models.trunk, "device_endpoints", {})
+        info = {k: getattr(ctx, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max",
+                                             "n_rs_seq", "n_vocab", "width")}
+        info.update(mtp=cfg.mtp, cfg=msg[1], caches=cache_placement(lines, names),
+                    buffers=[dict(b, endpoint=endpoint_of_buffer(b["buffer"]))
+                             for b in buffer_lines(lines)])
+        return h, info
+    if op == "ctx":
+        _, h, method, args, kwargs = msg
+        ctx = models.contexts[h]
+        out = getattr(ctx, method)(*args, **kwargs)
+        if method == "decode":
+            # upstream's decode returns with the shards still computing (the logits are
+            # fetched at the next read): wait here, so a step's bytes are all in the step
+            ctx.llama.llama_synchronize(ctx.ptr)
+            return ctx.last_n_outputs, ctx.last_decode_len
+        return out
+    if op == "free":
+        models.contexts.pop(msg[1]).close()
+        return None
+    if op == "call":
+        _, fn, args, kwargs = msg
+        return fn(models, *args, **kwargs)
+    raise InputError(f"unknown request {op!r}")
+
+
+def main() -> None:
+    """Entry point of the client worker: ``python -c ... FD PARENT_PID``."""
+    global _worker_conn
+    fd, parent = int(sys.argv[1]), int(sys.argv[2])
+    die_with_parent(parent)
+    conn = _worker_conn = Connection(fd)
+    models = Models()
+    import pickle
+
+    while True:
+        try:
+            raw = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        try:
+            msg = pickle.loads(raw)
+        except Exception as e:  # noqa: BLE001 - e.g. a function this process cannot import
+            conn.send(("err", UpstreamError(f"the client worker cannot unpickle the request: "
+                                            f"{type(e).__name__}: {e}")))
+            continue
+        if msg[0] == "close":
+            for c in models.contexts.values():
+                c.close()
+            for m in (models.sidecar, models.trunk):
+                if m is not None:
+                    m.close()
+            with contextlib.suppress(OSError):
+                conn.send(("ok", None))
+            break
+        try:
+            reply = ("ok", _handle(models, msg))
+        except Exception as e:  # noqa: BLE001 - every error goes back to the caller
+            try:
+                pickle.dumps(e)
+                reply = ("err", e)
+            except Exception:  # noqa: BLE001
+                reply = ("err", UpstreamError(f"{type(e).__name__}: {e}"))
+        conn.send(reply)
+    os._exit(0)
+
+
+# -- text, for `generate --prompt` on ranged models -------------------------------------
+def tokenize(models: Models, text: str) -> list[int]:
+    return models.trunk.tokenize(text)
+
+
+def detokenize(models: Models, tokens: list[int]) -> str:
+    return models.trunk.detokenize(tokens)
+
