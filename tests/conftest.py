@@ -8,6 +8,16 @@ from mtplib.model.fixture import write_combined, write_fixture
 from mtplib.ownership.derivation import inventory_from_paths
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """Row-source decisions are cached on disk across processes; tests use their own
+    folder so they neither read the developer's cache nor leave entries in it."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MTPLIB_CACHE_DIR", str(tmp_path_factory.mktemp("mtplib-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
     return write_fixture(tmp_path_factory.mktemp("fixture"), seed=0)

@@ -97,6 +97,35 @@ def test_choose_row_source_captured_on_failing_api_on_default(pair):
     assert choose_row_source(pair.trunk, ContextConfig(**GOOD, nextn_rows="all")) is good
 
 
+def test_row_source_key_is_complete_and_kept_on_disk(pair, monkeypatch):
+    """swa_full and n_seq_max are part of the key (a check made with one setting says
+    nothing about the other), and a decision made once is read back from disk by a new
+    process instead of being checked again."""
+    from mtplib.runtime import hidden
+
+    clear_cache(disk=True)
+    calls = []
+    real = hidden.check_hidden
+
+    def counting(*a, **kw):
+        calls.append(a[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(hidden, "check_hidden", counting)
+    base = dict(GOOD, nextn_rows="all")
+    d1 = choose_row_source(pair.trunk, ContextConfig(**base))
+    assert len(calls) == 1
+    choose_row_source(pair.trunk, ContextConfig(**base, swa_full=False))
+    choose_row_source(pair.trunk, ContextConfig(**base, n_seq_max=2))
+    assert len(calls) == 3 and not calls[1].swa_full and calls[2].n_seq_max == 2
+    clear_cache()  # a new process: nothing in memory
+    d2 = choose_row_source(pair.trunk, ContextConfig(**base))
+    assert len(calls) == 3 and (d2.mode, d2.reason) == (d1.mode, d1.reason)
+    assert len(list(hidden._cache_dir().glob("*.json"))) == 3
+    # the rows-only decodes of a client-side head are part of the unmasked check
+    assert [3, "none"] in d1.report["config"]["followups"]
+
+
 def test_choose_row_source_fails_closed(pair):
     # a context too small for the check: the check raises, the decision is unsupported
     d = choose_row_source(pair.trunk, ContextConfig(n_ctx=8, n_threads=1, nextn_rows="all"),

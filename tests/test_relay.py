@@ -3,10 +3,18 @@
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
-from mtplib.distributed.relay import RPC_TENSOR_SIZE, CountingRelay, RelaySet
+from mtplib.distributed.relay import (
+    RPC_TENSOR_SIZE,
+    CountingRelay,
+    RelaySet,
+    WanLink,
+    parse_wan,
+)
+from mtplib.errors import InputError
 from mtplib.runtime.rpc import ShardError
 
 
@@ -103,7 +111,8 @@ def test_rpc_framing_is_sorted_into_data_graph_control():
         c = r.snapshot()["s"]
         assert c["data"] == 100 + 64 and c["graph"] == 50 and c["unparsed"] == 0
         assert c["data"] + c["graph"] + c["control"] == c["up"] + c["down"]
-        assert r.tensors["s"] == {"t_in": 100, "t_out": 64}
+        assert r.tensors["s"] == {("up", "t_in"): 100, ("down", "t_out"): 64}
+        assert c["waits"] == 1  # the GET is answered; SET and GRAPH_COMPUTE are not
         s.close()
     echo.close()
 
@@ -123,3 +132,60 @@ def test_upstream_close_closes_client_and_is_recorded():
 def test_relay_refuses_non_loopback_upstream():
     with pytest.raises(ShardError, match="not loopback"):
         CountingRelay("192.0.2.1:5000")
+
+
+# -- WAN emulation ---------------------------------------------------------------------------
+def _round_trip(relay_endpoint: str, payload: bytes) -> float:
+    s = socket.create_connection(("127.0.0.1", int(relay_endpoint.split(":")[1])), timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t0 = time.monotonic()
+    s.sendall(payload)
+    recv_exact(s, len(payload))
+    dt = time.monotonic() - t0
+    s.close()
+    return dt
+
+
+def test_wan_delay_adds_one_rtt_per_round_trip():
+    echo = Echo()
+    with CountingRelay(echo.endpoint, link=WanLink(80.0)) as r:
+        dt = _round_trip(r.endpoint, b"x" * 100)
+    echo.close()
+    assert 0.078 <= dt < 0.3, dt
+
+
+def test_wan_back_to_back_chunks_are_pipelined_not_serialised():
+    """Ten messages sent at once arrive after about one RTT, not ten."""
+    echo = Echo()
+    with CountingRelay(echo.endpoint, link=WanLink(60.0)) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.monotonic()
+        for _ in range(10):
+            s.sendall(b"m" * 50)
+            time.sleep(0.002)
+        recv_exact(s, 500)
+        dt = time.monotonic() - t0
+        s.close()
+    echo.close()
+    assert 0.058 <= dt < 0.2, dt
+
+
+def test_wan_bandwidth_cap_paces_bytes():
+    """1 MB each way at 80 Mbit/s: about 0.1 s per direction on top of no delay."""
+    echo = Echo()
+    with CountingRelay(echo.endpoint, link=WanLink(0.0, 80.0)) as r:
+        dt = _round_trip(r.endpoint, b"b" * 1_000_000)
+    echo.close()
+    assert 0.18 <= dt < 1.0, dt
+
+
+def test_parse_wan():
+    assert parse_wan(None, 2) == [WanLink(), WanLink()]
+    assert parse_wan("100", 3) == [WanLink(100.0)] * 3
+    assert parse_wan("100:50,0", 2) == [WanLink(100.0, 50.0), WanLink(0.0)]
+    assert not WanLink().active and WanLink(0, 10).active
+    for bad, msg in [("1,2,3", "one per shard"), ("x", "not RTT_MS"), ("-5", "0..10000"),
+                     ("10:0", "> 0 Mbit"), ("nan", "0..10000")]:
+        with pytest.raises(InputError, match=msg):
+            parse_wan(bad, 2)

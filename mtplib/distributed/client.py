@@ -29,8 +29,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from mtplib.distributed.processes import LIVE, LocalShards, _kill_group, _spawn, _tail
+from mtplib.distributed.relay import WanLink
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.rpc import ShardError, parse_endpoint, probe
+
+#: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
+#: in the client process, next to the sampler (a draft then costs no shard round trip)
+MTP_PLACEMENTS = ("tail", "client")
 
 
 class ShardLostError(ShardError):
@@ -120,7 +125,11 @@ class RangedRuntime:
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
                  shards: LocalShards | None = None, relay: bool = True,
                  call_timeout_s: float = 120.0, load_timeout_s: float = 600.0,
-                 probe_timeout_s: float = 5.0, allow_remote: bool = False) -> None:
+                 probe_timeout_s: float = 5.0, allow_remote: bool = False,
+                 wan: Sequence[WanLink] | None = None, mtp_placement: str = "tail") -> None:
+        if mtp_placement not in MTP_PLACEMENTS:
+            raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
+                            f"got {mtp_placement!r}")
         if endpoints is None:
             if shards is None:
                 raise PlanError("give endpoints or shards=LocalShards(...)")
@@ -133,6 +142,12 @@ class RangedRuntime:
 
             plan = ShardPlan.parse(plan, int(read_header_fast(trunk).kv["deepseek4.block_count"]))
         self.plan = plan
+        self.mtp_placement = mtp_placement
+        wan = list(wan) if wan is not None else [WanLink()] * plan.n_shards
+        if len(wan) != plan.n_shards:
+            raise PlanError(f"{len(wan)} WAN links for {plan.n_shards} shards")
+        if not relay and any(w.active for w in wan):
+            raise PlanError("WAN emulation needs the relays (relay=True)")
         if len(self.endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
                             f"{len(self.endpoints)} endpoints were given")
@@ -162,7 +177,8 @@ class RangedRuntime:
                 info = self._request(("open", dict(
                     trunk=str(trunk), plan=str(self.plan), endpoints=client_eps,
                     sidecar=str(sidecar) if sidecar is not None else None,
-                    allow_remote=allow_remote)), timeout_s=load_timeout_s)
+                    allow_remote=allow_remote, mtp_placement=mtp_placement)),
+                    timeout_s=load_timeout_s)
             back = dict(zip(client_eps, self.endpoints, strict=True))
             for m in (info["trunk"], info["sidecar"]):
                 if m:
@@ -170,6 +186,9 @@ class RangedRuntime:
                     for b in m["buffers"]:
                         b["endpoint"] = back.get(b["endpoint"], b["endpoint"])
             self.trunk, self.sidecar = info["trunk"], info["sidecar"]
+            # loading runs over loopback; the emulated WAN applies from here on
+            for r, link in zip(self.relays.relays, wan, strict=True):
+                r.set_link(link)
         except BaseException:
             self.close()
             raise
@@ -331,25 +350,38 @@ class RangedRuntime:
         self.steps.clear()
 
     def seam_report(self, dtype: str = "f32") -> dict:
-        """Bytes on all shard connections per step label, per token, next to the
-        contract's minimum (mtplib.contract.seam_bytes_per_token x (n_shards - 1) seams)."""
+        """Bytes and waits on all shard connections per step label, per token, next to the
+        contract's minimum (mtplib.contract.seam_bytes_per_token x (n_shards - 1) seams);
+        data bytes by class (mtplib.contract.wire) and the cache bytes that crossed."""
         from mtplib.contract import DType, ModelDims, seam_bytes_per_token
+        from mtplib.contract.wire import (
+            cache_tensors_on_wire,
+            classify_step,
+            wire_violations,
+        )
 
         dims = ModelDims(n_embd=self.trunk["n_embd"], n_vocab=self.trunk["n_vocab"])
         mins = seam_bytes_per_token(dims, DType(dtype))
         n_seams = self.plan.n_shards - 1
         per_label = self.relays.by_label()
-        zero = {"total": 0, "up": 0, "down": 0, "data": 0, "graph": 0, "control": 0,
-                "unparsed": 0, "per_shard": [0] * len(self.relays.relays)}
-        steps = {}
+        n_relays = len(self.relays.relays)
+        steps, classes, crossing = {}, {}, {}
         for label in sorted(set(per_label) | set(self.steps)):
-            c = per_label.get(label, zero)
-            n_tok = self.tokens.get(label, 0)
+            c = per_label.get(label) or {"total": 0, "up": 0, "down": 0, "waits": 0,
+                                         "data": 0, "graph": 0, "control": 0, "unparsed": 0,
+                                         "per_shard": [0] * n_relays,
+                                         "waits_per_shard": [0] * n_relays}
+            per_dir = self.relays.by_tensor_dir(label)
+            classes[label] = classify_step(per_dir)
+            crossing[label] = cache_tensors_on_wire(per_dir)
+            n_tok, n_steps = self.tokens.get(label, 0), self.steps.get(label, 0)
             key = {"prefill": "prefill_token", "decode": "decode_token"}.get(label)
             row = {"bytes": c["total"], "up": c["up"], "down": c["down"],
                    "data": c["data"], "graph": c["graph"], "control": c["control"],
                    "unparsed": c["unparsed"], "per_shard": c["per_shard"],
-                   "steps": self.steps.get(label, 0), "tokens": n_tok,
+                   "waits": c["waits"], "waits_per_shard": c["waits_per_shard"],
+                   "waits_per_step": c["waits"] / n_steps if n_steps else None,
+                   "classes": classes[label], "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,
                    "data_bytes_per_token": c["data"] / n_tok if n_tok else None}
             if key:
@@ -364,19 +396,32 @@ class RangedRuntime:
             "contract_min_per_seam": {k: mins[k] for k in ("prefill_token", "decode_token")},
             "seam_bytes": sum(steps[k]["bytes"] for k in run_labels),
             "load_bytes": steps.get("load", {}).get("bytes", 0),
+            "cache_bytes_crossing": sum(classes[k]["cache"] for k in run_labels),
+            "cache_tensors_crossing": {k: v for k, v in crossing.items()
+                                       if v and k in run_labels},
+            "wire_violations": wire_violations({k: classes[k] for k in run_labels}),
+            "links": [str(r.link) for r in self.relays.relays],
             "steps": steps,
         }
 
     def seam_metrics(self) -> dict:
         """The compact form `mtplib generate --plan` reports: total bytes on the shard
-        connections while generating, per token per step kind, and the contract's
-        minimum for the same plan."""
+        connections while generating, per token per step kind, waits per step, data bytes
+        by class, the contract's minimum for the same plan, and the cache bytes that
+        crossed a shard connection (must be 0)."""
         rep = self.seam_report()
         out = {"seam_bytes": rep["seam_bytes"], "seam_bytes_per_token": {},
                "seam_data_bytes_per_token": {}, "seam_contract_min_per_token": {},
-               "seam_ratio": {}}
+               "seam_ratio": {}, "waits_per_step": {}, "wire_bytes_by_class": {},
+               "cache_bytes_crossing": rep["cache_bytes_crossing"],
+               "wire_violations": rep["wire_violations"], "wan": rep["links"]}
         for label, row in rep["steps"].items():
-            if row["tokens"] and label not in ("load", "setup", "other"):
+            if label in ("load", "setup", "other"):
+                continue
+            if row["steps"]:
+                out["waits_per_step"][label] = row["waits_per_step"]
+                out["wire_bytes_by_class"][label] = row["classes"]
+            if row["tokens"]:
                 out["seam_bytes_per_token"][label] = row["bytes_per_token"]
                 out["seam_data_bytes_per_token"][label] = row["data_bytes_per_token"]
                 if "contract_min_per_token" in row:

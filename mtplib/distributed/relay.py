@@ -7,11 +7,22 @@ Bytes outside any step count under ``"other"``. `RelaySet` labels several relays
 
 When either side closes, the relay closes the other side at once, so a lost shard is seen
 by the client immediately (and a lost client frees the shard for the next one).
+
+WAN emulation: a relay can hold every chunk for a one-way delay (each direction) and pace
+it at a link rate (`WanLink`). Chunks are timestamped on arrival and released in order at
+``max(arrival + delay, previous release) + size / rate``, so back-to-back messages travel
+together (pipelined) as on a real link rather than one round trip each.
+
+Besides bytes, the relay counts **waits**: requests the client blocks on until the shard
+answers (upstream's RPC client sends each answered command and waits for its reply on that
+connection: ggml-rpc.cpp `send_rpc_cmd` with an output). Over a WAN each wait costs a
+round trip, so waits per step kind are what a WAN-bound loop pays for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import select
 import socket
 import struct
@@ -19,7 +30,9 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
+from mtplib.errors import InputError
 from mtplib.runtime.rpc import parse_endpoint
 
 CHUNK = 1 << 20
@@ -36,6 +49,55 @@ RPC_ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
 RPC_TENSOR_SIZE = 296  # sizeof(rpc_tensor), packed
 RPC_TENSOR_NAME = slice(228, 292)  # rpc_tensor.name
 CATEGORIES = ("data", "graph", "control", "unparsed")
+COUNTERS = ("up", "down", "waits", *CATEGORIES)
+
+
+@dataclass(frozen=True)
+class WanLink:
+    """One shard connection's emulated WAN: ``rtt_ms`` round trip (half of it each way)
+    and an optional rate cap ``mbit`` (Mbit/s, each direction). RTT 0 without a cap is a
+    plain loopback relay."""
+
+    rtt_ms: float = 0.0
+    mbit: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rtt_ms) and 0 <= self.rtt_ms <= 10_000):
+            raise InputError(f"WAN RTT must be in 0..10000 ms, got {self.rtt_ms}")
+        if self.mbit is not None and not (math.isfinite(self.mbit) and self.mbit > 0):
+            raise InputError(f"WAN bandwidth must be > 0 Mbit/s, got {self.mbit}")
+
+    @property
+    def active(self) -> bool:
+        return self.rtt_ms > 0 or self.mbit is not None
+
+    @property
+    def one_way_s(self) -> float:
+        return self.rtt_ms / 2000.0
+
+    def __str__(self) -> str:
+        return f"{self.rtt_ms:g}" + (f":{self.mbit:g}" if self.mbit is not None else "")
+
+
+def parse_wan(text: str | None, n_shards: int) -> list[WanLink]:
+    """``--wan``: ``RTT_MS[:MBIT]`` for every shard, or one entry per shard, comma-separated
+    (``100,0``: shard 0 behind 100 ms, shard 1 co-located). Empty or None: no WAN."""
+    if text is None or not str(text).strip():
+        return [WanLink()] * n_shards
+    parts = [s.strip() for s in str(text).split(",")]
+    if len(parts) not in (1, n_shards):
+        raise InputError(f"--wan {text!r}: give one RTT_MS[:MBIT] for every shard or one per "
+                         f"shard ({n_shards} shards), comma-separated")
+    links = []
+    for part in parts:
+        rtt, _, mbit = part.partition(":")
+        try:
+            values = float(rtt), float(mbit) if mbit else None
+        except ValueError:
+            raise InputError(f"--wan {text!r}: {part!r} is not RTT_MS[:MBIT] "
+                             "(numbers, e.g. 100 or 100:50)") from None
+        links.append(WanLink(*values))
+    return links * n_shards if len(links) == 1 else links
 
 
 class _RpcParser:
@@ -53,8 +115,9 @@ class _RpcParser:
         self.broken = False
 
     def feed(self, data: bytes, out: dict, names: dict) -> None:
-        """Add this chunk's bytes to ``out`` by category and its tensor data to
-        ``names[tensor name]``."""
+        """Add this chunk's bytes to ``out`` by category (and the requests the client will
+        wait on to ``out["waits"]``), and its tensor data to ``names[(direction, tensor
+        name)]`` (direction "up": client -> shard, SET_TENSOR; "down": GET_TENSOR replies)."""
         i, n = 0, len(data)
         if self.broken:
             out["unparsed"] += n
@@ -73,6 +136,8 @@ class _RpcParser:
                     self.desc, self.name = b"", ""
                     self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
                                       else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)
+                    if self.cmd in RPC_ANSWERED:
+                        out["waits"] += 1
                     if self.cmd in RPC_ANSWERED and self.cmd != RPC_GET_TENSOR:
                         self.expect.append((self.cmd, ""))
                     if self.cmd == RPC_GET_TENSOR and self.left < RPC_TENSOR_SIZE:
@@ -105,10 +170,12 @@ class _RpcParser:
                 out["control"] += d
                 if take > d:
                     out["data"] += take - d
-                    names[self.name] = names.get(self.name, 0) + take - d
+                    key = ("up", self.name)
+                    names[key] = names.get(key, 0) + take - d
             elif self.cmd == RPC_GET_TENSOR and not self.up:
                 out["data"] += take
-                names[self.name] = names.get(self.name, 0) + take
+                key = ("down", self.name)
+                names[key] = names.get(key, 0) + take
             else:
                 out["control"] += take
             self.left -= take
@@ -119,6 +186,9 @@ class _Conn:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client, self.upstream = client, upstream
         self.busy = [False, False]
+        # delayed forwarding (WAN): per direction, (release time, chunk); None ends it
+        self.queues: tuple[deque, deque] = (deque(), deque())
+        self.ready = (threading.Condition(), threading.Condition())
         expect: deque = deque()
         self.parsers = (_RpcParser(True, expect), _RpcParser(False, expect))
         self.closed = threading.Event()
@@ -144,14 +214,15 @@ class CountingRelay:
     "data"/"graph"/"control"/"unparsed": the same bytes by RPC content}``."""
 
     def __init__(self, upstream: str, *, name: str | None = None,
-                 allow_remote: bool = False) -> None:
+                 allow_remote: bool = False, link: WanLink | None = None) -> None:
         self.upstream = upstream
+        self.link = link or WanLink()
         self._up_addr = parse_endpoint(upstream, allow_remote=allow_remote)
         self.name = name or upstream
         self.label = "other"
-        self.counts: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"up": 0, "down": 0, **dict.fromkeys(CATEGORIES, 0)})
-        self.tensors: dict[str, dict[str, int]] = defaultdict(dict)  # label -> name -> data
+        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+        #: label -> (direction, tensor name) -> data bytes
+        self.tensors: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
         self.events: list[dict] = []  # connection opened / closed (by whom), with times
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
@@ -166,6 +237,11 @@ class CountingRelay:
         t = threading.Thread(target=self._accept, daemon=True, name=f"relay-{self.endpoint}")
         t.start()
         self._threads.append(t)
+
+    def set_link(self, link: WanLink) -> None:
+        """Change the emulated WAN (e.g. after loading over loopback); chunks already
+        queued keep their release times and order."""
+        self.link = link
 
     # -- counting -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -197,7 +273,7 @@ class CountingRelay:
             with self._lock:
                 conns = [c for c in self._conns if not c.closed.is_set()]
             socks = [s for c in conns for s in (c.client, c.upstream)]
-            busy = any(any(c.busy) for c in conns)
+            busy = any(any(c.busy) or c.queues[0] or c.queues[1] for c in conns)
             try:
                 readable = select.select(socks, [], [], 0)[0] if socks else []
             except (OSError, ValueError):  # a socket closed under us: that is calm too
@@ -237,10 +313,15 @@ class CountingRelay:
                                      daemon=True, name=f"relay-{self.endpoint}-{key}")
                 t.start()
                 self._threads.append(t)
+                t = threading.Thread(target=self._release, args=(conn, i, dst),
+                                     daemon=True, name=f"relay-{self.endpoint}-{key}-out")
+                t.start()
+                self._threads.append(t)
 
     def _pump(self, conn: _Conn, i: int, src: socket.socket, dst: socket.socket,
               key: str) -> None:
-        side = "client" if key == "up" else "shard"
+        free_at = 0.0  # when the emulated link finishes sending the previous chunk
+        q, ready = conn.queues[i], conn.ready[i]
         try:
             while True:
                 data = src.recv(CHUNK)
@@ -251,13 +332,47 @@ class CountingRelay:
                     c = self.counts[self.label]
                     c[key] += len(data)
                     conn.parsers[i].feed(data, c, self.tensors[self.label])
-                dst.sendall(data)
+                link = self.link  # may change between steps (set_link)
+                if not link.active and not q:
+                    dst.sendall(data)
+                else:
+                    start = max(time.monotonic() + link.one_way_s, free_at)
+                    free_at = start + (len(data) * 8 / (link.mbit * 1e6) if link.mbit else 0.0)
+                    with ready:
+                        q.append((free_at, data))
+                        ready.notify()
                 conn.busy[i] = False
         except OSError:
             pass
         conn.busy[i] = False
+        with ready:  # what is in flight still arrives, then the close
+            q.append((max(time.monotonic() + self.link.one_way_s, free_at), None))
+            ready.notify()
+
+    def _release(self, conn: _Conn, i: int, dst: socket.socket) -> None:
+        """Forward each queued chunk at its release time, in arrival order; then close."""
+        side = "client" if i == 0 else "shard"
+        q, ready = conn.queues[i], conn.ready[i]
+        try:
+            while True:
+                with ready:
+                    while not q:
+                        ready.wait()
+                    due, data = q[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                if data is None:
+                    break
+                dst.sendall(data)
+                with ready:
+                    q.popleft()
+        except OSError:
+            pass
+        with ready:
+            q.clear()
         if not conn.closed.is_set():
-            self._event("closed", by=side)  # before closing: whoever sees EOF sees this
+            self._event("closed", by=side)
             conn.close(by=side)
 
     def _event(self, what: str, **kw) -> None:
@@ -320,25 +435,42 @@ class RelaySet:
         out: dict[str, dict] = {}
         for i, r in enumerate(self.relays):
             for label, c in r.snapshot().items():
-                o = out.setdefault(label, {"up": 0, "down": 0, "total": 0,
-                                           **dict.fromkeys(CATEGORIES, 0),
-                                           "per_shard": [0] * len(self.relays)})
-                for k in ("up", "down", *CATEGORIES):
+                o = out.setdefault(label, {**dict.fromkeys(COUNTERS, 0), "total": 0,
+                                           "per_shard": [0] * len(self.relays),
+                                           "waits_per_shard": [0] * len(self.relays)})
+                for k in COUNTERS:
                     o[k] += c[k]
                 o["total"] += c["up"] + c["down"]
                 o["per_shard"][i] += c["up"] + c["down"]
+                o["waits_per_shard"][i] += c["waits"]
         return out
 
     def total(self, label: str | None = None) -> int:
         return sum(r.total(label) for r in self.relays)
 
     def by_tensor(self, label: str) -> list[dict[str, int]]:
-        """Per relay: tensor name -> data bytes moved under ``label``."""
+        """Per relay: tensor name -> data bytes moved under ``label`` (both directions)."""
+        out = []
+        for per_dir in self.by_tensor_dir(label):
+            d: dict[str, int] = {}
+            for (_, name), n in per_dir.items():
+                d[name] = d.get(name, 0) + n
+            out.append(d)
+        return out
+
+    def by_tensor_dir(self, label: str) -> list[dict[tuple[str, str], int]]:
+        """Per relay: (direction, tensor name) -> data bytes moved under ``label``."""
         out = []
         for r in self.relays:
             with r._lock:
                 out.append(dict(r.tensors.get(label, {})))
         return out
+
+    def labels(self) -> list[str]:
+        with contextlib.ExitStack() as st:
+            for r in self.relays:
+                st.enter_context(r._lock)
+            return sorted({lb for r in self.relays for lb in r.counts})
 
     def close(self) -> None:
         for r in self.relays:

@@ -54,6 +54,9 @@ FULL_VOCAB_MAX = 8192
 #: Decodes after the prompt, (tokens, logits): what the MTP loop decodes (a token, verify
 #: batches of k+1 for k = 1..3, a prefill chunk with logits on its last token only).
 FOLLOWUPS = ((1, "all"), (2, "all"), (3, "all"), (4, "all"), (8, "last"))
+#: With unmasked rows a loop that runs the output head itself decodes with no logits at
+#: all (a plain token, a verify batch of k+1): those graphs differ, so they are checked too.
+ROWS_ONLY_FOLLOWUPS = ((1, "none"), (3, "none"), (4, "none"))
 MATRIX_DEFAULTS = {
     "kv_types": ("f16", "f32"),
     "flash_attn": ("on", "off", "auto"),
@@ -287,6 +290,8 @@ def _flags(n: int, pattern: str) -> list[bool]:
         return [False] * (n - 1) + [True]
     if pattern == "every3":  # output rows at 2, 5, 8, ... and the last token
         return [i % 3 == 2 or i == n - 1 for i in range(n)]
+    if pattern == "none":  # rows only: the output head runs elsewhere (in the client)
+        return [False] * n
     raise InputError(f"unknown logits pattern {pattern!r}")
 
 
@@ -329,7 +334,8 @@ def _run(model: Model, cfg: ContextConfig, tokens: Sequence[int], plan, masked: 
                     captured.append(cap.take(n_rows))
                 except CaptureError as e:
                     captured.append(e)
-            logits.append(np.stack([ctx.logits(i) for i, f in enumerate(flags) if f]))
+            rows = [ctx.logits(i) for i, f in enumerate(flags) if f]
+            logits.append(np.stack(rows) if rows else np.zeros((0, model.n_vocab), np.float32))
             pos += n
         return _Decoded(api, captured, logits, ctx.n_ubatch, ctx.n_ctx, ctx.n_batch)
 
@@ -407,7 +413,8 @@ def check_hidden(model: str | Path | Model, cfg: ContextConfig | dict | None = N
             flags = _flags(n, pattern)
             api, cap, lg = plain.api[k], withcb.captured[k], withcb.logits[k]
             entry = {"n_tokens": n, "logits": pattern, "n_rows": int(api.shape[0])}
-            logits_xctx = max(logits_xctx, float(np.abs(plain.logits[k] - lg).max()))
+            if lg.size:
+                logits_xctx = max(logits_xctx, float(np.abs(plain.logits[k] - lg).max()))
             if isinstance(cap, Exception):
                 problems.append(f"decode {k}: {cap}")
                 entry["capture_error"] = str(cap)
@@ -500,24 +507,76 @@ def decide(report: dict) -> tuple[str, str]:
                         f"the logits (max |diff| {report['capture_logits_max_diff']:.3g})")
 
 
-_DECISIONS: dict[tuple, RowSourceDecision] = {}
+_DECISIONS: dict[str, RowSourceDecision] = {}
+#: bump when the check itself changes, so decisions cached on disk are made again
+CHECK_VERSION = 2
 
 
-def clear_cache() -> None:
+def clear_cache(*, disk: bool = False) -> None:
+    """Forget the decisions made in this process (and, ``disk``, those on disk)."""
     _DECISIONS.clear()
+    if disk:
+        for p in _cache_dir().glob("*.json"):
+            p.unlink(missing_ok=True)
 
 
-def _cache_key(path: Path, c: ContextConfig, reserve: bool) -> tuple:
+def _cache_dir() -> Path:
+    root = os.environ.get("MTPLIB_CACHE_DIR") or Path.home() / ".cache" / "mtplib"
+    return Path(root) / "row-source"
+
+
+def _cache_key(path: Path, c: ContextConfig, reserve: bool,
+               followups: Sequence[tuple[int, str]]) -> dict:
+    """Everything the decision depends on: the pinned upstream, the model file, every
+    context parameter (swa_full and n_seq_max change the graph and the cache layout, so a
+    check made with one setting says nothing about the other), masking, the reserve fix
+    and the decode shapes checked."""
     p = path.resolve()
     st = p.stat()
-    return (str(p), st.st_size, st.st_mtime_ns, c.kv_type, c.flash_attn, c.n_ctx,
-            c.n_batch, c.n_ubatch, c.nextn_rows == "masked", reserve)
+    return {"check": CHECK_VERSION, "upstream": pins.LLAMA_CPP_COMMIT, "model": str(p),
+            "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "context": {f.name: getattr(c, f.name) for f in fields(ContextConfig)
+                        if f.name != "no_perf"},
+            "reserve": bool(reserve), "followups": [list(f) for f in followups]}
+
+
+def _key_id(key: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _load_decision(key: dict) -> RowSourceDecision | None:
+    import json
+
+    p = _cache_dir() / f"{_key_id(key)}.json"
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if d.get("key") != key or d.get("mode") not in ("api", "captured", "unsupported"):
+        return None
+    return RowSourceDecision(d["mode"], d["reason"], d.get("report", {}))
+
+
+def _store_decision(key: dict, d: RowSourceDecision) -> None:
+    import json
+
+    p = _cache_dir() / f"{_key_id(key)}.json"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, **d.to_dict()}, default=str))
+        os.replace(tmp, p)
+    except OSError:  # a read-only home: the decision is still made, just not kept
+        pass
 
 
 def check_length(c: ContextConfig, followups: Sequence[tuple[int, str]] = FOLLOWUPS) -> int:
     """A prompt that spans about three ubatches and fits the context with the follow-ups."""
     n_ub = min(c.n_ubatch, c.n_batch, c.n_ctx)
-    room = c.n_ctx - sum(n for n, _ in followups)
+    room = c.n_ctx // max(1, c.n_seq_max) - sum(n for n, _ in followups)  # one sequence's share
     return max(1, min(2 * n_ub + 3, room))
 
 
@@ -526,8 +585,12 @@ def choose_row_source(model: str | Path | Model, ctx_cfg: ContextConfig | dict, 
                       use_cache: bool = True) -> RowSourceDecision:
     """Where the MTP loop takes the target's rows from, for this context configuration.
 
-    Runs `check_hidden` once per (model file, kv_type, flash_attn, n_ctx, n_batch,
-    n_ubatch, masked) on throwaway contexts; masked comes from ``ctx_cfg.nextn_rows``.
+    Runs `check_hidden` once per complete key (`_cache_key`: pin, model file, every context
+    parameter, masked, reserve) on throwaway contexts, and keeps the decision in this
+    process and on disk (``~/.cache/mtplib/row-source``, or ``$MTPLIB_CACHE_DIR``), so a
+    new process, a notebook kernel or a shard worker does not check again. A model loaded
+    across RPC shards is checked on a local CPU load of the same file: the answer never
+    costs shard round trips. Masked comes from ``ctx_cfg.nextn_rows``.
     "api": the API rows were right; "captured": they were wrong but the captured rows
     check out against the logits; "unsupported": neither can be trusted (do not draft).
     ``reserve``: the caller calls `force_reserve` on its target context; the check does too.
@@ -539,19 +602,37 @@ def choose_row_source(model: str | Path | Model, ctx_cfg: ContextConfig | dict, 
     masked = cfg.nextn_rows == "masked"
     c = as_config(cfg, masked)
     path = model.path if isinstance(model, Model) else Path(model)
-    key = _cache_key(path, c, reserve)
-    if use_cache and key in _DECISIONS:
-        return _DECISIONS[key]
-    n = n_tokens or check_length(c)
+    fups = FOLLOWUPS + (() if masked else ROWS_ONLY_FOLLOWUPS)
+    key = _cache_key(path, c, reserve, fups)
+    kid = _key_id(key)
+    if use_cache:
+        if kid in _DECISIONS:
+            return _DECISIONS[kid]
+        d = _load_decision(key)
+        if d is not None:
+            _DECISIONS[kid] = d
+            return d
+    if isinstance(model, Model) and getattr(model, "endpoints", None):
+        model = path  # ranged: check a local CPU load, not through the shards
+    n = n_tokens or check_length(c, fups)
+    local = None
     try:
-        report = check_hidden(model, c, n, masked, reserve=reserve)
+        if not isinstance(model, Model):  # CPU only: a process with RPC shards registered
+            from mtplib.runtime.rpc import cpu_device  # would spread a default load on them
+
+            model = local = Model(model, devices=[cpu_device()])
+        report = check_hidden(model, c, n, masked, reserve=reserve, followups=fups)
     except Exception as e:  # noqa: BLE001 - any failure of the check is fail-closed
         report = {"error": f"{type(e).__name__}: {e}", "capture_ok": False,
                   "config": {f: getattr(c, f) for f in CONFIG_FIELDS} | {"masked": masked}}
+    finally:
+        if local is not None:
+            local.close()
     mode, reason = decide(report)
     d = RowSourceDecision(mode, reason, report)
     if use_cache and "error" not in report:
-        _DECISIONS[key] = d
+        _DECISIONS[kid] = d
+        _store_decision(key, d)
     return d
 
 

@@ -242,11 +242,13 @@ def endpoint_of_buffer(name: str) -> str | None:
 # -- opening a ranged model -------------------------------------------------------------
 def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[str], *,
                 sidecar: str | Path | None = None, allow_remote: bool = False,
-                verify: bool = True):
+                verify: bool = True, mtp_placement: str = "tail"):
     """Load ``trunk`` across RPC shards (one endpoint per plan range, in order) and the
-    MTP ``sidecar`` (if given) on the tail shard only. Returns (trunk Model, sidecar
-    Model | None); the trunk Model carries ``.plan``, ``.endpoints`` and ``.placement``
-    (layer -> endpoint, read back from upstream's own load log).
+    MTP ``sidecar`` (if given) on the tail shard only (``mtp_placement="tail"``) or on this
+    process's CPU (``"client"``: next to the sampler, so drafting costs no shard traffic).
+    Returns (trunk Model, sidecar Model | None); the trunk Model carries ``.plan``,
+    ``.endpoints`` and ``.placement`` (layer -> endpoint, read back from upstream's own
+    load log).
 
     In-process: a shard lost later aborts THIS process (upstream's client); use
     mtplib.distributed.client.RangedRuntime to contain that."""
@@ -290,7 +292,12 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
         if verify:
             check_placement(plan, endpoints, placement)
         side = None
-        if sh is not None:
+        if sh is not None and mtp_placement == "client":
+            # explicit CPU device: with devices=NULL upstream would spread it over the shards
+            side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()])
+            side.endpoints, side.device_endpoints, side.load_buffers = [], names, []
+            side.placement = {}
+        elif sh is not None:
             with log_capture() as lines:
                 side = Model(sidecar, load_mtp=True, header=sh, devices=[devices[-1]])
             side.endpoints = [endpoints[-1]]

@@ -1,0 +1,115 @@
+"""What the bytes on a shard connection are, and the rule that caches never cross.
+
+The seam validator (`mtplib.contract.seam`) polices typed boundary messages. A ranged run on
+upstream's RPC backend moves tensors, not messages, so this module classifies the tensor
+traffic a counting relay saw on each shard connection (by direction and upstream's tensor
+names) and checks it against the same rule: KV and V4 auxiliary caches (raw SWA K,
+compressed CSA/HCA K, indexer K, compressor state) are shard-local and never cross.
+
+Classes (every data byte gets exactly one):
+
+- ``seam``: boundary values: an activation read out of one shard (GET) and the same tensor
+  written into the next (SET), and the MTP block's hidden-row input (``mtp_h_state``);
+- ``outputs``: what the sampler needs from the tail: logits (``result_output``) or the
+  pre-head hidden rows (``h_nextn``);
+- ``inputs``: per-step graph inputs the client builds: token ids, the token embedding,
+  positions, masks, cache index vectors, output ids;
+- ``constants``: inputs that are the same every step but re-sent as graph inputs
+  (``attn_inp_k_rot``: the indexer's Hadamard rotation, llama-kv-cache.cpp);
+- ``cache``: KV and auxiliary cache tensors (``cache_*_l<N>``, ``dsv4_*_state_{kv,score}_l<N>``);
+  forbidden on the wire while decoding;
+- ``weights``: model tensors uploaded at load time.
+
+Upstream's names at the pin: llama-kv-cache.cpp ``cache_%sk_l%d`` / ``cache_%sv_l%d``,
+llama-kv-cache-dsv4.cpp ``dsv4_%s_state_kv_l%d`` / ``dsv4_%s_state_score_l%d``; the
+scheduler names a copy of tensor T for backend B ``B#T#n`` (ggml-backend.c).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+WIRE_CLASSES: tuple[str, ...] = ("seam", "outputs", "inputs", "constants", "cache", "weights")
+SHARD_LOCAL_CLASSES = frozenset({"cache"})
+"""Classes that must never appear on a shard connection after load."""
+
+OUTPUT_TENSORS = frozenset({"result_output", "h_nextn", "result_norm"})
+CONSTANT_INPUTS = frozenset({"attn_inp_k_rot", "attn_inp_v_rot"})
+MTP_SEAM_INPUTS = ("mtp_h_state",)
+"""The MTP graph's hidden-row input (graph_mtp): the trunk's h rows, a boundary value."""
+
+_CACHE = re.compile(r"^(cache_\w*?[kvrs]_l\d+|dsv4_[a-z]+_state_(kv|score)_l\d+)$")
+_WEIGHT = re.compile(r"(^blk\.\d+\.|^token_embd|^output|\.weight$|\.bias$)")
+_SUFFIX = re.compile(r"( \((view|reshaped|permuted|transposed|cont|copy)\))+$")
+
+
+def base_name(name: str) -> str:
+    """Upstream's own name of a tensor seen on the wire: without the scheduler's
+    ``BACKEND#...#n`` copy wrapper, the ``-<layer>`` of a per-layer input, and view/reshape
+    suffixes."""
+    if name.count("#") >= 2:
+        name = name.split("#", 1)[1].rsplit("#", 1)[0]
+    return _SUFFIX.sub("", name)
+
+
+def is_cache_tensor(name: str) -> bool:
+    """True for a KV or V4 auxiliary cache tensor (any view or scheduler copy of one)."""
+    return bool(_CACHE.match(base_name(name)))
+
+
+def classify(direction: str, name: str, fetched: set[str]) -> str:
+    """The class of one tensor's data bytes. ``direction``: "up" (client -> shard, set) or
+    "down" (shard -> client, get); ``fetched``: base names read out of any shard in the
+    same step (what is written back elsewhere is then a boundary value)."""
+    b = base_name(name)
+    if _CACHE.match(b):
+        return "cache"
+    if b in CONSTANT_INPUTS:
+        return "constants"
+    if direction == "down":
+        return "outputs" if b in OUTPUT_TENSORS else "seam"
+    if b in fetched or b.startswith(MTP_SEAM_INPUTS):
+        return "seam"
+    if _WEIGHT.search(b):
+        return "weights"
+    return "inputs"
+
+
+def classify_step(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[str, int]:
+    """Data bytes of one step kind on all shard connections, by class."""
+    per_relay = list(per_relay)
+    fetched = {base_name(n) for d in per_relay for (dr, n) in d if dr == "down"}
+    out = dict.fromkeys(WIRE_CLASSES, 0)
+    for d in per_relay:
+        for (direction, name), n in d.items():
+            out[classify(direction, name, fetched)] += n
+    return out
+
+
+def cache_tensors_on_wire(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[str, int]:
+    """Cache tensor name -> bytes that crossed (all connections, both directions)."""
+    out: dict[str, int] = {}
+    for d in per_relay:
+        for (_, name), n in d.items():
+            if is_cache_tensor(name):
+                b = base_name(name)
+                out[b] = out.get(b, 0) + n
+    return out
+
+
+def wire_violations(by_step: Mapping[str, Mapping[str, int]],
+                    exempt: Iterable[str] = ("load",)) -> list[str]:
+    """One message per step kind in which shard-local classes crossed (empty: clean).
+    ``by_step``: step label -> class -> bytes; ``exempt``: labels not checked (loading
+    uploads weights only, but is exempt from nothing else)."""
+    skip = set(exempt)
+    out = []
+    for label, classes in sorted(by_step.items()):
+        if label in skip:
+            continue
+        for cls in sorted(SHARD_LOCAL_CLASSES):
+            if classes.get(cls, 0):
+                out.append(f"{label}: {classes[cls]} bytes of {cls} tensors crossed a shard "
+                           "connection (KV and V4 auxiliary caches are shard-local)")
+    return out
