@@ -16,6 +16,7 @@ from mtplib.lab import upstream_tools as U
 from mtplib.model.arch import sidecar_tensors, trunk_tensors
 from mtplib.model.presets import V4_FLASH, V4_FLASH_RATIOS, get_preset
 from mtplib.runtime.drafters import SyntheticDrafter
+from mtplib.runtime.settings import DecodeSettings
 
 # -- recorded upstream outputs (llama-server at the pinned commit, v4-ratio-cpu seed 0) --
 #: /completion response of a k=2 run with --spec-synth-rates 0.77,0.37, seed 0, 64 tokens,
@@ -118,7 +119,8 @@ def test_upstream_flags_and_sidecar_as_draft_model():
         U.spec_args("mtp-x.gguf", 3, [0.77, 0.37])
     with pytest.raises(U.UpstreamToolError):
         U.spec_args(None, 0, [1.0])
-    argv = U.ServerConfig(model="t.gguf", mtp="mtp-t.gguf", k=1, threads=2, n_ctx=1024) \
+    argv = U.ServerConfig(model="t.gguf", mtp="mtp-t.gguf", k=1,
+                          settings=DecodeSettings(n_threads=2, n_ctx=1024)) \
         .argv(U.tool_path("llama-server"), 8080)
     for flag, val in (("-t", "2"), ("-tb", "2"), ("-c", "1024"), ("-np", "1"),
                       ("-md", "mtp-t.gguf")):
@@ -312,7 +314,31 @@ def test_committed_side_by_side_tables_load():
 
 def test_swa_full_is_the_same_on_both_sides():
     cfg = S.SideBySideConfig()
-    assert cfg.swa_full is False and cfg.to_dict()["swa_full"] is False  # llama-server's
+    assert cfg.settings.swa_full is False and cfg.to_dict()["swa_full"] is False  # server's
+    assert U.ServerConfig(model="m.gguf").settings.swa_full is False
     off = U.ServerConfig(model="m.gguf").argv(Path("llama-server"), 1)
-    on = U.ServerConfig(model="m.gguf", swa_full=True).argv(Path("llama-server"), 1)
+    on = U.ServerConfig(model="m.gguf", settings=DecodeSettings(swa_full=True)) \
+        .argv(Path("llama-server"), 1)
     assert "--swa-full" not in off and "--swa-full" in on
+
+
+def test_config_records_the_committed_keys_and_one_settings_reach_both_sides():
+    """The recorded config keeps the keys (and order) of the committed results, and the
+    one DecodeSettings is what llama-server's argv is built from."""
+    import json
+
+    committed = json.loads((S.EVIDENCE_DIR / "sbs-v4-ratio-cpu-t2-run4-swaoff.json")
+                           .read_text())["config"]
+    cfg = S.SideBySideConfig(ks=(1, 2, 3), runs=7)
+    assert cfg.to_dict() == committed
+    assert list(cfg.to_dict()) == list(committed)
+    s = DecodeSettings(n_ctx=512, n_batch=64, n_ubatch=32, n_threads=3, kv_type="q8_0",
+                       flash_attn="on", swa_full=True)
+    d = S.SideBySideConfig(settings=s).to_dict()
+    assert (d["threads"], d["n_ctx"], d["n_batch"], d["n_ubatch"], d["kv_type"],
+            d["flash_attn"], d["swa_full"]) == (3, 512, 64, 32, "q8_0", "on", True)
+    argv = U.ServerConfig(model="m.gguf", settings=s).argv(Path("llama-server"), 1)
+    for flag, val in (("-t", "3"), ("-tb", "3"), ("-c", "512"), ("-b", "64"), ("-ub", "32"),
+                      ("-ctk", "q8_0"), ("-ctv", "q8_0"), ("-fa", "on")):
+        assert argv[argv.index(flag) + 1] == val
+    assert "--swa-full" in argv

@@ -14,9 +14,15 @@ import platform
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtplib.commands.common import add_log_args, setup_logging
+from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, DecodeSettings
+
+if TYPE_CHECKING:  # the CLI loads the ctypes runtime only when a command runs
+    from mtplib.runtime.model import ContextConfig
 
 SUMMARY_KEYS = ("api_rows_ok", "bad_rows", "n_rows", "max_abs_diff", "capture_ok",
                 "capture_logits_max_diff", "api_logits_max_diff", "reserve_fix_ok")
@@ -39,10 +45,13 @@ def _bools(s: str) -> tuple[bool, ...]:
         raise argparse.ArgumentTypeError("--matrix-masked takes masked,unmasked") from None
 
 
-def _cfg(a: argparse.Namespace) -> dict:
-    return {"kv_type": a.kv_type, "flash_attn": a.flash_attn, "n_ctx": a.ctx,
-            "n_batch": a.batch, "n_ubatch": a.ubatch, "n_threads": a.threads,
-            "swa_full": a.swa_full == "on", "n_rs_seq": a.rs}
+def _cfg(a: argparse.Namespace) -> ContextConfig:
+    """The checked context: the arguments' DecodeSettings plus the rollback depth."""
+    from mtplib.runtime.model import ContextConfig
+
+    s = DecodeSettings(n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch, n_threads=a.threads,
+                       kv_type=a.kv_type, flash_attn=a.flash_attn, swa_full=a.swa_full == "on")
+    return ContextConfig.from_settings(s, n_rs_seq=a.rs)
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -112,11 +121,9 @@ def run(a: argparse.Namespace) -> int:
               f"(+{res['decode_overhead_ms']:.2f} ms per decode)")
         return 0
     if a.decide:
-        from mtplib.runtime.model import ContextConfig
-
-        d = hidden.choose_row_source(a.model, ContextConfig(
-            **cfg, nextn_rows="masked" if a.masked else "all"), n_tokens=a.tokens,
-            reserve=a.reserve)
+        d = hidden.choose_row_source(
+            a.model, replace(cfg, nextn_rows="masked" if a.masked else "all"),
+            n_tokens=a.tokens, reserve=a.reserve)
         report = {"mode": d.mode, "reason": d.reason, **d.report}
     else:
         report = hidden.check_hidden(a.model, cfg, a.tokens or 7, a.masked,
@@ -150,8 +157,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default 2; 1 with --matrix: ggml's spinning worker "
                    "threads make a busy 2-core machine many times slower)")
-    p.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
-    p.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--kv-type", default="f16", choices=KV_TYPE_NAMES)
+    p.add_argument("--flash-attn", default="auto", choices=FLASH_ATTN_MODES)
     p.add_argument("--swa-full", default="on", choices=["on", "off"],
                    help="full-size SWA cache (on: the C API default, mtplib's; off: what "
                    "upstream's llama-server and llama-cli use)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from mtplib.errors import InputError
@@ -52,10 +53,11 @@ def run(a: argparse.Namespace) -> int:
 
     check_pair(read_header(a.model), read_header(a.mtp))
     rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
+    settings = replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx,
+                       swa_full=a.swa_full == "on")
     cfg = S.SideBySideConfig(ks=a.k, rate_sets=rate_sets, real_mtp=not a.no_real_mtp,
-                             runs=a.runs, warmup=a.warmup, threads=a.threads, n_ctx=a.ctx,
-                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed,
-                             swa_full=a.swa_full == "on")
+                             runs=a.runs, warmup=a.warmup, settings=settings,
+                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
     out = Path(a.out) if a.out else None
     log_dir = (out.parent / (out.stem + "-logs")) if out else None
     if log_dir:
@@ -103,7 +105,9 @@ def _sweep(a: argparse.Namespace, log) -> int:
         raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
     sw = S.SweepConfig(ks=list(a.k), rates=list(rates), reps=a.runs, warmup=a.warmup,
                        synth_seed=a.seed)
-    cfg = S.SideBySideConfig(threads=a.threads, n_ctx=a.ctx, n_new=a.n, n_prompt=a.prompt_len)
+    cfg = S.SideBySideConfig(
+        settings=replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx),
+        n_new=a.n, n_prompt=a.prompt_len)
     result = S.acceptance_sweep(a.model, a.mtp, sw, cfg, log=log)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:

@@ -29,10 +29,8 @@ def run(a: argparse.Namespace) -> int:
     if a.mtp and not 1 <= k <= 8:
         raise InputError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
-    with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
-                    n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
-                    swa_full=a.swa_full == "on", sampler=sampler, trace=a.trace,
-                    hidden_rows=a.hidden_rows) as rt:
+    with MTPRuntime(a.model, a.mtp, k=k, settings=_settings(a), sampler=sampler,
+                    trace=a.trace) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -96,6 +94,15 @@ def register(sub) -> None:
     g.set_defaults(fn=run)
 
 
+def _settings(a: argparse.Namespace):
+    """The context and decoding settings of the arguments (both paths take the same)."""
+    from mtplib.runtime.settings import DecodeSettings
+
+    return DecodeSettings(n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch, n_threads=a.threads,
+                          kv_type=a.kv_type, flash_attn=a.flash_attn,
+                          swa_full=a.swa_full == "on", hidden_rows=a.hidden_rows)
+
+
 def _run_ranged(a) -> int:
     """`mtplib generate --plan PLAN [--endpoints ...]`."""
     import json
@@ -111,9 +118,7 @@ def _run_ranged(a) -> int:
         for e in eps:
             parse_endpoint(e)
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
-    opts = EngineOptions(k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
-                         n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
-                         swa_full=a.swa_full == "on",
+    opts = EngineOptions(k=k, settings=_settings(a),
                          sampler=Sampler(a.temp, a.top_p, a.seed), trace=a.trace)
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,

@@ -51,6 +51,7 @@ from mtplib.lab.quality import compare_streams
 from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
 from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import MTPRuntime
 
 #: Reference numbers of upstream-v4-mtp.md §9 (the comparison column; not measured here).
@@ -153,6 +154,11 @@ class BenchConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def settings(self) -> DecodeSettings:
+        """The context every run of the bench gets: the section's n_ctx and threads, the
+        C API's defaults otherwise (the section keeps its keys; lanes write them)."""
+        return DecodeSettings(n_ctx=self.n_ctx, n_threads=int(self.threads))
+
 
 def _sub(cls, d: dict):
     if not isinstance(d, dict):
@@ -248,7 +254,7 @@ class CostedSyntheticDrafter(Drafter):
 
 
 def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dict,
-                **kw) -> list[dict]:
+                settings: DecodeSettings) -> list[dict]:
     """MTP off / on on a layer-range plan over local RPC shards
     (mtplib.distributed.ranged_mtp): the same rows as the whole-model runs with ``plan``
     set and ``seam_bytes_per_token`` (bytes on all shard connections while generating, per
@@ -260,8 +266,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     rows = []
     with RangedMTP(trunk, plan=plan, sidecar=sidecar) as r:
         for k in [0, *cfg.ks]:
-            opts = EngineOptions(k=k, n_ctx=kw.get("n_ctx", cfg.n_ctx),
-                                 n_threads=kw.get("n_threads", cfg.threads))
+            opts = EngineOptions(k=k, settings=settings)
             for i, spec in enumerate(cfg.prompts):
                 prompt, ref, margins = refs[i]
                 for rep in range(cfg.warmup + cfg.reps):
@@ -316,7 +321,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
     log = log or (lambda s: None)
     t_start = time.perf_counter()
     backend = check_requirements(cfg)
-    ctx = {"n_threads": int(cfg.threads), "n_ctx": cfg.n_ctx}
+    settings = cfg.settings()
     runs: list[dict] = []
     refs: dict[int, tuple[list[int], list[int], dict]] = {}
     prompts_info: list[dict] = []
@@ -334,12 +339,12 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
         if plan != "whole":
             if not refs:
                 raise InputError("ranged plans need 'whole' in plans (the quality reference)")
-            runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, **ctx))
+            runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, settings))
             continue
         common = {"plan": "whole", "seam_bytes_per_token": None, "threads": cfg.threads}
         # MTP off: one traced reference pass per prompt (tokens + top-2 margins), untimed
         log("MTP off")
-        with MTPRuntime(trunk, None, k=0, **ctx) as rt:
+        with MTPRuntime(trunk, None, k=0, settings=settings) as rt:
             n_vocab = rt.trunk.n_vocab
             for i, spec in enumerate(cfg.prompts):
                 prompt = _prompt_tokens(rt, spec, n_vocab)
@@ -358,7 +363,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                 off_streams = _sampled(rt, refs, cfg.sampling)
         for k in cfg.ks:
             log(f"MTP on, k={k}")
-            with MTPRuntime(trunk, sidecar, k=k, **ctx) as rt:
+            with MTPRuntime(trunk, sidecar, k=k, settings=settings) as rt:
                 for i, spec in enumerate(cfg.prompts):
                     prompt, ref, margins = refs[i]
                     for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
@@ -370,7 +375,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                     on_streams = _sampled(rt, refs, cfg.sampling)
                     sampling_rows.append(_sampling_row(k, off_streams, on_streams,
                                                        cfg.sampling))
-    sweep_runs = _sweep(trunk, sidecar, cfg, refs, ctx, log) if cfg.sweep else []
+    sweep_runs = _sweep(trunk, sidecar, cfg, refs, settings, log) if cfg.sweep else []
     return BenchResult(config=cfg.to_dict(), runs=runs, sweep_runs=sweep_runs,
                        sampling=sampling_rows, backend=backend,
                        wall_s=time.perf_counter() - t_start, prompts=prompts_info)
@@ -411,7 +416,8 @@ def _sampling_row(k: int, off: dict, on: dict, sc: SamplingConfig) -> dict:
             "sampled_tokens": n_on, "acceptance": accepted / drafted if drafted else None}
 
 
-def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, ctx: dict, log: LOG) -> list[dict]:
+def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSettings,
+           log: LOG) -> list[dict]:
     sc = cfg.sweep
     rows = []
     for k in sc.ks:
@@ -419,7 +425,7 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, ctx: dict, log: LOG) ->
         use_mtp = sc.draft_cost == "mtp"
         placeholder = None if use_mtp else SyntheticDrafter([0], 1, [0.0], n_vocab=2)
         with MTPRuntime(trunk, sidecar if use_mtp else None, k=k, drafter=placeholder,
-                        **ctx) as rt:
+                        settings=settings) as rt:
             n_vocab = rt.trunk.n_vocab
             mtp = rt.engine.drafter
             for rate in sc.rates:

@@ -138,6 +138,7 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
     must agree (near-tie rule); seam bytes per token per step kind next to the contract's
     minimum."""
     from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.runtime.settings import DecodeSettings
     from mtplib.runtime.speculative import EngineOptions
 
     prompt = seeded_prompt(prompt_seed, 10)
@@ -150,7 +151,8 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
     for plan in plans:
         with RangedMTP(trunk, plan=plan, sidecar=sidecar, shard_threads=shard_threads) as r:
             for k in ks:
-                toks, m = r.generate(prompt, n_new, EngineOptions(k=k, n_threads=n_threads))
+                toks, m = r.generate(prompt, n_new, EngineOptions(
+                    k=k, settings=DecodeSettings(n_threads=n_threads)))
                 ref, ref_m = whole[k]
                 cmp = compare_streams(ref, toks, ref_m["margins"], n_prompt=len(prompt))
                 per = m["seam_bytes_per_token"]

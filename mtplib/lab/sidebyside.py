@@ -31,7 +31,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from mtplib.errors import InputError
 from mtplib.lab import sweep
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.sweep import SweepConfig, median_or_none
+from mtplib.runtime.settings import DecodeSettings
 
 LOG = Callable[[str], None]
 ENGINES = ("upstream", "mtplib")
@@ -196,6 +197,16 @@ def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int =
 
 
 # -- the side-by-side ----------------------------------------------------------------------
+#: the context both sides run with unless told otherwise: the SWA cache as llama-server
+#: has it by default (false, a window-sized cache; true is the C API default and
+#: mtplib's). Runs before swa_full was recorded had false on the server and true in mtplib.
+SIDE_BY_SIDE_SETTINGS = DecodeSettings(n_ctx=1024, swa_full=False)
+#: the settings recorded in a result's ``config`` (``threads`` is n_threads; the key
+#: predates DecodeSettings and the committed results and plots read it)
+_RECORDED = (("threads", "n_threads"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
+             ("n_ubatch", "n_ubatch"))
+
+
 @dataclass
 class SideBySideConfig:
     ks: tuple[int, ...] = (1, 2, 3)
@@ -203,26 +214,22 @@ class SideBySideConfig:
     real_mtp: bool = True
     runs: int = 5
     warmup: int = 1
-    threads: int = 2
-    n_ctx: int = 1024
-    n_batch: int = 512
-    n_ubatch: int = 512
+    #: the same settings on both sides (hidden_rows is mtplib's only)
+    settings: DecodeSettings = SIDE_BY_SIDE_SETTINGS
     n_new: int = 128
     n_prompt: int = 32
     prompt_seed: int = 0
     synth_seed: int = 0
-    kv_type: str = "f16"
-    flash_attn: str = "auto"
-    #: the SWA cache of both sides (llama-server's default: false, a window-sized cache;
-    #: true is the C API default and mtplib's). Runs before this field existed had false
-    #: on the server and true in mtplib.
-    swa_full: bool = False
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ks"] = list(self.ks)
-        d["rate_sets"] = [list(r) for r in self.rate_sets]
-        return d
+        """The recorded config: the keys and order of the committed results."""
+        s = self.settings
+        return {"ks": list(self.ks), "rate_sets": [list(r) for r in self.rate_sets],
+                "real_mtp": self.real_mtp, "runs": self.runs, "warmup": self.warmup,
+                **{key: getattr(s, f) for key, f in _RECORDED},
+                "n_new": self.n_new, "n_prompt": self.n_prompt,
+                "prompt_seed": self.prompt_seed, "synth_seed": self.synth_seed,
+                "kv_type": s.kv_type, "flash_attn": s.flash_attn, "swa_full": s.swa_full}
 
 
 class _MtplibSide:
@@ -233,10 +240,8 @@ class _MtplibSide:
         from mtplib.runtime.speculative import MTPRuntime
 
         self.case, self.cfg = case, cfg
-        self.rt = MTPRuntime(trunk, sidecar if case.k else None, k=case.k, n_ctx=cfg.n_ctx,
-                             n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, n_threads=cfg.threads,
-                             kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
-                             swa_full=cfg.swa_full)
+        self.rt = MTPRuntime(trunk, sidecar if case.k else None, k=case.k,
+                             settings=cfg.settings)
         self.mtp = self.rt.engine.drafter
 
     def run(self, prompt: list[int], ref: list[int] | None) -> dict:
@@ -266,9 +271,7 @@ class _UpstreamSide:
 
         self.server = Server(ServerConfig(
             model=trunk, mtp=sidecar if case.k else None, k=case.k,
-            rates=list(case.rates) if case.rates else None, threads=cfg.threads,
-            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-            kv_type=cfg.kv_type, flash_attn=cfg.flash_attn, swa_full=cfg.swa_full,
+            rates=list(case.rates) if case.rates else None, settings=cfg.settings,
             seed=cfg.synth_seed),
             log_path=log_path)
         self.argv = self.server.cfg.argv(self.server.binary, self.server.port)
@@ -443,7 +446,8 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
 
     log = log or (lambda s: None)
     t0 = time.time()
-    ctx = dict(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+    # the sweep has always run at the C API's defaults besides context and threads
+    ctx = DecodeSettings(n_ctx=cfg.settings.n_ctx, n_threads=cfg.settings.n_threads)
     rows: list[dict] = []
 
     def row(m: dict, **kw) -> dict:
@@ -454,13 +458,13 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
         rows.append(r)
         return r
 
-    with MTPRuntime(trunk, None, k=0, **ctx) as off:
+    with MTPRuntime(trunk, None, k=0, settings=ctx) as off:
         prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
         ref, _ = off.generate(prompt, cfg.n_new)
         n_vocab = off.trunk.n_vocab
         for k in sw.ks:
             log(f"sweep k={k}")
-            with MTPRuntime(trunk, sidecar, k=k, **ctx) as rt:
+            with MTPRuntime(trunk, sidecar, k=k, settings=ctx) as rt:
                 mtp = rt.engine.drafter
                 for rep in [None] * sw.warmup + list(range(sw.reps)):
                     _, m = off.generate(prompt, cfg.n_new)
@@ -481,8 +485,8 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
     summary = sweep_summary(rows)
     config = {"ks": list(sw.ks), "rates": list(sw.rates), "runs": sw.reps,
               "warmup": sw.warmup, "synth_seed": sw.synth_seed,
-              **{f: getattr(cfg, f) for f in ("threads", "n_ctx", "n_new", "n_prompt",
-                                               "prompt_seed")}}
+              "threads": ctx.n_threads, "n_ctx": ctx.n_ctx,
+              **{f: getattr(cfg, f) for f in ("n_new", "n_prompt", "prompt_seed")}}
     return {"kind": "acceptance-sweep", "config": config, "trunk": str(trunk),
             "sidecar": str(sidecar), "prompt": prompt, "rows": rows, "summary": summary,
             "break_even": break_even(summary), "host": host_info(),

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from mtplib import pins
 from mtplib.errors import UpstreamFault
+from mtplib.runtime.settings import DecodeSettings
 
 TARGETS = ("llama-server", "llama-cli")
 CACHE_ROOT = Path(os.environ.get("MTPLIB_CACHE", Path.home() / ".cache" / "mtplib"))
@@ -167,32 +168,33 @@ def check_flags(binary: Path, flags: Sequence[str] = REQUIRED_FLAGS) -> dict[str
 
 
 # -- running llama-server ----------------------------------------------------------------
+#: llama-server's own defaults for what DecodeSettings holds (swa_full: false, a
+#: window-sized SWA cache; --swa-full turns it on)
+SERVER_SETTINGS = DecodeSettings(swa_full=False)
+
+
 @dataclass
 class ServerConfig:
-    """One llama-server process: a trunk, optionally the MTP sidecar, the same context
-    settings as mtplib's (threads, n_ctx, batch, KV type, flash attention)."""
+    """One llama-server process: a trunk, optionally the MTP sidecar, and the same
+    DecodeSettings as mtplib's side (threads, n_ctx, batch, KV type, flash attention, SWA
+    cache; hidden_rows has no upstream counterpart)."""
 
     model: str
     mtp: str | None = None
     k: int = 0
     rates: Sequence[float] | None = None
-    threads: int = 2
-    n_ctx: int = 2048
-    n_batch: int = 512
-    n_ubatch: int = 512
-    kv_type: str = "f16"
-    flash_attn: str = "auto"
-    swa_full: bool = False  # llama-server's default; --swa-full turns it on
+    settings: DecodeSettings = SERVER_SETTINGS
     seed: int = 0
     extra: list[str] = field(default_factory=list)
 
     def argv(self, binary: Path, port: int) -> list[str]:
+        s = self.settings
         a = [str(binary), "-m", self.model, "--host", "127.0.0.1", "--port", str(port),
-             "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx),
-             "-b", str(self.n_batch), "-ub", str(self.n_ubatch), "-np", "1",
-             "-ctk", self.kv_type, "-ctv", self.kv_type, "-fa", self.flash_attn,
+             "-t", str(s.n_threads), "-tb", str(s.n_threads), "-c", str(s.n_ctx),
+             "-b", str(s.n_batch), "-ub", str(s.n_ubatch), "-np", "1",
+             "-ctk", s.kv_type, "-ctv", s.kv_type, "-fa", s.flash_attn,
              "--no-warmup", "--seed", str(self.seed)]
-        if self.swa_full:
+        if s.swa_full:
             a.append("--swa-full")
         a += spec_args(self.mtp, self.k, self.rates)
         return a + list(self.extra)

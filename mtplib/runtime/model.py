@@ -19,9 +19,21 @@ import numpy as np
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
 from mtplib.runtime.lib import UpstreamError, load
+from mtplib.runtime.settings import (
+    FLASH_ATTN_MODES,
+    KV_TYPE_NAMES,
+    DecodeSettings,
+    FlashAttn,
+    KvType,
+    choice_problem,
+)
 
-KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
-FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+#: the allowed names come from mtplib.runtime.settings; a name without a ggml value here
+#: fails at import, not in front of a user
+_GGML_TYPE = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
+KV_TYPES = {t: _GGML_TYPE[t] for t in KV_TYPE_NAMES}
+_FA_TYPE = {"auto": -1, "off": 0, "on": 1}
+FLASH_ATTN = {m: _FA_TYPE[m] for m in FLASH_ATTN_MODES}
 
 
 class RuntimeInputError(InputError):
@@ -154,19 +166,25 @@ class ContextConfig:
     n_seq_max: int = 1
     n_rs_seq: int = 0  # tail-rollback depth (V4: set >= draft length)
     n_threads: int = field(default_factory=lambda: min(os.cpu_count() or 1, 8))
-    kv_type: str = "f16"
-    flash_attn: str = "auto"
+    kv_type: KvType = "f16"
+    flash_attn: FlashAttn = "auto"
     mtp: bool = False  # LLAMA_CONTEXT_TYPE_MTP
     nextn_rows: str = "off"  # off | all | masked: after-decode h_nextn rows
     no_perf: bool = True
     swa_full: bool = True  # the C API default; upstream's tools (common_params) use false
 
+    @classmethod
+    def from_settings(cls, s: DecodeSettings, **extra) -> ContextConfig:
+        """The context for ``s`` (hidden_rows is the loop's, not the context's); ``extra``
+        sets the fields settings do not hold (mtp, nextn_rows, n_rs_seq, n_seq_max, ...)."""
+        return cls(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                   n_threads=s.n_threads, kv_type=s.kv_type, flash_attn=s.flash_attn,
+                   swa_full=s.swa_full, **extra)
+
     def validate(self) -> ContextConfig:
-        errs = []
-        if self.kv_type not in KV_TYPES:
-            errs.append(f"kv_type {self.kv_type!r} not in {sorted(KV_TYPES)}")
-        if self.flash_attn not in FLASH_ATTN:
-            errs.append(f"flash_attn {self.flash_attn!r} not in {sorted(FLASH_ATTN)}")
+        errs = [e for e in (choice_problem("kv_type", self.kv_type, KV_TYPE_NAMES),
+                            choice_problem("flash_attn", self.flash_attn, FLASH_ATTN_MODES))
+                if e]
         if self.nextn_rows not in ("off", "all", "masked"):
             errs.append(f"nextn_rows {self.nextn_rows!r} not in off/all/masked")
         for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads"):

@@ -16,7 +16,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import Context, RuntimeInputError
 from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.settings import DecodeSettings, RowSource
 
 RowFn = Callable[[Context, int], np.ndarray]
 #: ``phase(label, n_tokens)`` -> context manager around each step kind (prefill, draft,
@@ -422,23 +423,12 @@ class EngineOptions:
     the ranged worker process)."""
 
     k: int = 3
-    n_ctx: int = 2048
-    n_batch: int = 512
-    n_ubatch: int = 512
+    #: context and decoding settings (the same type upstream's side of a comparison takes)
+    settings: DecodeSettings = DecodeSettings()
     n_seq_max: int = 1
     n_rs_seq: int | None = None  # default: k (tail rollback always suffices)
-    n_threads: int = 2
-    kv_type: str = "f16"
-    flash_attn: str = "auto"
-    #: full-size SWA cache: true is the C API default (mtplib's); upstream's llama-server
-    #: and llama-cli use false (a window-sized cache)
-    swa_full: bool = True
     sampler: Sampler | None = None
     trace: bool = False
-    #: where the target's h_nextn rows come from: "auto" checks this configuration once
-    #: (upstream's API rows can be wrong, see mtplib.runtime.hidden) and uses the API rows
-    #: if right, else the eval-callback capture, else refuses MTP; or force "api"/"captured".
-    hidden_rows: str = "auto"
 
 
 def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None = None,
@@ -450,15 +440,14 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
 
     use_mtp = sidecar is not None and opts.k > 0 and drafter is None
     needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
-    common = dict(n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_ubatch,
-                  n_seq_max=opts.n_seq_max, n_threads=opts.n_threads, kv_type=opts.kv_type,
-                  flash_attn=opts.flash_attn, swa_full=opts.swa_full)
+    s = opts.settings
     owned: list = []
-    tcfg = ContextConfig(**common, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
-                         nextn_rows="all" if needs_rows else "off")
+    tcfg = ContextConfig.from_settings(
+        s, n_seq_max=opts.n_seq_max, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
+        nextn_rows="all" if needs_rows else "off")
     mode, capture = "off", None
     if needs_rows and rows is None:
-        mode, capture = _row_source(trunk, tcfg, opts.hidden_rows)
+        mode, capture = _row_source(trunk, tcfg, s.hidden_rows)
         if mode == "captured":
             rows = lambda _ctx, n: capture.take(n)  # noqa: E731
     try:
@@ -466,7 +455,8 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         owned.append(target)
         if use_mtp:
             # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
-            mtp_ctx = Context(sidecar, ContextConfig(**common, mtp=True, nextn_rows="masked"))
+            mtp_ctx = Context(sidecar, ContextConfig.from_settings(
+                s, n_seq_max=opts.n_seq_max, mtp=True, nextn_rows="masked"))
             owned.append(mtp_ctx)
             drafter = MTPDrafter(mtp_ctx)
         engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else 0,
@@ -480,12 +470,11 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     return engine, owned
 
 
-def _row_source(trunk, tcfg, want: str):
-    """(mode, CapturedRows or None) for the target's rows; fail-closed on "unsupported"."""
+def _row_source(trunk, tcfg, want: RowSource):
+    """(mode, CapturedRows or None) for the target's rows; fail-closed on "unsupported".
+    ``want`` was checked with the rest of the DecodeSettings."""
     from mtplib.runtime.hidden import CapturedRows, choose_row_source
 
-    if want not in ("auto", "api", "captured"):
-        raise RuntimeInputError(f"hidden_rows must be auto, api or captured, got {want!r}")
     mode = want
     if want == "auto":
         d = choose_row_source(trunk, tcfg)
@@ -530,20 +519,22 @@ class MTPRuntime:
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
-                 n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
-                 n_seq_max: int = 1, n_rs_seq: int | None = None, n_threads: int = 2,
-                 kv_type: str = "f16", flash_attn: str = "auto", swa_full: bool = True,
-                 sampler: Sampler | None = None, rows: RowFn | None = None,
-                 drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
-                 sidecar_kwargs: dict | None = None, trace: bool = False,
-                 hidden_rows: str = "auto") -> None:
+                 settings: DecodeSettings | None = None, n_seq_max: int = 1,
+                 n_rs_seq: int | None = None, sampler: Sampler | None = None,
+                 rows: RowFn | None = None, drafter: Drafter | None = None,
+                 trunk_kwargs: dict | None = None, sidecar_kwargs: dict | None = None,
+                 trace: bool = False, **setting_overrides) -> None:
+        """``settings`` (default: DecodeSettings()) with any of its fields given as
+        keywords replaced, e.g. ``MTPRuntime(t, s, k=2, n_ctx=512, kv_type="f32")``."""
         from mtplib.model.gguf_header import read_header
         from mtplib.runtime.model import Model, check_pair
 
-        self.opts = EngineOptions(k=k, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                  n_seq_max=n_seq_max, n_rs_seq=n_rs_seq, n_threads=n_threads,
-                                  kv_type=kv_type, flash_attn=flash_attn, swa_full=swa_full,
-                                  sampler=sampler, trace=trace, hidden_rows=hidden_rows)
+        unknown = set(setting_overrides) - {f.name for f in fields(DecodeSettings)}
+        if unknown:
+            raise TypeError(f"MTPRuntime got unexpected keyword arguments {sorted(unknown)}")
+        settings = replace(settings or DecodeSettings(), **setting_overrides)
+        self.opts = EngineOptions(k=k, settings=settings, n_seq_max=n_seq_max,
+                                  n_rs_seq=n_rs_seq, sampler=sampler, trace=trace)
         self._owned: list = []
         use_mtp = sidecar is not None and k > 0 and drafter is None
         # each header is read once: the pair check and the Model share it
