@@ -446,7 +446,8 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
 
     log = log or (lambda s: None)
     t0 = time.time()
-    # the sweep has always run at the C API's defaults besides context and threads
+    # mtplib only: cfg's context size and threads, the C API's defaults otherwise (swa_full
+    # on), as the committed sweeps ran
     ctx = DecodeSettings(n_ctx=cfg.settings.n_ctx, n_threads=cfg.settings.n_threads)
     rows: list[dict] = []
 
