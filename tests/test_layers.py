@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parent.parent / "mtplib"
 RANK = {"pins": 0, "errors": 0, "stamps": 0, "paths": 0, "host": 0,
         "__init__": 0,
         "contract": 1, "model": 1, "ownership": 1,
-        "runtime": 2, "distributed": 3, "lab": 4, "records": 5,
+        "runtime": 2, "distributed": 3, "llama": 3, "lab": 4, "records": 5,
         "commands": 6, "cli": 6, "train": 6}
 PURE = {"contract", "model", "ownership"}
 NATIVE = {"ctypes", "llama_cpp"}
