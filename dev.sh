@@ -4,7 +4,8 @@
 #   ./dev.sh run  [--params FILE]   run every notebook on a lane (default: params/cpu-fixture.yaml)
 #   ./dev.sh test [PYTEST ARGS]     run the test suite
 #   ./dev.sh lab                    open JupyterLab with the project's kernel
-#   ./dev.sh setup                  only create/refresh .venv
+#   ./dev.sh setup                  only create/refresh .venv (and the patched upstream)
+#   ./dev.sh patched                only build/install the patched upstream (patches/*.patch)
 #
 # The pinned llama-cpp-python is an sdist: it is compiled once (about 7 minutes on 2 cores)
 # with the RPC backend into a wheel cache outside the repo, keyed on version, build flags,
@@ -81,21 +82,57 @@ setup() {
   fi
 }
 
+# The patch set under patches/ (upstream fixes mtplib needs for shard-local V4 caches): the
+# same pinned sdist with the patches applied to vendor/llama.cpp (checked, applied and
+# reverse-checked against the exact pin first), built once into its own wheel cache (keyed on
+# the patches' sha256 too) and installed beside the stock build into .upstream/patched;
+# MTPLIB_UPSTREAM=patched selects it (mtplib/runtime/lib.py). MTPLIB_SKIP_PATCHED=1 skips it.
+PATCHED="$ROOT/.upstream/patched"
+patch_hash() { cat "$ROOT"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-12; }
+
+patched() {
+  [ -n "$(ls "$ROOT"/patches/*.patch 2>/dev/null)" ] || return 0
+  local want; want="$(patch_hash)"
+  if [ "$(cat "$PATCHED/llama_cpp/MTPLIB_PATCHES" 2>/dev/null | head -1)" = "$want" ]; then
+    return 0
+  fi
+  local wd; wd="$(wheel_dir)-patched-$want"
+  if ! ls "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+    local src; src="$(mktemp -d)"
+    log "building the patched llama-cpp-python==$LLAMA_VERSION ($(ls "$ROOT"/patches/*.patch | wc -l) patches, about 7 minutes)"
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" "llama-cpp-python==$LLAMA_VERSION"
+    tar -xzf "$src"/llama_cpp_python-"$LLAMA_VERSION".tar.gz -C "$src"
+    local tree="$src/llama_cpp_python-$LLAMA_VERSION"
+    for p in "$ROOT"/patches/*.patch; do
+      git -C "$tree/vendor/llama.cpp" apply --check "$p" || { log "error: $p does not apply to the pin"; exit 1; }
+      git -C "$tree/vendor/llama.cpp" apply "$p"
+      git -C "$tree/vendor/llama.cpp" apply --check --reverse "$p" || { log "error: $p does not reverse"; exit 1; }
+    done
+    mkdir -p "$wd"
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$wd.tmp" "$tree"
+    mv "$wd.tmp"/*.whl "$wd"/ && rmdir "$wd.tmp" && rm -rf "$src"
+  fi
+  rm -rf "$PATCHED"
+  "$PY" -m pip install -q --no-deps --target "$PATCHED" "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+  { echo "$want"; (cd "$ROOT" && ls patches/*.patch); } > "$PATCHED/llama_cpp/MTPLIB_PATCHES"
+}
+
 cmd="${1:-help}"; shift || true
 case "$cmd" in
-  setup) setup ;;
+  setup) setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched ;;
+  patched) setup; patched ;;
   run)
-    setup
+    setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched
     if [ $# -eq 0 ]; then set -- --params "$ROOT/params/cpu-fixture.yaml"; fi
     exec "$VENV/bin/mtplib" run "$@" ;;
   test)
-    setup
+    setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched
     cd "$ROOT"
     exec "$PY" -m pytest "$@" ;;
   lab)
     setup
     cd "$ROOT"
     exec "$VENV/bin/jupyter" lab --notebook-dir "$ROOT/notebooks" "$@" ;;
-  help|-h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) log "unknown command '$cmd'"; sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  help|-h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) log "unknown command '$cmd'"; sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -22,6 +22,8 @@ def run(a: argparse.Namespace) -> int:
         raise InputError(f"--n must be >= 0, got {a.n}")
     if a.endpoints and not a.plan:
         raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
+    if (a.wan or a.mtp_placement != "tail") and not a.plan:
+        raise InputError("--wan and --mtp-placement need --plan (they describe shards)")
     if a.plan:  # ranged: layer ranges on RPC shards (local ones unless --endpoints)
 
         return _run_ranged(a)
@@ -30,7 +32,7 @@ def run(a: argparse.Namespace) -> int:
         raise InputError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     with MTPRuntime(a.model, a.mtp, k=k, settings=_settings(a), sampler=sampler,
-                    trace=a.trace) as rt:
+                    trace=a.trace, head=a.head) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -87,6 +89,18 @@ def register(sub) -> None:
                    "e.g. 0-1,2-3 (the last shard also holds the output head); starts local "
                    "shards unless --endpoints; metrics add seam_bytes(_per_token)")
     g.add_argument("--endpoints", help="with --plan: running shards HOST:PORT,... in plan order")
+    g.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]",
+                   help="with --plan: emulate a WAN in the relay in front of each shard: round "
+                   "trip in ms (half each way) and optional Mbit/s cap, one value for every "
+                   "shard or one per shard (e.g. 100 or 100:50 or 100,0); metrics add waits "
+                   "per step and bytes by class")
+    g.add_argument("--mtp-placement", default="tail", choices=["tail", "client"],
+                   help="with --plan --mtp: run the MTP block on the tail shard (default) or "
+                   "in this process next to the sampler (drafts then cost no shard round trip)")
+    g.add_argument("--head", default="upstream", choices=["upstream", "client"],
+                   help="where the output head runs: in upstream's graph (default) or here, "
+                   "from the trunk's hidden rows (a ranged tail then sends hc*n_embd floats "
+                   "per row instead of n_vocab logits, in the same wait)")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan (default 1)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -118,11 +132,12 @@ def _run_ranged(a) -> int:
         for e in eps:
             parse_endpoint(e)
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
-    opts = EngineOptions(k=k, settings=_settings(a),
-                         sampler=Sampler(a.temp, a.top_p, a.seed), trace=a.trace)
+    opts = EngineOptions(k=k, settings=_settings(a), sampler=Sampler(a.temp, a.top_p, a.seed),
+                         trace=a.trace, head=a.head)
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
-                              endpoints=eps, shard_threads=a.shard_threads)
+                              endpoints=eps, shard_threads=a.shard_threads, wan=a.wan,
+                              mtp_placement=a.mtp_placement)
     if a.json:
         print(json.dumps(out))
         return 0
@@ -134,5 +149,10 @@ def _run_ranged(a) -> int:
     per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
     print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
           + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")
+    print("waits per step: " + ", ".join(f"{k} {v:.2f}" for k, v in m["waits_per_step"].items())
+          + f"; WAN {','.join(m['wan'])} ms; cache bytes crossing shards: "
+          f"{m['cache_bytes_crossing']}")
+    for v in m["wire_violations"]:
+        print("contract violation:", v)
     return 0
 

@@ -413,12 +413,14 @@ class RangedRuntime:
         out = {"seam_bytes": rep["seam_bytes"], "seam_bytes_per_token": {},
                "seam_data_bytes_per_token": {}, "seam_contract_min_per_token": {},
                "seam_ratio": {}, "waits_per_step": {}, "wire_bytes_by_class": {},
+               "steps_by_label": {},
                "cache_bytes_crossing": rep["cache_bytes_crossing"],
                "wire_violations": rep["wire_violations"], "wan": rep["links"]}
         for label, row in rep["steps"].items():
             if label in ("load", "setup", "other"):
                 continue
             if row["steps"]:
+                out["steps_by_label"][label] = row["steps"]
                 out["waits_per_step"][label] = row["waits_per_step"]
                 out["wire_bytes_by_class"][label] = row["classes"]
             if row["tokens"]:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 
+from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.runtime.speculative import EngineOptions
 
 
@@ -46,7 +47,8 @@ class RangedMTP:
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                 allow_remote: bool = False) -> None:
+                 allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
+                 mtp_placement: str = "tail") -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
@@ -60,6 +62,8 @@ class RangedMTP:
         if endpoints is not None and len(endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
                             f"{len(endpoints)} endpoints were given")
+        links = wan if wan is None or not isinstance(wan, str) else parse_wan(wan,
+                                                                             self.plan.n_shards)
         self._stack = contextlib.ExitStack()
         try:
             self.shards = None
@@ -68,7 +72,7 @@ class RangedMTP:
                     LocalShards(self.plan.n_shards, shard_threads))
             self.rt = self._stack.enter_context(RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
-                sidecar=sidecar))
+                sidecar=sidecar, wan=links, mtp_placement=mtp_placement))
         except BaseException:
             self._stack.close()
             raise
@@ -81,6 +85,8 @@ class RangedMTP:
         opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
         if not self.has_sidecar:
             opts = replace(opts, k=0)
+        # caches are shard-local: a rollback beyond n_rs_seq replays, it never moves state
+        opts = replace(opts, checkpoints="replay")
         rt = self.rt
         toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
         rt.reset_counts()
@@ -91,8 +97,11 @@ class RangedMTP:
         metrics["endpoints"] = list(rt.endpoints)
         metrics["local_shards"] = self.shards is not None
         metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
+        metrics["wan"] = [str(r.link) for r in rt.relays.relays]
+        metrics["head"] = opts.head
         if rt.sidecar:
-            metrics["mtp_placement"] = sorted(set(rt.sidecar["placement"].values()))
+            metrics["mtp_placement"] = rt.mtp_placement
+            metrics["mtp_endpoints"] = sorted(set(rt.sidecar["placement"].values()))
         return tokens, metrics
 
     def close(self) -> None:
@@ -108,14 +117,15 @@ class RangedMTP:
 def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan: str,
                     sidecar: str | None = None, opts: EngineOptions | None = None,
                     endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                    allow_remote: bool = False) -> dict:
+                    allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
+                    mtp_placement: str = "tail") -> dict:
     """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
     when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}."""
     from mtplib.distributed.worker import detokenize
 
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
                    endpoints=endpoints, shard_threads=shard_threads,
-                   allow_remote=allow_remote) as r:
+                   allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement) as r:
         tokens, metrics = r.generate(prompt, n_new, opts)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):

@@ -39,6 +39,7 @@ class Lane:
     description: str = ""
     bench: dict | None = None  # the `bench:` section (mtplib.lab.bench.BenchConfig)
     evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
+    wan: dict | None = None  # the `wan:` section (mtplib.lab.wan.WanConfig)
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -52,7 +53,7 @@ def load_lane(path: str | Path) -> Lane:
     if not isinstance(data, dict):
         raise LaneError(f"{p}: expected a mapping at the top level")
     unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
-                           "parameters", "bench", "evidence"}
+                           "parameters", "bench", "evidence", "wan"}
     if unknown:
         raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
     nbs = data.get("notebooks") or []
@@ -71,6 +72,7 @@ def load_lane(path: str | Path) -> Lane:
                 fixture=data.get("fixture"), models=data.get("models"),
                 threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
                 description=str(data.get("description", "")), bench=data.get("bench"),
+                wan=data.get("wan"),
                 evidence=[str(s) for s in data.get("evidence") or []])
 
 
@@ -84,6 +86,14 @@ def _storage_root(models: dict) -> Path:
 
 def resolve_models(lane: Lane, run_dir: Path) -> dict:
     """Paths of the trunk and sidecar the notebooks use, generating the fixture if asked."""
+    if lane.fixture and lane.fixture.get("preset") == "trained":
+        from mtplib.model.fixture import trained_pair
+
+        pair = trained_pair()  # committed, read in place: never written to
+        if pair is None:
+            raise LaneError("fixture preset 'trained' needs evidence/trained-v4/ (the committed "
+                            "trained pair) in this checkout")
+        return {"trunk": str(pair.trunk), "sidecar": str(pair.sidecar)}
     if lane.fixture:
         from mtplib.model.fixture import write_fixture
 
@@ -182,8 +192,10 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
             name = item["notebook"]
             params_in = {**lane.parameters, **(item.get("parameters") or {}), **models,
                          "threads": lane.threads, "run_dir": str(run_dir)}
-            if lane.bench is not None and "bench" in pm.inspect_notebook(str(NOTEBOOKS / name)):
-                params_in["bench"] = lane.bench  # only to notebooks that declare it
+            declared = pm.inspect_notebook(str(NOTEBOOKS / name))
+            for section in ("bench", "wan"):  # only to notebooks that declare it
+                if getattr(lane, section) is not None and section in declared:
+                    params_in[section] = getattr(lane, section)
             out_nb = run_dir / name
             t0 = now_iso()
             entry = {"notebook": name, "parameters": params_in, "started": t0}

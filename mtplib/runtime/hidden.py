@@ -192,7 +192,10 @@ def _split_siblings(path: Path) -> list[Path]:
 class HeadWeights:
     """The trunk's root tensors: hc head, output_norm, output (read through gguf)."""
 
-    def __init__(self, path: str | Path, *, vocab_ids: np.ndarray | None = None) -> None:
+    def __init__(self, path: str | Path, *, vocab_ids: np.ndarray | None = None,
+                 full: bool = False, dtype: type = np.float64) -> None:
+        """``full``: every vocab id (a head that samples); else a subset above
+        FULL_VOCAB_MAX (a check). ``dtype``: float64 for checks, float32 to run."""
         import gguf
 
         r = gguf.GGUFReader(str(path))
@@ -219,7 +222,7 @@ class HeadWeights:
             if t.tensor_type not in (gguf.GGMLQuantizationType.F32,
                                      gguf.GGMLQuantizationType.F16):
                 data = gguf.quants.dequantize(data, t.tensor_type)
-            return np.asarray(data, dtype=np.float64)
+            return np.asarray(data, dtype=dtype)
 
         self.eps = field("attention.layer_norm_rms_epsilon")
         self.hc_eps = field("hyper_connection.epsilon")
@@ -230,15 +233,16 @@ class HeadWeights:
         self.hc = self.hc_fn.shape[0]
         self.n_embd = self.norm.shape[0]
         self.n_vocab = int(tensors["output.weight"].shape[-1])
-        if vocab_ids is None and self.n_vocab > FULL_VOCAB_MAX:
+        self.dtype = dtype
+        if vocab_ids is None and not full and self.n_vocab > FULL_VOCAB_MAX:
             rng = np.random.default_rng(0)
             vocab_ids = np.sort(rng.choice(self.n_vocab, FULL_VOCAB_MAX, replace=False))
         self.vocab_ids = None if vocab_ids is None else np.asarray(vocab_ids, dtype=np.int64)
         self.out = dense("output.weight", self.vocab_ids)  # (V or |ids|, E)
 
     def logits(self, rows: np.ndarray) -> np.ndarray:
-        """hc head -> output_norm -> output for hidden rows (n, hc*E); float64."""
-        x = np.asarray(rows, dtype=np.float64)
+        """hc head -> output_norm -> output for hidden rows (n, hc*E), in self.dtype."""
+        x = np.asarray(rows, dtype=self.dtype)
         n = x.shape[0]
 
         def rms(v: np.ndarray) -> np.ndarray:

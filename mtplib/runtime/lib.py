@@ -52,7 +52,11 @@ def check_pins(llama_cpp: ModuleType) -> dict:
         raise UpstreamError(
             "upstream llama.cpp is not the pinned build: " + "; ".join(problems)
             + ". Fix: " + pins.FIX_HINT)
-    return {"version": version, "lib_dir": str(lib_dir), **pins.as_dict()}
+    marker = Path(llama_cpp.__file__).parent / "MTPLIB_PATCHES"
+    lines = marker.read_text().split() if marker.is_file() else []
+    build = {"build": "patched" if lines else "stock", "patch_set_sha256": lines[0] if lines
+             else None, "patches": lines[1:]}
+    return {"version": version, "lib_dir": str(lib_dir), **pins.as_dict(), **build}
 
 
 def _install_logger() -> None:

@@ -28,6 +28,10 @@ from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings, RowSource
 
 RowFn = Callable[[Context, int], np.ndarray]
+#: hidden rows (n, hc*n_embd) -> logits (n, n_vocab): the trunk's output head run here
+HeadFn = Callable[[np.ndarray], np.ndarray]
+CHECKPOINTS = ("state", "replay")
+HEADS = ("upstream", "client")
 #: ``phase(label, n_tokens)`` -> context manager around each step kind (prefill, draft,
 #: verify, decode, rollback, feed); ranged runs count seam bytes per label with it.
 PhaseFn = Callable[[str, int], contextlib.AbstractContextManager]
@@ -162,12 +166,12 @@ class SpecSession:
         with e.phase("prefill", len(tokens)):
             for a in range(0, len(tokens), e.target.n_batch):
                 chunk = tokens[a : a + e.target.n_batch]
-                last = a + len(chunk) == len(tokens)
+                last = a + len(chunk) == len(tokens) and e.head is None
                 e.target.decode(chunk, range(a, a + len(chunk)), seq_id=self.seq,
                                 logits=[False] * (len(chunk) - 1) + [last])
-                if e.drafter.needs_rows:
+                if e.needs_rows:
                     rows.append(e.rows(e.target, len(chunk)))
-            logits = e.target.logits(-1)
+            logits = e.target.logits(-1) if e.head is None else e.head(rows[-1][-1:])[0]
         if self.margins is not None:
             self.margins[len(tokens)] = top2_margin(logits)
         all_rows = np.concatenate(rows) if rows else None
@@ -175,11 +179,12 @@ class SpecSession:
         self.tokens = tokens
         self._keep_rows(0, all_rows)
         m.t_prefill = time.perf_counter() - m.t_start
-        with e.phase("rollback", 0):
-            self._checkpoint(len(tokens))
+        if e.checkpoints == "state":
+            with e.phase("rollback", 0):
+                self._checkpoint(len(tokens))
         t0 = time.perf_counter()
         with e.feed_phase(len(tokens)):
-            e.drafter.prefill(self.seq, tokens, all_rows)
+            e.drafter.prefill(self.seq, tokens, all_rows if e.drafter.needs_rows else None)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
         first = e.sampler.pick(logits, stream=self.seq, position=len(tokens))
@@ -221,7 +226,7 @@ class SpecSession:
         k, base = len(drafts), self.base
         if base + k >= e.target.n_ctx:
             raise RuntimeInputError(f"context full: {base + k + 1} > n_ctx {e.target.n_ctx}")
-        if k > e.target.n_rs_seq:  # rejecting them all would exceed tail removal
+        if k > e.target.n_rs_seq and e.checkpoints == "state":  # beyond tail removal
             t0 = time.perf_counter()
             with e.phase("rollback", 0):
                 self._checkpoint(base)
@@ -229,15 +234,16 @@ class SpecSession:
         t0 = time.perf_counter()
         with e.phase("verify" if k else "decode", k + 1):
             e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
-                            logits=True)
+                            logits=e.head is None)
+            self._rows = e.rows(e.target, k + 1) if e.needs_rows else None
             picks = []
-            lg_all = e.target.logits_all(k + 1)  # one copy of the k+1 rows
+            # one copy of the k+1 rows: upstream's logits, or the head run on the rows here
+            lg_all = e.target.logits_all(k + 1) if e.head is None else e.head(self._rows)
             for i in range(k + 1):
                 lg = lg_all[i]
                 picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
                 if self.margins is not None:
                     self.margins[base + 1 + i] = top2_margin(lg)
-            self._rows = e.rows(e.target, k + 1) if e.drafter.needs_rows else None
         m.t_verify += time.perf_counter() - t0
         self.n_cached, self.last_decode_len = base + k + 1, k + 1
         self._picks, self._drafts = picks, drafts
@@ -278,13 +284,15 @@ class SpecSession:
         for a in range(0, len(replay), e.target.n_batch):
             chunk = replay[a : a + e.target.n_batch]
             e.target.decode(chunk, range(ckpt + a, ckpt + a + len(chunk)), seq_id=self.seq)
-            if e.drafter.needs_rows:
+            if e.needs_rows:
                 self._keep_rows(ckpt + a, e.rows(e.target, len(chunk)))
         self.n_cached = keep_until
         self.last_decode_len = len(replay)
         return "checkpoint_replay"
 
     def _checkpoint_at(self, pos: int) -> int:
+        if self.engine.checkpoints == "replay":
+            return 0  # no state was saved: replay from the start
         ok = [p for p in self.checkpoints if p <= pos]
         return max(ok) if ok else 0
 
@@ -366,14 +374,24 @@ class Engine:
 
     def __init__(self, target: Context, drafter: Drafter, *, k: int,
                  sampler: Sampler | None = None, rows: RowFn = api_rows,
-                 trace: bool = False, phase: PhaseFn = no_phase) -> None:
+                 trace: bool = False, phase: PhaseFn = no_phase,
+                 head: HeadFn | None = None, checkpoints: str = "state") -> None:
         if k < 0:
             raise RuntimeInputError(f"draft length k must be >= 0, got {k}")
         if k + 1 > target.n_batch:
             raise RuntimeInputError(f"k+1={k + 1} exceeds the target's n_batch {target.n_batch}")
-        if drafter.needs_rows and target.cfg.nextn_rows != "all":
-            raise RuntimeInputError("MTP drafting needs the target created with nextn_rows='all'")
+        if (drafter.needs_rows or head is not None) and target.cfg.nextn_rows != "all":
+            raise RuntimeInputError("MTP drafting and a client-side head need the target "
+                                    "created with nextn_rows='all'")
+        if checkpoints not in CHECKPOINTS:
+            raise RuntimeInputError(f"checkpoints must be one of {CHECKPOINTS}, got "
+                                    f"{checkpoints!r}")
         self.target, self.drafter, self.k = target, drafter, k
+        #: logits from hidden rows in this process (the target then decodes rows only)
+        self.head = head
+        #: "state": llama_state_seq checkpoints for deep rollback; "replay": never move a
+        #: sequence's state (ranged: caches are shard-local), re-decode from position 0
+        self.checkpoints = checkpoints
         self.sampler = sampler or Sampler()
         self.rows = rows
         self.row_horizon = max(k, target.n_rs_seq) + 4
@@ -381,6 +399,12 @@ class Engine:
         self.phase = phase
         self.hidden_rows = "api" if drafter.needs_rows else "off"
         self.sessions: dict[int, SpecSession] = {}
+
+    @property
+    def needs_rows(self) -> bool:
+        """The target's hidden rows are read after every decode (for the drafter, or for a
+        head that runs here)."""
+        return self.drafter.needs_rows or self.head is not None
 
     def feed_phase(self, n_tokens: int) -> contextlib.AbstractContextManager:
         """Feeding the drafter is a step kind only when there is a drafter to feed."""
@@ -429,6 +453,24 @@ class EngineOptions:
     n_rs_seq: int | None = None  # default: k (tail rollback always suffices)
     sampler: Sampler | None = None
     trace: bool = False
+    #: "upstream": logits from the target's graph; "client": the target decodes hidden rows
+    #: only and the output head (hc head, norm, output) runs here, so a ranged tail sends
+    #: hc*n_embd floats per row instead of n_vocab logits, in the same wait as the rows
+    head: str = "upstream"
+    #: "state": llama_state_seq checkpoints for rollback beyond n_rs_seq; "replay": never
+    #: move a sequence's state (ranged runs: caches stay on their shards), replay from 0
+    checkpoints: str = "state"
+    #: make upstream reserve its graph again once the target reads hidden rows
+    #: (hidden.force_reserve), and decide the row source with that fix applied: the API rows
+    #: are then right where the check proves them right, with no graph split for a capture
+    reserve: bool = True
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise RuntimeInputError(f"head must be one of {HEADS}, got {self.head!r}")
+        if self.checkpoints not in CHECKPOINTS:
+            raise RuntimeInputError(f"checkpoints must be one of {CHECKPOINTS}, got "
+                                    f"{self.checkpoints!r}")
 
 
 def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None = None,
@@ -439,7 +481,8 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     from mtplib.runtime.model import ContextConfig
 
     use_mtp = sidecar is not None and opts.k > 0 and drafter is None
-    needs_rows = use_mtp or (drafter is not None and drafter.needs_rows)
+    client_head = opts.head == "client"
+    needs_rows = use_mtp or (drafter is not None and drafter.needs_rows) or client_head
     s = opts.settings
     owned: list = []
     tcfg = ContextConfig.from_settings(
@@ -447,12 +490,21 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         nextn_rows="all" if needs_rows else "off")
     mode, capture = "off", None
     if needs_rows and rows is None:
-        mode, capture = _row_source(trunk, tcfg, s.hidden_rows)
+        mode, capture = _row_source(trunk, tcfg, s.hidden_rows, reserve=opts.reserve)
         if mode == "captured":
             rows = lambda _ctx, n: capture.take(n)  # noqa: E731
     try:
         target = Context(trunk, tcfg, cb_eval=capture.callback if capture else None)
         owned.append(target)
+        if needs_rows and opts.reserve:
+            from mtplib.runtime.hidden import force_reserve
+
+            force_reserve(target)
+        head = None
+        if client_head:
+            from mtplib.runtime.hidden import HeadWeights
+
+            head = HeadWeights(trunk.path, full=True, dtype=np.float32).logits
         if use_mtp:
             # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
             mtp_ctx = Context(sidecar, ContextConfig.from_settings(
@@ -461,7 +513,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
             drafter = MTPDrafter(mtp_ctx)
         engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else 0,
                         sampler=opts.sampler, rows=rows or api_rows, trace=opts.trace,
-                        phase=phase)
+                        phase=phase, head=head, checkpoints=opts.checkpoints)
         engine.hidden_rows = mode if needs_rows else "off"
     except BaseException:
         for c in reversed(owned):
@@ -470,14 +522,14 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     return engine, owned
 
 
-def _row_source(trunk, tcfg, want: RowSource):
+def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
     """(mode, CapturedRows or None) for the target's rows; fail-closed on "unsupported".
     ``want`` was checked with the rest of the DecodeSettings."""
     from mtplib.runtime.hidden import CapturedRows, choose_row_source
 
     mode = want
     if want == "auto":
-        d = choose_row_source(trunk, tcfg)
+        d = choose_row_source(trunk, tcfg, reserve=reserve)
         if d.mode == "unsupported":
             raise RuntimeInputError(f"MTP is unsupported for this context configuration: "
                                     f"{d.reason}")
@@ -523,7 +575,8 @@ class MTPRuntime:
                  n_rs_seq: int | None = None, sampler: Sampler | None = None,
                  rows: RowFn | None = None, drafter: Drafter | None = None,
                  trunk_kwargs: dict | None = None, sidecar_kwargs: dict | None = None,
-                 trace: bool = False, **setting_overrides) -> None:
+                 trace: bool = False, head: str = "upstream", checkpoints: str = "state",
+                 reserve: bool = True, **setting_overrides) -> None:
         """``settings`` (default: DecodeSettings()) with any of its fields given as
         keywords replaced, e.g. ``MTPRuntime(t, s, k=2, n_ctx=512, kv_type="f32")``."""
         from mtplib.model.gguf_header import read_header
@@ -534,7 +587,8 @@ class MTPRuntime:
             raise TypeError(f"MTPRuntime got unexpected keyword arguments {sorted(unknown)}")
         settings = replace(settings or DecodeSettings(), **setting_overrides)
         self.opts = EngineOptions(k=k, settings=settings, n_seq_max=n_seq_max,
-                                  n_rs_seq=n_rs_seq, sampler=sampler, trace=trace)
+                                  n_rs_seq=n_rs_seq, sampler=sampler, trace=trace, head=head,
+                                  checkpoints=checkpoints, reserve=reserve)
         self._owned: list = []
         use_mtp = sidecar is not None and k > 0 and drafter is None
         # each header is read once: the pair check and the Model share it

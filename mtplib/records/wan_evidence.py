@@ -1,0 +1,157 @@
+"""The WAN story's README (evidence/wan/README.md), generated from one run's raw files.
+
+A run of notebook 05_wan (lane params/wan-cpu.yaml) writes ``wan/<build>/wan.json`` for each
+upstream build it ran (stock; patched with patches/*.patch). The README sets the builds side
+by side: tokens/s and speed-up against RTT, the issue's targets at 100 ms, waits per step
+kind, bytes per step by class, the cache bytes that crossed, and the cost model's check.
+Every number in it traces to those files or the run record (`numbers_trace`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtplib.errors import InputError
+from mtplib.records import evidence as E
+
+WAN_DIR = "wan"
+BUILDS = ("stock", "patched")
+CITED_WAN_KEYS = ("config", "summary", "targets", "cost_model", "bytes_by_class", "wall_s",
+                  "upstream")
+
+
+def load_wan_raw(run_dir: str | Path) -> dict:
+    """The run record and, per build present, the cited sections of its wan.json."""
+    run_dir = Path(run_dir)
+    raw = {"run_record": json.loads((run_dir / "run_record.json").read_text())}
+    for b in BUILDS:
+        p = run_dir / WAN_DIR / b / "wan.json"
+        if p.exists():
+            d = json.loads(p.read_text())
+            raw[b] = {k: d[k] for k in CITED_WAN_KEYS if k in d}
+    if not any(b in raw for b in BUILDS):
+        raise InputError(f"{run_dir}: no {WAN_DIR}/<build>/wan.json: the lane did not run "
+                         "notebook 05_wan")
+    return raw
+
+
+def _speed_table(s: list[dict], plan: str, topo: str, place: str) -> list[str]:
+    rtts = sorted({r["rtt_ms"] for r in s if r["plan"] == plan})
+    ks = sorted({r["k"] for r in s if r["plan"] == plan})
+    rows = []
+    for rtt in rtts:
+        cells = [f"{rtt:g}"]
+        for k in ks:
+            r = next((x for x in s if (x["plan"], x["topology"], x["rtt_ms"], x["k"]) ==
+                      (plan, topo, rtt, k) and (k == 0 or x["placement"] == place)), None)
+            if r is None:
+                cells.append("n/a")
+            elif k == 0:
+                cells.append(E._f(r["tok_s"], 2))
+            else:
+                cells.append(f"{E._f(r['tok_s'], 2)} ({E._f(r['speedup'], 2)}x)")
+        rows.append(cells)
+    head = ["RTT ms"] + ["MTP off tok/s" if k == 0 else f"k={k} tok/s (speed-up)" for k in ks]
+    return E._table(head, rows)
+
+
+def _build_section(b: str, d: dict) -> list[str]:
+    s = d["summary"]
+    out = [f"## Build: {b}", ""]
+    up = d.get("upstream", {})
+    out.append(f"Upstream: `{up.get('build', b)}` build, patches `{up.get('patches', [])}`, "
+               f"wall time of the sweep {E._f(d.get('wall_s'), 0)} s.")
+    out.append("")
+    for plan in sorted({r["plan"] for r in s}):
+        for topo in sorted({r["topology"] for r in s if r["plan"] == plan}):
+            for place in sorted({r["placement"] for r in s if r["plan"] == plan
+                                 and r["placement"] != "-"}):
+                out.append(f"Plan `{plan}`, topology `{topo}`, MTP on the `{place}`:")
+                out.append("")
+                out += _speed_table(s, plan, topo, place)
+                out.append("")
+    out.append("Targets at 100 ms RTT, plan `0-1,2-3`, k=2 (speed-up over MTP off against "
+               "tokens per verify step, the RTT-bound ideal):")
+    out.append("")
+    rows = [[f"`{t['topology']}`", f"`{t['placement']}`", E._f(t["speedup"], 3),
+             E._f(t["tokens_per_step"], 3), E._f(t["speedup_over_ideal"], 3),
+             "n/a" if t["goal"] is None else E._f(t["goal"], 2),
+             "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**"),
+             E._f(t["extra_waits_per_verify"], 2), str(t["cache_bytes_crossing"]),
+             "yes" if t["identical_to_off"] else "**no**"] for t in d["targets"]]
+    out += E._table(["topology", "MTP on", "speed-up", "tokens/verify", "ratio", "goal", "met",
+                     "extra waits/verify", "cache bytes crossing", "tokens = MTP off"], rows)
+    out.append("")
+    out.append("Waits (synchronous round trips) per step, median over the runs of each "
+               "configuration; cache bytes that crossed a shard connection, all runs:")
+    out.append("")
+    rows, seen = [], set()
+    for r in s:
+        key = (r["plan"], r["topology"], r["placement"], r["k"])
+        if key in seen or r["rtt_ms"] != max(x["rtt_ms"] for x in s):
+            continue
+        seen.add(key)
+        rows.append([f"`{r['plan']}`", f"`{r['topology']}`", f"`{r['placement']}`",
+                     str(r["k"]), E._f(r["waits_per_plain"], 2), E._f(r["waits_per_verify"], 2),
+                     E._f(r["waits_per_draft"], 2), E._f(r["waits_per_token"], 2),
+                     str(r["cache_bytes_crossing"])])
+    out += E._table(["plan", "topology", "MTP on", "k", "plain step", "verify step", "draft",
+                     "per token", "cache bytes"], rows)
+    out.append("")
+    out.append("Data bytes per step by class (`mtplib.contract.wire`), plan `0-1,2-3`, "
+               "topology `remote`:")
+    out.append("")
+    rows = [[str(x["k"]), f"`{x['placement']}`", f"`{x['step']}`", *[
+        str(round(x.get(c, 0))) for c in ("seam", "outputs", "inputs", "constants", "cache")]]
+        for x in d["bytes_by_class"] if x["plan"] == "0-1,2-3" and x["topology"] == "remote"
+        and x["step"] in ("decode", "verify", "draft", "feed", "rollback")]
+    out += E._table(["k", "MTP on", "step", "seam", "outputs", "inputs", "constants", "cache"],
+                    rows)
+    out.append("")
+    cm = d["cost_model"]
+    if cm:
+        worst = max(c["rel_error"] for c in cm)
+        n_ok = sum(c["rel_error"] <= 0.15 for c in cm)
+        out.append(f"Cost model `s/token = compute + RTT x waits` fitted per configuration on "
+                   f"RTT {d['config']['fit_rtts_ms']} ms and checked on the others: "
+                   f"{n_ok} of {len(cm)} predictions within 15% (worst "
+                   f"{E._pct(worst)}).")
+        out.append("")
+    return out
+
+
+def render_wan(run_dir: str | Path, out: str | Path) -> str:
+    run_dir, out = Path(run_dir), Path(out)
+    raw = load_wan_raw(run_dir)
+    rec = raw["run_record"]
+    lines = ["# Ranged MTP over a WAN (issue 14)", "",
+             f"Generated by `mtplib.records.wan_evidence` from run `{run_dir.name}` "
+             f"(`{WAN_DIR}/<build>/wan.json`, `run_record.json`). Do not edit: `mtplib evidence "
+             "--run RUN_DIR --story wan` rewrites it; every number traces to those files.", "",
+             "## The run", ""]
+    lines += E._table(["what", "value"], E._run_rows(rec) + [
+        ["host", f"`{rec.get('cpu', {}).get('model')}`, "
+                 f"`{rec.get('cpu', {}).get('logical_cores')}` cores"],
+        ["models", "the committed trained tiny V4 pair (`evidence/trained-v4/`)"]])
+    lines.append("")
+    for b in BUILDS:
+        if b in raw:
+            lines += _build_section(b, raw[b])
+    lines += ["## How numbers are traced", "", E.TRACE_RULE.replace(
+        "`bench/bench.json` (config, reference_s9, backend, wall_s, prompts, summary, sweep, "
+        "break_even, sampling; the per-run rows they are computed from are not cited)",
+        "`wan/<build>/wan.json` (config, summary, targets, cost_model, bytes_by_class, "
+        "wall_s, upstream; the per-run rows are not cited)"), ""]
+    text = "\n".join(lines)
+    missing = E.numbers_trace(text, raw)
+    if missing:
+        raise InputError(f"wan README: numbers not in the raw metrics: {missing}")
+    return text
+
+
+def write_wan_readme(run_dir: str | Path, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_wan(run_dir, out))
+    return out

@@ -1,0 +1,77 @@
+"""Ranged MTP over an emulated WAN (issue 14): the runner, its summaries and the contract
+check on the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtplib.distributed.relay import WanLink
+from mtplib.errors import InputError
+from mtplib.lab import wan as W
+from mtplib.model.trained import trained_paths
+
+PAIR = trained_paths()
+needs_pair = pytest.mark.skipif(not PAIR.exists(), reason="evidence/trained-v4 not present")
+
+
+def test_config_validation():
+    for bad, msg in [({"topologies": ["moon"]}, "unknown topology"), ({"ks": [9]}, "0..8"),
+                     ({"rtts_ms": [-1]}, "0..10000"), ({"n_new": 0}, "n_new"),
+                     ({"prompt_len": 300}, "do not fit"), ({"colour": 1}, "unknown keys")]:
+        with pytest.raises(InputError, match=msg):
+            W.WanConfig.from_dict(bad)
+
+
+def test_links_per_topology():
+    assert W.links_for("remote", 3, 50) == [WanLink(50)] * 3
+    assert W.links_for("tail_local", 3, 50) == [WanLink(50), WanLink(50), WanLink()]
+
+
+def _row(k, rtt, tok_s, tps, waits, *, topo="remote", place="client", tokens=(1, 2)):
+    return {"plan": "0-1,2-3", "topology": topo, "placement": place if k else "-", "k": k,
+            "rtt_ms": rtt, "prompt": 0, "rep": 0, "decode_tok_s": tok_s,
+            "tokens_per_step": tps, "accepted": 2 * k, "drafted": 3 * k,
+            "waits_per_step": {"verify": waits, "decode": 3.0} if k else {"decode": waits},
+            "waits_decode_phase": waits / tps, "cache_bytes_crossing": 0,
+            "tokens": list(tokens), "wire_bytes_by_class": {}}
+
+
+def test_summary_cost_model_and_targets():
+    # s/token = 0.01 + RTT x waits/token exactly: the fit must recover it
+    rows = []
+    for rtt in (0, 10, 25, 50, 100):
+        rows.append(_row(0, rtt, 1 / (0.01 + rtt / 1000 * 3), 1.0, 3.0))
+        rows.append(_row(2, rtt, 1 / (0.01 + rtt / 1000 * 3 / 1.8), 1.8, 3.0))
+    s = W.summarize(rows)
+    on = {r["rtt_ms"]: r for r in s if r["k"] == 2}
+    assert on[100]["speedup"] == pytest.approx((0.01 + 0.3) / (0.01 + 0.3 / 1.8))
+    assert on[100]["identical_to_off"] is True
+    fit = W.fit_cost_model(s, [0, 10, 25, 50])
+    assert {f["rtt_ms"] for f in fit} == {100}
+    assert all(f["rel_error"] < 1e-9 for f in fit)
+    off_fit = next(f for f in fit if f["k"] == 0)
+    assert off_fit["fitted_waits_per_token"] == pytest.approx(3.0)
+    t = W.targets(s)
+    assert len(t) == 1 and t[0]["goal"] == 0.70 and t[0]["met"] is True
+    assert t[0]["extra_waits_per_verify"] == 0.0
+
+
+@needs_pair
+@pytest.mark.slow
+def test_short_wan_run_over_the_relays():
+    """Two RTTs, MTP off and k=2 with the drafter and the head in the client: identical
+    tokens; drafts cost no shard round trip; a plain step costs 3 waits (2 seam tensors on
+    shard 0, the hidden rows from the tail); the RTT shows up in the time per token."""
+    cfg = W.WanConfig(rtts_ms=[0, 40], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
+                      placements=["client"], n_prompts=1, prompt_len=32, n_new=10,
+                      fit_rtts_ms=[0])
+    res = W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, W.trained_prompts(1, 32))
+    s = {(r["k"], r["rtt_ms"]): r for r in W.summarize(res["rows"])}
+    assert s[(2, 0)]["identical_to_off"] and s[(2, 40)]["identical_to_off"]
+    assert s[(0, 40)]["waits_per_plain"] == 3.0
+    assert s[(2, 40)]["waits_per_draft"] == 0.0
+    assert s[(0, 40)]["tok_s"] < s[(0, 0)]["tok_s"]
+    assert 1 / s[(0, 40)]["tok_s"] > 3 * 0.040  # at least 3 round trips per token
+    rows = [r for r in res["rows"] if r["k"] == 0]
+    per_class = rows[0]["wire_bytes_by_class"]["decode"]
+    assert per_class["cache"] == 0 and per_class["outputs"] > 0 and per_class["constants"] > 0
