@@ -32,7 +32,7 @@ def run(a: argparse.Namespace) -> int:
     with MTPRuntime(a.model, a.mtp, k=k, n_ctx=a.ctx, n_batch=a.batch, n_ubatch=a.ubatch,
                     n_threads=a.threads, kv_type=a.kv_type, flash_attn=a.flash_attn,
                     swa_full=a.swa_full == "on", sampler=sampler, trace=a.trace,
-                    hidden_rows=a.hidden_rows) as rt:
+                    hidden_rows=a.hidden_rows, policy=a.policy) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -91,6 +91,10 @@ def register(sub) -> None:
     g.add_argument("--endpoints", help="with --plan: running shards HOST:PORT,... in plan order")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan (default 1)")
+    g.add_argument("--policy", choices=["alpha", "beta"], default=None,
+                   help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
+                   "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
+                   "decoding runs under both")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_log_args(g)
     g.set_defaults(fn=run)
@@ -117,7 +121,7 @@ def _run_ranged(a) -> int:
                          sampler=Sampler(a.temp, a.top_p, a.seed), trace=a.trace)
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
-                              endpoints=eps, shard_threads=a.shard_threads)
+                              endpoints=eps, shard_threads=a.shard_threads, policy=a.policy)
     if a.json:
         print(json.dumps(out))
         return 0

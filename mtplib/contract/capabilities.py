@@ -233,7 +233,8 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) ->
             if reasons[c]:
                 reason = f"shard {a.shard_index}: {reasons[c]}"
                 return Decision(requested, MTP_OFF, reason, per_shard)
-    reason = f"all {len(ordered)} shards certify {requested}"
+    verb = "certify" if policy.min_status >= Status.CERTIFIED else "implement"
+    reason = f"all {len(ordered)} shards {verb} {requested}"
     return Decision(requested, requested, reason, per_shard)
 
 

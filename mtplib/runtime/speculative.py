@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mtplib.contract.capabilities import Policy
 from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime.drafters import Drafter
@@ -527,6 +528,10 @@ class MTPRuntime:
 
     Without a sidecar (or k = 0) it decodes plainly through the same loop, so MTP off and
     on share every line of code except the drafter.
+
+    ``policy`` (a Policy or its name; default $MTPLIB_POLICY, else beta) is negotiated
+    before any model is loaded: with a sidecar and k > 0 a policy that disables MTP
+    (alpha) raises RouteRefused naming it. Plain decoding is always allowed.
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
@@ -536,9 +541,10 @@ class MTPRuntime:
                  sampler: Sampler | None = None, rows: RowFn | None = None,
                  drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
                  sidecar_kwargs: dict | None = None, trace: bool = False,
-                 hidden_rows: str = "auto") -> None:
+                 hidden_rows: str = "auto", policy: Policy | str | None = None) -> None:
         from mtplib.model.gguf_header import read_header
         from mtplib.runtime.model import Model, check_pair
+        from mtplib.runtime.routing import resolve_policy, route, routing_metrics
 
         self.opts = EngineOptions(k=k, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                   n_seq_max=n_seq_max, n_rs_seq=n_rs_seq, n_threads=n_threads,
@@ -552,6 +558,9 @@ class MTPRuntime:
             trunk_kwargs.setdefault("header", read_header(trunk))
             sidecar_kwargs.setdefault("header", read_header(sidecar))
             check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
+        self.policy = resolve_policy(policy)
+        mtp_k = k if sidecar is not None else 0
+        self.routing = routing_metrics(route(mtp_k, policy=self.policy), self.policy)
         try:
             self.trunk = Model(trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
@@ -570,7 +579,10 @@ class MTPRuntime:
 
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
                  ) -> tuple[list[int], dict]:
-        return run_generation(self.engine, prompt, n_new, seq_id=seq_id, memory=self.memory)
+        tokens, metrics = run_generation(self.engine, prompt, n_new, seq_id=seq_id,
+                                         memory=self.memory)
+        metrics["routing"] = dict(self.routing)
+        return tokens, metrics
 
     def memory(self, seq: int = 0) -> dict:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
