@@ -22,11 +22,11 @@ from mtplib.contract import (
     Session,
     StaleEpochError,
     State,
+    check_seam_value,
     names_cache_state,
     seam_bytes_per_token,
     validate_boundary,
 )
-from mtplib.contract.seam import check_seam_value
 
 DIMS = TINY_DIMS
 W = DIMS.hidden_width
