@@ -61,11 +61,12 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
 
     Under a policy that disables MTP (alpha; default: $MTPLIB_POLICY, else beta) every MTP
     recipe that would run is DISABLED, and no MTP context is probed."""
-    pol = resolve_policy(policy)
     from mtplib.model.arch import config_from_keys
     from mtplib.model.gguf_header import read_header
     from mtplib.runtime.lib import UpstreamError, load
     from mtplib.runtime.model import check_pair
+
+    pol = resolve_policy(policy)
 
     reasons: dict[str, str] = {}
     status = {r: Status.UNSUPPORTED for r in RECIPES}
