@@ -2,7 +2,7 @@
 
 import json
 
-from mtplib.contract.capabilities import ALPHA_POLICY, BETA_POLICY, Status, negotiate
+from mtplib.contract.capabilities import ALPHA_POLICY, BETA_POLICY, Policy, Status, negotiate
 from mtplib.runtime.capability import advertise, certify, model_key
 
 
@@ -37,7 +37,10 @@ def test_implemented_then_certified_only_for_this_hash(pair, other_pair, tmp_pat
     p.write_text(json.dumps(data))
     cap = advertise(pair.trunk, pair.sidecar, cert_dir=tmp_path)
     assert cap.advert.recipes["mtp.v4.draft2"] == Status.IMPLEMENTED
-    # negotiation: alpha never routes MTP; beta routes a recipe certified on every shard
+    # negotiation: alpha never routes MTP; beta routes a recipe every shard implements; a
+    # certified-only policy wants the passing certification run too
+    strict = Policy("strict", allow_mtp=True, min_status=Status.CERTIFIED)
     assert not negotiate("mtp.v4.draft1", [cap.advert], ALPHA_POLICY).mtp
-    assert negotiate("mtp.v4.draft1", [cap.advert], BETA_POLICY).mtp
-    assert not negotiate("mtp.v4.draft2", [cap.advert], BETA_POLICY).mtp
+    assert negotiate("mtp.v4.draft1", [cap.advert], strict).mtp
+    assert negotiate("mtp.v4.draft2", [cap.advert], BETA_POLICY).mtp
+    assert not negotiate("mtp.v4.draft2", [cap.advert], strict).mtp

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +22,7 @@ from mtplib.contract import (
     Session,
     StaleEpochError,
     State,
+    check_seam_value,
     names_cache_state,
     seam_bytes_per_token,
     validate_boundary,
@@ -185,3 +186,181 @@ def test_well_formed_boundary_hidden_accepted(start, n, dtype, step, with_payloa
     )
     assert m.nbytes == nbytes
     validate_boundary(m, DIMS, SESSION)
+
+
+# -- nested values: the validator walks every type, at any depth ---------------------------
+@dataclass
+class Meta:
+    """A typed record a shard might attach to a message."""
+
+    label: str = "x"
+    items: tuple = ()
+
+
+class Obj:
+    """A plain object: its attributes count as keys."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+VOCAB = sorted({*FORBIDDEN_KINDS, *(k.value for k in CacheKind), "past_key_values",
+                "kv_cache", "compressor_state", "indexer_state", "k_cache", "v_cache"})
+
+
+@st.composite
+def spelled_cache_names(draw):
+    """A cache-vocabulary name in some spelling, possibly inside a longer name."""
+    name = draw(st.sampled_from(VOCAB))
+    style = draw(st.sampled_from(["plain", "upper", "title", "camel", "kebab", "dotted"]))
+    parts = name.split("_")
+    name = {
+        "plain": name,
+        "upper": name.upper(),
+        "title": "_".join(p.title() for p in parts),
+        "camel": parts[0] + "".join(p.title() for p in parts[1:]),
+        "kebab": "-".join(parts),
+        "dotted": ".".join(parts),
+    }[style]
+    return draw(st.sampled_from(["", "meta_", "x."])) + name + draw(st.sampled_from(["", "_1"]))
+
+
+CLEAN_KEYS = st.text(alphabet="abdfghjmnopqruwyz_", min_size=1, max_size=8).filter(
+    lambda k: not names_cache_state(k)
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(list(DType)),
+)
+
+
+def _containers(children):
+    return st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(CLEAN_KEYS, children, max_size=3),
+        st.frozensets(st.one_of(st.integers(), st.text(max_size=4)), max_size=3),
+        st.builds(Meta, label=st.text(max_size=4),
+                  items=st.lists(children, max_size=2).map(tuple)),
+        st.dictionaries(CLEAN_KEYS, children, max_size=2).map(lambda d: Obj(**d)),
+        st.tuples(children, children).map(lambda ab: Slotted(*ab)),
+    )
+
+
+CLEAN = st.recursive(SCALARS, _containers, max_leaves=12)
+
+
+def _buffers():
+    import array
+
+    import numpy as np
+
+    return st.sampled_from([
+        b"x", bytearray(b"xy"), memoryview(b"abc"), array.array("f", [1.0]),
+        np.zeros(2, np.float32), np.array([1, None], dtype=object), np.float32(1.0),
+    ])
+
+
+@st.composite
+def poisoned(draw, depth=0):
+    """A clean structure with one cache-bearing key, attribute or raw buffer somewhere."""
+    if depth >= 6 or draw(st.integers(0, 3)) == 0:
+        bad = draw(st.sampled_from(["key", "attr", "field", "buffer", "set_buffer"]))
+        name = draw(spelled_cache_names())
+        value = draw(CLEAN)
+        if bad == "key":
+            return {**draw(st.dictionaries(CLEAN_KEYS, CLEAN, max_size=2)), name: value}
+        if bad == "attr":
+            return Obj(**{name: value})
+        if bad == "field":
+            return Obj(ok=1, **{name.replace(".", "_").replace("-", "_"): value})
+        if bad == "set_buffer":
+            return frozenset({b"raw", 1})
+        return draw(_buffers())
+    inner = draw(poisoned(depth + 1))
+    wrap = draw(st.sampled_from(["list", "tuple", "dict", "meta", "obj", "slots"]))
+    sibling = draw(CLEAN)
+    pos = draw(st.integers(0, 1))
+    pair = [sibling, inner] if pos else [inner, sibling]
+    if wrap == "list":
+        return pair
+    if wrap == "tuple":
+        return tuple(pair)
+    if wrap == "dict":
+        return {"a_" + str(pos): pair[0], "b": pair[1]}
+    if wrap == "meta":
+        return Meta(items=tuple(pair))
+    if wrap == "obj":
+        return Obj(a=pair[0], b=pair[1])
+    return Slotted(*pair)
+
+
+@given(name=spelled_cache_names())
+@settings(max_examples=300, deadline=None)
+def test_every_spelling_of_the_cache_vocabulary_names_cache_state(name):
+    assert names_cache_state(name), name
+
+
+@given(value=poisoned(), top=CLEAN_KEYS)
+@settings(max_examples=400, deadline=None)
+def test_cache_content_refused_at_any_depth(value, top):
+    with pytest.raises(SeamViolation):
+        check_seam_value(value)
+    with pytest.raises(SeamViolation):
+        validate_boundary(msg(extra={top: value}), DIMS, SESSION)
+
+
+@given(value=CLEAN, top=CLEAN_KEYS)
+@settings(max_examples=400, deadline=None)
+def test_clean_typed_values_pass(value, top):
+    check_seam_value(value)
+    validate_boundary(msg(extra={top: value, "trace_id": "t"}), DIMS, SESSION)
+
+
+def _nested(n: int) -> list:
+    out: list = [1]
+    for _ in range(n):
+        out = [out]
+    return out
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"meta": [{"kv_cache": 1}]}, r"^extra\['meta'\]\[0\]\['kv_cache'\]: names cache state"),
+        ({"m": ({"compressor_state": b"x"},)}, r"^extra\['m'\]\[0\]\['compressor_state'\]"),
+        ({"m": [1, b"x"]}, r"^extra\['m'\]\[1\]: expected no raw bytes, got a bytes"),
+        ({"past_key_values": ()}, r"^extra\['past_key_values'\]: names cache state"),
+        ({"m": {"pastKeyValues": 0}}, r"pastKeyValues'\]: names cache state"),
+        ({"m": Obj(kv_cache=None)}, r"^extra\['m'\]\.kv_cache: names cache state"),
+        ({"m": Meta(items=(Slotted(1, bytearray(1)),))},
+         r"^extra\['m'\]\.items\[0\]\.b: expected no raw bytes"),
+        ({"m": {1: 2}}, r"^extra\['m'\]: expected str keys"),
+        ({"m": CacheKind.INDEXER_K}, r"names cache state"),
+        ({"m": type("DynamicCache", (), {})()}, "a DynamicCache names cache state"),
+        ({"m": print}, "expected a typed value, got builtin_function_or_method"),
+        ({"m": iter([1])}, "expected a typed value"),
+        ({"m": {"n": _nested(40)}}, "deeper than 32 levels"),
+    ],
+)
+def test_nested_cache_content_refused(extra, match):
+    with pytest.raises(SeamViolation, match=match):
+        validate_boundary(msg(extra=extra), DIMS)
+
+
+def test_self_reference_refused():
+    loop: list = [1]
+    loop.append(loop)
+    with pytest.raises(SeamViolation, match="refers to itself"):
+        validate_boundary(msg(extra={"m": loop}), DIMS)

@@ -29,10 +29,13 @@ def run(a: argparse.Namespace) -> int:
     lane = load_lane(a.params)
     if lane.bench is None:
         raise LaneError(f"{lane.path}: no 'bench:' section to run")
+    if a.policy is not None:
+        lane.policy = a.policy
     check_lane_requirements(lane)
-    cfg = B.BenchConfig.from_dict(lane.bench, threads=lane.threads)
+    cfg = B.BenchConfig.from_dict(lane.bench, threads=lane.threads, policy=lane.policy)
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
     record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out")
+    record["policy"] = cfg.policy
     write_json(out / "run_record.json", record)
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr))
     result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
@@ -59,8 +62,13 @@ def register(sub) -> None:
                        description="Run the `bench:` section of a lane (params/*.yaml): MTP "
                        "off and on (k per the lane), the synthetic acceptance sweep and the "
                        "break-even acceptance. Writes OUT/bench/bench.json, CSVs and plots "
-                       "and OUT/run_record.json; prints the summary table.")
+                       "and OUT/run_record.json; prints the summary table. The bench compares "
+                       "MTP off with on, so under a policy that disables MTP (alpha) it is "
+                       "refused before anything runs.")
     b.add_argument("--params", default="params/cpu-fixture.yaml", help="lane params YAML")
     b.add_argument("--out", help="output directory (default: outputs/<run-id>-bench)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    b.add_argument("--policy", choices=["alpha", "beta"], default=None,
+                   help="deployment policy (default: the lane's `policy:`, else beta); "
+                   "alpha disables MTP, so the bench refuses to run (exit 2)")
     b.set_defaults(fn=run)

@@ -32,7 +32,7 @@ def run(a: argparse.Namespace) -> int:
         raise InputError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     with MTPRuntime(a.model, a.mtp, k=k, settings=_settings(a), sampler=sampler,
-                    trace=a.trace, head=a.head) as rt:
+                    trace=a.trace, head=a.head, policy=a.policy) as rt:
         prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
         tokens, metrics = rt.generate(prompt, a.n)
         text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
@@ -103,6 +103,10 @@ def register(sub) -> None:
                    "per row instead of n_vocab logits, in the same wait)")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan (default 1)")
+    g.add_argument("--policy", choices=["alpha", "beta"], default=None,
+                   help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
+                   "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
+                   "decoding runs under both")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_log_args(g)
     g.set_defaults(fn=run)
@@ -137,7 +141,7 @@ def _run_ranged(a) -> int:
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
                               endpoints=eps, shard_threads=a.shard_threads, wan=a.wan,
-                              mtp_placement=a.mtp_placement)
+                              mtp_placement=a.mtp_placement, policy=a.policy)
     if a.json:
         print(json.dumps(out))
         return 0

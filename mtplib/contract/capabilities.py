@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from mtplib.contract.types import (
     CONTRACT_VERSION,
@@ -19,12 +20,15 @@ from mtplib.contract.types import (
     MTP_RECIPES,
     RECIPES,
     ContractError,
+    check_str,
+    fail,
     recipe_draft_k,
 )
 
 __all__ = [
     "ALPHA_POLICY",
     "BETA_POLICY",
+    "POLICIES",
     "MAX_DRAFT",
     "MAX_PARSED_DRAFT",
     "MTP_OFF",
@@ -32,11 +36,15 @@ __all__ = [
     "RECIPES",
     "Decision",
     "Policy",
+    "RouteRefused",
     "ShardAdvert",
     "ShardVerdict",
     "Status",
     "negotiate",
     "parse_recipe",
+    "policy_named",
+    "policy_statuses",
+    "require_route",
 ]
 
 
@@ -71,14 +79,59 @@ class ShardAdvert:
 
 @dataclass(frozen=True)
 class Policy:
-    """Deployment policy; allow_mtp=False makes every MTP recipe unroutable."""
+    """Deployment policy: whether MTP may route at all, and the least status every shard
+    must advertise for a recipe before it does.
+
+    Fields are checked at construction (a truthy string is not a bool: `allow_mtp='false'`
+    is refused, not read as "allow"), so a policy that exists is one negotiate can trust.
+    The name 'alpha' is reserved for the policy that disables MTP.
+    """
 
     name: str
     allow_mtp: bool
+    min_status: Status = Status.CERTIFIED
+
+    def __post_init__(self) -> None:
+        check_str("policy.name", self.name)
+        if not isinstance(self.allow_mtp, bool):
+            raise fail("policy.allow_mtp", "a bool", self.allow_mtp)
+        if not isinstance(self.min_status, Status) or self.min_status < Status.IMPLEMENTED:
+            raise fail("policy.min_status", "Status.IMPLEMENTED or Status.CERTIFIED",
+                       self.min_status)
+        if self.name == "alpha" and self.allow_mtp:
+            raise fail("policy.allow_mtp", "False for 'alpha' (alpha disables MTP)",
+                       self.allow_mtp)
 
 
 ALPHA_POLICY = Policy("alpha", allow_mtp=False)
-BETA_POLICY = Policy("beta", allow_mtp=True)
+BETA_POLICY = Policy("beta", allow_mtp=True, min_status=Status.IMPLEMENTED)
+"""Beta routes a recipe every shard implements; a stricter policy (min_status CERTIFIED,
+the default of `Policy`) also wants a passing certification run on each shard."""
+
+POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (ALPHA_POLICY,
+                                                                       BETA_POLICY)})
+"""The named policies a user picks from (`--policy`, a lane's `policy:`)."""
+
+
+def policy_named(name: object) -> Policy:
+    """The named policy; ContractError for any other name (or a non-string)."""
+    if isinstance(name, Policy):
+        return name
+    if not isinstance(name, str) or name not in POLICIES:
+        raise fail("policy", f"one of {', '.join(POLICIES)}", name)
+    return POLICIES[name]
+
+
+def policy_statuses(recipes: Mapping[str, Status], policy: Policy) -> dict[str, Status]:
+    """Recipe statuses as advertised under `policy`: an MTP recipe the policy disables is
+    DISABLED where it would otherwise run (an unsupported one stays UNSUPPORTED: that says
+    more); mtp.off is never disabled."""
+    out = dict(recipes)
+    if not policy.allow_mtp:
+        for r, s in out.items():
+            if r != MTP_OFF and s >= Status.DISABLED:
+                out[r] = Status.DISABLED
+    return out
 
 
 @dataclass(frozen=True)
@@ -103,45 +156,52 @@ class Decision:
         return self.recipe_routed != MTP_OFF
 
 
-_Check = Callable[[str, ShardAdvert, int, str], str]
+class RouteRefused(ContractError):
+    """A run asked for a recipe that negotiation does not route; the message names the
+    policy and the first failing cause."""
 
 
-def _version(recipe: str, a: ShardAdvert, tail: int, pin0: str) -> str:
+_Check = Callable[[str, ShardAdvert, int, str, Policy], str]
+
+
+def _version(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
     if a.contract_version == CONTRACT_VERSION:
         return ""
     return f"contract_version expected {CONTRACT_VERSION!r}, got {a.contract_version!r}"
 
 
-def _pin(recipe: str, a: ShardAdvert, tail: int, pin0: str) -> str:
+def _pin(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
     if not isinstance(a.pin, str) or not a.pin:
         return f"pin expected non-empty str, got {a.pin!r}"
     return "" if a.pin == pin0 else f"pin expected {pin0!r} (as shard 0), got {a.pin!r}"
 
 
-def _sidecar(recipe: str, a: ShardAdvert, tail: int, pin0: str) -> str:
+def _sidecar(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
     if a.shard_index != tail or a.has_mtp_sidecar is True:
         return ""
     return "tail shard has no MTP sidecar"
 
 
-def _advertised(recipe: str, a: ShardAdvert, tail: int, pin0: str) -> str:
+def _advertised(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
     return "" if recipe in a.recipes else f"recipe {recipe!r} not advertised"
 
 
-def _certified(recipe: str, a: ShardAdvert, tail: int, pin0: str) -> str:
+def _status(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
     status = a.recipes.get(recipe)
-    if isinstance(status, Status) and status >= Status.CERTIFIED:
+    if isinstance(status, Status) and status >= policy.min_status:
         return ""
     label = status.label if isinstance(status, Status) else repr(status)
-    return f"recipe {recipe!r} is {label}, need certified"
+    return f"recipe {recipe!r} is {label}, need {policy.min_status.label}"
 
 
-CHECKS: tuple[_Check, ...] = (_version, _pin, _sidecar, _advertised, _certified)
+CHECKS: tuple[_Check, ...] = (_version, _pin, _sidecar, _advertised, _status)
 """Causes in the order they are reported: the first failing cause names the decision."""
 
 
 def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) -> Decision:
     """Route `requested` only if policy and every shard allow it; otherwise mtp.off."""
+    if not isinstance(policy, Policy):
+        raise fail("policy", "a Policy", policy)
     if not policy.allow_mtp:
         return Decision(requested, MTP_OFF, f"{policy.name} policy: MTP disabled", ())
     if requested == MTP_OFF:
@@ -158,7 +218,7 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) ->
         return Decision(requested, MTP_OFF, reason, ())
     ordered = sorted(adverts, key=lambda a: a.shard_index)
     tail, pin0 = ordered[-1].shard_index, ordered[0].pin
-    found = [[check(requested, a, tail, pin0) for check in CHECKS] for a in ordered]
+    found = [[check(requested, a, tail, pin0, policy) for check in CHECKS] for a in ordered]
     per_shard = tuple(
         ShardVerdict(
             a.shard_index,
@@ -173,5 +233,16 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) ->
             if reasons[c]:
                 reason = f"shard {a.shard_index}: {reasons[c]}"
                 return Decision(requested, MTP_OFF, reason, per_shard)
-    reason = f"all {len(ordered)} shards certify {requested}"
+    verb = "certify" if policy.min_status >= Status.CERTIFIED else "implement"
+    reason = f"all {len(ordered)} shards {verb} {requested}"
     return Decision(requested, requested, reason, per_shard)
+
+
+def require_route(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) -> Decision:
+    """`negotiate`, for a run that must get what it asked for: RouteRefused (naming the
+    policy and the cause) unless `requested` is routed. mtp.off always is."""
+    d = negotiate(requested, adverts, policy)
+    if d.recipe_routed != requested:
+        raise RouteRefused(f"{requested} refused under policy {policy.name!r}: {d.reason} "
+                           f"(plain decoding, {MTP_OFF}, is always allowed)")
+    return d

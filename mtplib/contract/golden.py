@@ -167,6 +167,12 @@ def boundary_cases(dims: ModelDims = TINY_DIMS) -> list[tuple[str, BoundaryMessa
         ("smuggled_extra_compressor_state", _msg(dims, extra={"Compressor-State": 1})),
         ("smuggled_nested_extra", _msg(dims, extra={"meta": {"indexer_k": 0}})),
         ("raw_bytes_in_extra", _msg(dims, extra={"blob": b"\x00"})),
+        ("smuggled_kv_cache_in_list", _msg(dims, extra={"meta": [{"kv_cache": "..."}]})),
+        ("smuggled_compressor_state_in_tuple",
+         _msg(dims, extra={"meta": ({"compressor_state": "x"},)})),
+        ("raw_bytes_in_list", _msg(dims, extra={"meta": [1, b"\x00"]})),
+        ("smuggled_past_key_values", _msg(dims, extra={"past_key_values": None})),
+        ("smuggled_camel_case_cache", _msg(dims, extra={"meta": {"pastKeyValues": 0}})),
         ("stale_epoch", _msg(dims, epoch=2)),
         ("future_epoch", _msg(dims, epoch=4)),
         ("foreign_session", _msg(dims, session_id="s2")),
@@ -248,6 +254,10 @@ def _advert_json(a: ShardAdvert) -> Doc:
     }
 
 
+STRICT_EXAMPLE = Policy("certified-only", allow_mtp=True, min_status=Status.CERTIFIED)
+"""Not a named policy: shows a policy that also wants every shard's certification run."""
+
+
 def _negotiation_doc() -> Doc:
     requests = (
         "mtp.off",
@@ -258,7 +268,7 @@ def _negotiation_doc() -> Doc:
         "mtp.v4.draft02",
         "eagle3",
     )
-    policies: tuple[Policy, ...] = (ALPHA_POLICY, BETA_POLICY)
+    policies: tuple[Policy, ...] = (ALPHA_POLICY, BETA_POLICY, STRICT_EXAMPLE)
     sets = advert_sets()
     rows = []
     for set_name, adverts in sets.items():
@@ -284,7 +294,10 @@ def _negotiation_doc() -> Doc:
                     }
                 )
     return {
-        "policies": {p.name: {"allow_mtp": p.allow_mtp} for p in policies},
+        "policies": {
+            p.name: {"allow_mtp": p.allow_mtp, "min_status": p.min_status.label}
+            for p in policies
+        },
         "checks_in_order": [c.__name__.lstrip("_") for c in CHECKS],
         "advert_sets": {k: [_advert_json(a) for a in v] for k, v in sets.items()},
         "matrix": rows,

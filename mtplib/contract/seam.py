@@ -7,6 +7,9 @@ validator fails closed on forbidden or unknown kinds and on cache-like extra fie
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -108,6 +111,8 @@ FORBIDDEN_KINDS: Mapping[str, str] = MappingProxyType(
         "indexer_keys": _CACHE_REASON,
         "compressor_state": _CACHE_REASON,
         "mtp_k": _CACHE_REASON,
+        "indexer_state": _CACHE_REASON,
+        "past_key_values": _CACHE_REASON,
         "sequence_state": "a llama_state_seq blob is shard-local cache state",
     }
 )
@@ -123,16 +128,31 @@ CACHE_MARKERS: tuple[str, ...] = (
     "mtp_k",
     "checkpoint",
     "logit",
+    "past_key",
+    "key_value",
 )
 """Substrings that make a name count as cache state (fail closed on near-misses too)."""
 
+_COMPACT_MARKERS = tuple(sorted(
+    {k.replace("_", "") for k in FORBIDDEN_KINDS}
+    | {c for c in (m.replace("_", "") for m in CACHE_MARKERS) if len(c) >= 5}
+))
+"""Sought with the separators removed ('pastKeyValues', 'mtpK'): every forbidden kind, and
+the markers long enough not to match across a word boundary ('kv' in 'track_version')."""
+
 
 def names_cache_state(name: object) -> bool:
-    """True if a kind or extra key names cache state, in any case or separator spelling."""
+    """True if a kind, key or attribute name names cache state, in any case or separator
+    spelling ('KV-Cache', 'compressor.state', 'pastKeyValues')."""
     if not isinstance(name, str):
         return False
-    norm = name.lower().replace("-", "_").replace(" ", "_").replace(".", "_")
-    return norm in FORBIDDEN_KINDS or any(m in norm for m in CACHE_MARKERS)
+    norm = re.sub(r"[^a-z0-9]+", "_", name.lower())
+    compact = norm.replace("_", "")
+    return (
+        norm.strip("_") in FORBIDDEN_KINDS
+        or any(m in norm for m in CACHE_MARKERS)
+        or any(m in compact for m in _COMPACT_MARKERS)
+    )
 
 
 @dataclass(frozen=True)
@@ -155,19 +175,113 @@ def _violation(exc: ContractError) -> SeamViolation:
     return SeamViolation(str(exc))
 
 
-def _check_extra(extra: object, where: str = "extra") -> None:
+MAX_EXTRA_DEPTH = 32
+"""Deeper nesting than this in `extra` is refused rather than walked."""
+
+_SCALARS = (str, int, float, bool, type(None))
+_ARRAY_HOOKS = ("__array__", "__array_interface__", "__cuda_array_interface__", "__dlpack__")
+
+
+def _raw_buffer(value: object) -> bool:
+    """True for bytes-like data or an array: anything exposing a buffer or array hook."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return True
+    if any(hasattr(type(value), h) for h in _ARRAY_HOOKS):
+        return True
+    try:
+        memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    except Exception:  # noqa: BLE001 - e.g. numpy's object arrays: a buffer that will not export
+        return True
+    return True
+
+
+def _members(value: object) -> dict[str, object] | None:
+    """Named members of a dataclass or plain object (fields, __dict__, __slots__), or None
+    when `value` is neither."""
+    names: dict[str, object] = {}
+    if dataclasses.is_dataclass(value):
+        names.update({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                names[slot] = getattr(value, slot)
+    if hasattr(value, "__dict__"):
+        names.update(vars(value))
+    if names or dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        return names
+    return None
+
+
+def check_seam_value(value: object, where: str = "extra") -> None:
+    """Raise SeamViolation unless `value` is typed data free of cache state at every depth.
+
+    Walked: mappings (keys must be str and must not name cache state), lists, tuples,
+    sets, dataclasses and objects (their field/attribute names count as keys). Refused
+    anywhere: a name from the cache vocabulary (`names_cache_state`), an enum member or
+    type named like cache state, raw buffers (bytes, bytearray, memoryview, arrays: raw
+    data crosses only as a message's payload), callables, self-references, and any value
+    that is none of the above.
+    """
+    _walk(value, where, 0, set())
+
+
+def _walk(value: object, where: str, depth: int, path: set[int]) -> None:
+    if depth > MAX_EXTRA_DEPTH:
+        raise SeamViolation(f"{where}: nested deeper than {MAX_EXTRA_DEPTH} levels")
+    if isinstance(value, enum.Enum):
+        if names_cache_state(value.name) or names_cache_state(value.value) or \
+                names_cache_state(type(value).__name__):
+            raise SeamViolation(f"{where}: {value!r} names cache state; {_CACHE_REASON}")
+        return
+    if isinstance(value, _SCALARS):
+        return
+    if _raw_buffer(value):
+        raise SeamViolation(f"{where}: expected no raw bytes, got a {type(value).__name__} "
+                            "(raw data crosses only as the message payload)")
+    if isinstance(value, type) or callable(value):
+        raise SeamViolation(f"{where}: expected a typed value, got {type(value).__name__}")
+    if names_cache_state(type(value).__name__):
+        raise SeamViolation(f"{where}: a {type(value).__name__} names cache state; "
+                            f"{_CACHE_REASON}")
+    if id(value) in path:
+        raise SeamViolation(f"{where}: refers to itself")
+    path = path | {id(value)}
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        for key, _ in items:
+            if not isinstance(key, str):
+                raise SeamViolation(f"{where}: expected str keys, got {key!r}")
+        for key, v in sorted(items, key=lambda kv: kv[0]):
+            if names_cache_state(key):
+                raise SeamViolation(f"{where}[{key!r}]: names cache state; {_CACHE_REASON}")
+            _walk(v, f"{where}[{key!r}]", depth + 1, path)
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _walk(v, f"{where}[{i}]", depth + 1, path)
+        return
+    if isinstance(value, set | frozenset):
+        for v in sorted(value, key=repr):
+            _walk(v, f"{where}{{{v!r}}}", depth + 1, path)
+        return
+    members = _members(value)
+    if members is None:
+        raise SeamViolation(f"{where}: expected a typed value (str, int, float, bool, None, a "
+                            f"mapping, sequence, set, dataclass or object), got "
+                            f"{type(value).__name__}")
+    for name in sorted(members):
+        if names_cache_state(name):
+            raise SeamViolation(f"{where}.{name}: names cache state; {_CACHE_REASON}")
+        _walk(members[name], f"{where}.{name}", depth + 1, path)
+
+
+def _check_extra(extra: object) -> None:
     if not isinstance(extra, Mapping):
-        raise SeamViolation(f"{where}: expected a mapping, got {extra!r}")
-    for key in sorted(extra, key=repr):
-        if not isinstance(key, str):
-            raise SeamViolation(f"{where}: expected str keys, got {key!r}")
-        if names_cache_state(key):
-            raise SeamViolation(f"{where}[{key!r}]: names cache state; {_CACHE_REASON}")
-        value = extra[key]
-        if isinstance(value, bytes | bytearray | memoryview):
-            raise SeamViolation(f"{where}[{key!r}]: expected no raw bytes (use payload)")
-        if isinstance(value, Mapping):
-            _check_extra(value, f"{where}[{key!r}]")
+        raise SeamViolation(f"extra: expected a mapping, got {extra!r}")
+    check_seam_value(extra, "extra")
 
 
 def validate_boundary(

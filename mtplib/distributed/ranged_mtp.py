@@ -12,7 +12,9 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 
+from mtplib.contract.capabilities import Policy
 from mtplib.distributed.relay import WanLink, parse_wan
+from mtplib.runtime.routing import resolve_policy, route, routing_metrics
 from mtplib.runtime.speculative import EngineOptions
 
 
@@ -43,18 +45,23 @@ def _worker_generate(models, opts: EngineOptions, prompt: list[int], n_new: int)
 class RangedMTP:
     """A trunk on RPC shards by ``plan`` (+ the sidecar on the tail shard) for several
     measured generations; local shards are started and stopped when no endpoints are
-    given. ``generate`` returns (tokens, metrics) with that run's seam bytes."""
+    given. ``generate`` returns (tokens, metrics) with that run's seam bytes.
+
+    Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
+    beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
+    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                  allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                 mtp_placement: str = "tail") -> None:
+                 mtp_placement: str = "tail", policy: Policy | str | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
         from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
 
+        self.policy = resolve_policy(policy)
         h = read_header(trunk)
         if sidecar is not None:
             check_pair(h, read_header(sidecar))
@@ -88,6 +95,8 @@ class RangedMTP:
         # caches are shard-local: a rollback beyond n_rs_seq replays, it never moves state
         opts = replace(opts, checkpoints="replay")
         rt = self.rt
+        decision = route(opts.k, policy=self.policy, n_shards=self.plan.n_shards,
+                         has_sidecar=self.mtp_on_tail)
         toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
         rt.reset_counts()
         tokens, metrics = rt.call(_worker_generate, opts, toks, n_new)
@@ -96,6 +105,7 @@ class RangedMTP:
         metrics["plan"] = str(self.plan)
         metrics["endpoints"] = list(rt.endpoints)
         metrics["local_shards"] = self.shards is not None
+        metrics["routing"] = routing_metrics(decision, self.policy)
         metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
         metrics["wan"] = [str(r.link) for r in rt.relays.relays]
         metrics["head"] = opts.head
@@ -103,6 +113,18 @@ class RangedMTP:
             metrics["mtp_placement"] = rt.mtp_placement
             metrics["mtp_endpoints"] = sorted(set(rt.sidecar["placement"].values()))
         return tokens, metrics
+
+    @property
+    def mtp_on_tail(self) -> bool:
+        """The advert of the party next to the sampler: the MTP block was loaded, and
+        upstream placed all of it on the tail shard (placement "tail") or it runs in this
+        client process (placement "client", on the client's CPU)."""
+        side = self.rt.sidecar
+        if not side:
+            return False
+        if self.rt.mtp_placement == "client":
+            return True
+        return set(side["placement"].values()) == {self.rt.endpoints[-1]}
 
     def close(self) -> None:
         self._stack.close()
@@ -118,14 +140,19 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                     sidecar: str | None = None, opts: EngineOptions | None = None,
                     endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                     allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                    mtp_placement: str = "tail") -> dict:
+                    mtp_placement: str = "tail", policy: Policy | str | None = None) -> dict:
     """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
-    when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}."""
+    when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy
+    that refuses the recipe is refused before any shard starts."""
     from mtplib.distributed.worker import detokenize
 
+    pol = resolve_policy(policy)
+    k = 0 if sidecar is None else (3 if opts is None else opts.k)
+    route(k, policy=pol)  # the policy gate; each generation negotiates with the shards too
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
                    endpoints=endpoints, shard_threads=shard_threads,
-                   allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement) as r:
+                   allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement,
+                   policy=pol) as r:
         tokens, metrics = r.generate(prompt, n_new, opts)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):

@@ -45,11 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.quality import compare_streams
 from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
+from mtplib.runtime.routing import resolve_policy, route
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import MTPRuntime
@@ -97,10 +99,20 @@ class BenchConfig:
     backend: str = "cpu"  # cpu | gpu (a gpu lane stops cleanly on a build without a GPU)
     sweep: SweepConfig | None = field(default_factory=SweepConfig)
     sampling: SamplingConfig | None = None
+    #: deployment policy (a name; None: the lane's, else $MTPLIB_POLICY, else beta). The
+    #: bench compares MTP off with on: under a policy that disables MTP (alpha) it refuses
+    #: to run (`check_requirements`) instead of measuring MTP off alone.
+    policy: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict | None, *, threads: int | None = None) -> BenchConfig:
+    def from_dict(cls, d: dict | None, *, threads: int | None = None,
+                  policy: str | None = None) -> BenchConfig:
         d = dict(d or {})
+        if policy is not None and d.get("policy") not in (None, policy):
+            raise BenchConfigError(f"bench: policy {d['policy']!r} differs from the lane's "
+                                   f"policy {policy!r}")
+        if policy is not None:
+            d["policy"] = policy
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
@@ -116,6 +128,10 @@ class BenchConfig:
             raise BenchConfigError(f"bench: {e}") from None
         if cfg.threads is None:
             cfg.threads = threads or 2
+        try:
+            cfg.policy = resolve_policy(cfg.policy).name
+        except InputError as e:
+            raise BenchConfigError(f"bench: {e}") from None
         cfg.validate()
         return cfg
 
@@ -172,10 +188,18 @@ class MissingCapability(UpstreamFault):
 
 
 def check_requirements(cfg: BenchConfig) -> dict:
-    """The build's backends and devices; raises MissingCapability if the lane needs a GPU
-    and the build has none (``llama_supports_gpu_offload()`` alone is not enough: it is
-    true on a CPU build with the RPC backend)."""
+    """The build's backends and devices; raises RouteRefused if the policy refuses an MTP
+    row (alpha: every one), MissingCapability if the lane needs a GPU and the build has
+    none (``llama_supports_gpu_offload()`` alone is not enough: it is true on a CPU build
+    with the RPC backend)."""
     from mtplib.runtime.devices import backend_info
+
+    for k in cfg.ks:
+        try:
+            route(int(k), policy=cfg.policy)
+        except RouteRefused as e:
+            raise RouteRefused(f"bench: {e}; the bench compares MTP off with MTP on, so it "
+                               "does not run under this policy") from None
 
     info = backend_info()
     if cfg.backend == "gpu" and not info["gpu_devices"]:
@@ -264,7 +288,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     from mtplib.runtime.speculative import EngineOptions
 
     rows = []
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar) as r:
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)
             for i, spec in enumerate(cfg.prompts):
@@ -363,7 +387,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                 off_streams = _sampled(rt, refs, cfg.sampling)
         for k in cfg.ks:
             log(f"MTP on, k={k}")
-            with MTPRuntime(trunk, sidecar, k=k, settings=settings) as rt:
+            with MTPRuntime(trunk, sidecar, k=k, settings=settings, policy=cfg.policy) as rt:
                 for i, spec in enumerate(cfg.prompts):
                     prompt, ref, margins = refs[i]
                     for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
@@ -425,7 +449,7 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSetting
         use_mtp = sc.draft_cost == "mtp"
         placeholder = None if use_mtp else SyntheticDrafter([0], 1, [0.0], n_vocab=2)
         with MTPRuntime(trunk, sidecar if use_mtp else None, k=k, drafter=placeholder,
-                        settings=settings) as rt:
+                        settings=settings, policy=cfg.policy) as rt:
             n_vocab = rt.trunk.n_vocab
             mtp = rt.engine.drafter
             for rate in sc.rates:

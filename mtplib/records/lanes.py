@@ -40,6 +40,9 @@ class Lane:
     bench: dict | None = None  # the `bench:` section (mtplib.lab.bench.BenchConfig)
     evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
     wan: dict | None = None  # the `wan:` section (mtplib.lab.wan.WanConfig)
+    #: `policy:` alpha | beta, for the bench and every notebook's MTP runs (None:
+    #: $MTPLIB_POLICY, else beta); under alpha a lane with a bench stops before anything runs
+    policy: str | None = None
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -53,7 +56,7 @@ def load_lane(path: str | Path) -> Lane:
     if not isinstance(data, dict):
         raise LaneError(f"{p}: expected a mapping at the top level")
     unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
-                           "parameters", "bench", "evidence", "wan"}
+                           "parameters", "bench", "evidence", "wan", "policy"}
     if unknown:
         raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
     nbs = data.get("notebooks") or []
@@ -68,12 +71,20 @@ def load_lane(path: str | Path) -> Lane:
         norm.append(item)
     if bool(data.get("fixture")) == bool(data.get("models")):
         raise LaneError(f"{p}: give exactly one of 'fixture' (generated) or 'models' (files)")
+    policy = data.get("policy")
+    if policy is not None:
+        from mtplib.contract.capabilities import policy_named
+
+        try:
+            policy_named(policy)
+        except InputError as e:
+            raise LaneError(f"{p}: {e}") from None
     return Lane(name=str(data.get("lane", p.stem)), path=p, notebooks=norm,
                 fixture=data.get("fixture"), models=data.get("models"),
                 threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
                 description=str(data.get("description", "")), bench=data.get("bench"),
                 wan=data.get("wan"),
-                evidence=[str(s) for s in data.get("evidence") or []])
+                evidence=[str(s) for s in data.get("evidence") or []], policy=policy)
 
 
 def _storage_root(models: dict) -> Path:
@@ -128,7 +139,8 @@ def check_lane_requirements(lane: Lane) -> None:
     from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
 
     try:
-        check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads))
+        check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads,
+                                                 policy=lane.policy))
     except MissingCapability as e:
         raise LaneError(f"lane {lane.name}: {e}") from None
     except ValueError as e:
@@ -181,12 +193,20 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     import papermill as pm
     from tqdm.auto import tqdm
 
+    from mtplib.runtime.routing import POLICY_ENV, resolve_policy
+
     lane = load_lane(params)
     check_lane_requirements(lane)
     run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
     record, models = open_run(lane, run_dir, argv=argv)
     record_path = run_dir / "run_record.json"
     status = "ok"
+    # the lane's policy holds for every MTP path in its notebooks' kernels (they inherit
+    # this environment: MTPRuntime and RangedMTP default to it)
+    policy = resolve_policy(lane.policy).name
+    record["policy"] = policy
+    env_before = os.environ.get(POLICY_ENV)
+    os.environ[POLICY_ENV] = policy
     try:
         for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
             name = item["notebook"]
@@ -224,6 +244,10 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                 status = "failed"
                 raise
     finally:
+        if env_before is None:
+            os.environ.pop(POLICY_ENV, None)
+        else:
+            os.environ[POLICY_ENV] = env_before
         record["ended"] = now_iso()
         record["status"] = status
         write_json(record_path, record)

@@ -1,9 +1,10 @@
 """What this runtime can honestly advertise per MTP recipe, fail-closed.
 
 `unsupported`: no sidecar, wrong upstream pin, a pair that does not belong together, a
-config upstream would crash on, or an MTP context upstream refused. `implemented`: the
-recipe runs here. `certified`: only with a recorded, passing certification run for the
-exact sha256 of the trunk and the sidecar (see `certify`). Nothing is assumed.
+config upstream would crash on, or an MTP context upstream refused. `disabled`: the recipe
+would run here but the policy (alpha) disables MTP. `implemented`: the recipe runs here.
+`certified`: only with a recorded, passing certification run for the exact sha256 of the
+trunk and the sidecar (see `certify`). Nothing is assumed.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtplib import pins
-from mtplib.contract.capabilities import ShardAdvert, Status
+from mtplib.contract.capabilities import Policy, ShardAdvert, Status, policy_statuses
 from mtplib.contract.types import CONTRACT_VERSION, MAX_DRAFT, MTP_OFF
+from mtplib.runtime.routing import PIN, resolve_policy
 from mtplib.stamps import now_iso, sha256_file
 
 RECIPES = [MTP_OFF] + [f"mtp.v4.draft{k}" for k in range(1, MAX_DRAFT + 1)]
-PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
+__all__ = ["PIN", "RECIPES", "Capability", "advertise", "certify", "model_key"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,18 @@ def _load_cert(cert_dir: Path, key: str) -> dict:
 
 
 def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int = 0,
-              cert_dir: str | Path = "certifications", probe: bool = True) -> Capability:
-    """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed."""
+              cert_dir: str | Path = "certifications", probe: bool = True,
+              policy: Policy | str | None = None) -> Capability:
+    """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed.
+
+    Under a policy that disables MTP (alpha; default: $MTPLIB_POLICY, else beta) every MTP
+    recipe that would run is DISABLED, and no MTP context is probed."""
     from mtplib.model.arch import config_from_keys
     from mtplib.model.gguf_header import read_header
     from mtplib.runtime.lib import UpstreamError, load
     from mtplib.runtime.model import check_pair
+
+    pol = resolve_policy(policy)
 
     reasons: dict[str, str] = {}
     status = {r: Status.UNSUPPORTED for r in RECIPES}
@@ -78,7 +85,7 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
             th, sh = read_header(trunk), read_header(sidecar)
             check_pair(th, sh)
             config_from_keys(sh.kv, sh.n_vocab).validate()
-            if probe:
+            if probe and pol.allow_mtp:
                 _probe_mtp_context(str(sidecar))
         except Exception as e:  # noqa: BLE001 - any failure means unsupported, with why
             mtp_reason = f"{type(e).__name__}: {e}"
@@ -93,6 +100,10 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
             status[r] = Status.CERTIFIED
         elif status[r] == Status.IMPLEMENTED:
             reasons[r] = "implemented; no passing certification run for this model hash"
+    status = policy_statuses(status, pol)
+    for r, st in status.items():
+        if st == Status.DISABLED:
+            reasons[r] = f"{pol.name} policy: MTP disabled"
     advert = ShardAdvert(shard_index, CONTRACT_VERSION, PIN, sidecar is not None, status)
     return Capability(advert, reasons)
 

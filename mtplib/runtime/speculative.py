@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from mtplib.contract.capabilities import Policy
 from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime.drafters import Drafter
@@ -568,6 +569,10 @@ class MTPRuntime:
 
     Without a sidecar (or k = 0) it decodes plainly through the same loop, so MTP off and
     on share every line of code except the drafter.
+
+    ``policy`` (a Policy or its name; default $MTPLIB_POLICY, else beta) is negotiated
+    before any model is loaded: with a sidecar and k > 0 a policy that disables MTP
+    (alpha) raises RouteRefused naming it. Plain decoding is always allowed.
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
@@ -576,11 +581,13 @@ class MTPRuntime:
                  rows: RowFn | None = None, drafter: Drafter | None = None,
                  trunk_kwargs: dict | None = None, sidecar_kwargs: dict | None = None,
                  trace: bool = False, head: str = "upstream", checkpoints: str = "state",
-                 reserve: bool = True, **setting_overrides) -> None:
+                 reserve: bool = True, policy: Policy | str | None = None,
+                 **setting_overrides) -> None:
         """``settings`` (default: DecodeSettings()) with any of its fields given as
         keywords replaced, e.g. ``MTPRuntime(t, s, k=2, n_ctx=512, kv_type="f32")``."""
         from mtplib.model.gguf_header import read_header
         from mtplib.runtime.model import Model, check_pair
+        from mtplib.runtime.routing import resolve_policy, route, routing_metrics
 
         unknown = set(setting_overrides) - {f.name for f in fields(DecodeSettings)}
         if unknown:
@@ -597,6 +604,9 @@ class MTPRuntime:
             trunk_kwargs.setdefault("header", read_header(trunk))
             sidecar_kwargs.setdefault("header", read_header(sidecar))
             check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
+        self.policy = resolve_policy(policy)
+        mtp_k = k if sidecar is not None else 0
+        self.routing = routing_metrics(route(mtp_k, policy=self.policy), self.policy)
         try:
             self.trunk = Model(trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
@@ -615,7 +625,10 @@ class MTPRuntime:
 
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
                  ) -> tuple[list[int], dict]:
-        return run_generation(self.engine, prompt, n_new, seq_id=seq_id, memory=self.memory)
+        tokens, metrics = run_generation(self.engine, prompt, n_new, seq_id=seq_id,
+                                         memory=self.memory)
+        metrics["routing"] = dict(self.routing)
+        return tokens, metrics
 
     def memory(self, seq: int = 0) -> dict:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
