@@ -351,7 +351,8 @@ class ProjectionParams:
         def pos(name: str, v: object, allow_zero: bool = False) -> None:
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 \
                     or (v == 0 and not allow_zero) or v != v:
-                errs.append(f"{name} must be a number > 0, got {v!r}")
+                errs.append(f"{name} must be a number {'>=' if allow_zero else '>'} 0, "
+                            f"got {v!r}")
 
         pos("layer_s", self.layer_s)
         pos("bandwidth_bps", self.bandwidth_bps)
@@ -560,25 +561,25 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
     n = plan.n_shards
     H = HC * cfg.n_embd
     isz = itemsize(scenario.boundary_dtype)
-    zero = [dict.fromkeys(CLASSES, 0) for _ in roles]
+    per_shard = [dict.fromkeys(CLASSES, 0) for _ in roles]
     detail: list[dict[str, int]] = [{} for _ in roles]
     sets = [0] * n
     tail = n - 1
     if kind in ("draft", "feed"):
         if scenario.placement == "client":
-            return StepTraffic(kind, 0, zero, [0.0] * n, detail, sets)
+            return StepTraffic(kind, 0, per_shard, [0.0] * n, detail, sets)
         sets[tail] = MTP_INPUT_TENSORS
         if kind == "draft":
             b = _mtp_inputs(cfg, params, 1) + cfg.n_vocab * 4 + H * 4  # logits + own row
-            zero[tail]["draft"] = b
+            per_shard[tail]["draft"] = b
             detail[tail] = {"mtp_inputs": _mtp_inputs(cfg, params, 1),
                             "mtp_logits": cfg.n_vocab * 4, "mtp_h_nextn": H * 4}
-            return StepTraffic(kind, 1, zero, structure.draft_on_tail.on_shards(n), detail,
+            return StepTraffic(kind, 1, per_shard, structure.draft_on_tail.on_shards(n), detail,
                                sets)
         fed = float(k + 1 if tokens_fed is None else tokens_fed)
-        zero[tail]["mtp_rows"] = round(_mtp_inputs(cfg, params, 1) * fed)
-        detail[tail] = {"mtp_inputs(fed rows)": zero[tail]["mtp_rows"]}
-        return StepTraffic(kind, 0, zero, structure.feed_on_tail.on_shards(n), detail, sets)
+        per_shard[tail]["mtp_rows"] = round(_mtp_inputs(cfg, params, 1) * fed)
+        detail[tail] = {"mtp_inputs(fed rows)": per_shard[tail]["mtp_rows"]}
+        return StepTraffic(kind, 0, per_shard, structure.feed_on_tail.on_shards(n), detail, sets)
     n_tok = 1 if kind == "plain" else k + 1
     n_out = n_tok
     n_rs = 0 if kind == "plain" else k
@@ -587,27 +588,27 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
         co = constants(cfg, r, params)
         detail[r.index].update(gi)
         detail[r.index].update(co)
-        zero[r.index]["graph_inputs"] = sum(gi.values())
-        zero[r.index]["constants"] = sum(co.values())
-        zero[r.index]["other"] = structure.other_bytes_per_shard_pass
+        per_shard[r.index]["graph_inputs"] = sum(gi.values())
+        per_shard[r.index]["constants"] = sum(co.values())
+        per_shard[r.index]["other"] = structure.other_bytes_per_shard_pass
         sets[r.index] = len(gi) + len(co) + (0 if r.first else structure.seam_tensors)
         seam = structure.seam_tensors * H * isz * n_tok
         if not r.last:  # GET the boundary values of this shard's seam
-            zero[r.index]["seam"] += seam
+            per_shard[r.index]["seam"] += seam
         if not r.first:  # SET them into the next shard
-            zero[r.index]["seam"] += seam
+            per_shard[r.index]["seam"] += seam
     if scenario.head == "client":
         out = H * isz * n_out
         detail[tail]["hidden_rows(out)"] = out
     else:
         out = cfg.n_vocab * 4 * n_out
         detail[tail]["logits"] = out
-    zero[tail]["output"] = out
+    per_shard[tail]["output"] = out
     if kind == "verify" and scenario.head == "tail":
-        zero[tail]["mtp_rows"] = H * 4 * n_out  # the trunk's h_nextn rows (F32) to the client
+        per_shard[tail]["mtp_rows"] = H * 4 * n_out  # the trunk's h_nextn rows (F32) to the client
         detail[tail]["h_nextn"] = H * 4 * n_out
     waits = (structure.plain if kind == "plain" else structure.verify(scenario.head))
-    return StepTraffic(kind, n_tok, zero, waits.on_shards(n), detail, sets)
+    return StepTraffic(kind, n_tok, per_shard, waits.on_shards(n), detail, sets)
 
 
 def _remote(plan: ShardPlan, scenario: Scenario) -> list[int]:
