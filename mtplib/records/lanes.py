@@ -43,6 +43,27 @@ class Lane:
     #: `policy:` alpha | beta, for the bench and every notebook's MTP runs (None:
     #: $MTPLIB_POLICY, else beta); under alpha a lane with a bench stops before anything runs
     policy: str | None = None
+    requires: dict | None = None  # hardware: {gpus: N, gpu_memory_gb: G, hardware: "text"}
+
+
+REQUIRES_KEYS = {"gpus", "gpu_memory_gb", "hardware"}
+
+
+def _requires(p: Path, req: object) -> dict | None:
+    """The lane's `requires:` section: how many local GPUs, how much memory each (GB,
+    decimal, as the device reports total memory) and a sentence naming the hardware."""
+    if req is None:
+        return None
+    if not isinstance(req, dict) or set(req) - REQUIRES_KEYS or "hardware" not in req:
+        raise LaneError(f"{p}: 'requires' must be a mapping with 'hardware' (a sentence) and "
+                        f"optionally 'gpus' and 'gpu_memory_gb'; known keys "
+                        f"{sorted(REQUIRES_KEYS)}, got {req!r}")
+    gpus, mem = req.get("gpus", 0), req.get("gpu_memory_gb", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0 \
+            or isinstance(mem, bool) or not isinstance(mem, int | float) or mem < 0:
+        raise LaneError(f"{p}: requires.gpus must be an int >= 0 and requires.gpu_memory_gb "
+                        f"a number >= 0, got {req!r}")
+    return {"gpus": gpus, "gpu_memory_gb": float(mem), "hardware": str(req["hardware"])}
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -56,7 +77,7 @@ def load_lane(path: str | Path) -> Lane:
     if not isinstance(data, dict):
         raise LaneError(f"{p}: expected a mapping at the top level")
     unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
-                           "parameters", "bench", "evidence", "wan", "policy"}
+                           "parameters", "bench", "evidence", "wan", "policy", "requires"}
     if unknown:
         raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
     nbs = data.get("notebooks") or []
@@ -84,7 +105,8 @@ def load_lane(path: str | Path) -> Lane:
                 threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
                 description=str(data.get("description", "")), bench=data.get("bench"),
                 wan=data.get("wan"),
-                evidence=[str(s) for s in data.get("evidence") or []], policy=policy)
+                evidence=[str(s) for s in data.get("evidence") or []], policy=policy,
+                requires=_requires(p, data.get("requires")))
 
 
 def _storage_root(models: dict) -> Path:
@@ -134,17 +156,35 @@ def check_lane_requirements(lane: Lane) -> None:
         if unknown:
             raise LaneError(f"lane {lane.name}: no evidence README writer for {unknown} "
                             f"(known: {sorted(WRITERS)})")
-    if lane.bench is None:
-        return
-    from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
+    needs = f" (lane needs: {lane.requires['hardware']})" if lane.requires else ""
+    if lane.bench is not None:
+        from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
 
-    try:
-        check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads,
-                                                 policy=lane.policy))
-    except MissingCapability as e:
-        raise LaneError(f"lane {lane.name}: {e}") from None
-    except ValueError as e:
-        raise LaneError(f"{lane.path}: {e}") from None
+        try:
+            check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads,
+                                                     policy=lane.policy))
+        except MissingCapability as e:
+            raise LaneError(f"lane {lane.name}: {e}{needs}") from None
+        except ValueError as e:
+            raise LaneError(f"{lane.path}: {e}") from None
+    if lane.requires and lane.requires["gpus"]:
+        from mtplib.runtime.devices import gpu_devices
+
+        check_gpus(lane, gpu_devices())
+
+
+def check_gpus(lane: Lane, gpus: list[dict]) -> None:
+    """Stop unless ``gpus`` (local GPU devices, with memory_total) has as many devices as
+    the lane's `requires.gpus` with at least `requires.gpu_memory_gb` each."""
+    req = lane.requires or {}
+    want, gb = req.get("gpus", 0), req.get("gpu_memory_gb", 0.0)
+    big = [d for d in gpus if d.get("memory_total", 0) >= gb * 1e9]
+    if len(big) < want:
+        have = ", ".join(f"{d['name']} ({d.get('memory_total', 0) / 1e9:.0f} GB)"
+                         for d in gpus) or "none"
+        raise LaneError(f"lane {lane.name} needs {want} local GPU(s) with >= {gb:g} GB each "
+                        f"({req.get('hardware', '')}); this machine has: {have}; the lane "
+                        "stops here")
 
 
 def _backend() -> dict:

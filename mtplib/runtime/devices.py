@@ -32,7 +32,9 @@ def _lib() -> ctypes.CDLL:
                               ("ggml_backend_dev_description", [vp], cp),
                               ("ggml_backend_reg_count", [], sz),
                               ("ggml_backend_reg_get", [sz], vp),
-                              ("ggml_backend_reg_name", [vp], cp)):
+                              ("ggml_backend_reg_name", [vp], cp),
+                              ("ggml_backend_dev_memory", [vp, ctypes.POINTER(sz),
+                                                           ctypes.POINTER(sz)], None)):
             f = getattr(g, fn)
             f.argtypes, f.restype = args, res
         _ggml["lib"] = g
@@ -58,9 +60,18 @@ def backends() -> list[str]:
 
 
 def gpu_devices() -> list[dict]:
-    """Local GPU devices (RPC devices excluded): empty on a CPU-only build."""
-    return [d for d in devices() if d["type"] in ("gpu", "igpu")
-            and not d["name"].upper().startswith("RPC")]
+    """Local GPU devices (RPC devices excluded): empty on a CPU-only build. Each also has
+    ``memory_total`` (bytes, as the device reports it), so a lane can say whether a model
+    fits; RPC devices are never asked (that would be a network call)."""
+    g = _lib()
+    out = []
+    for i, d in enumerate(devices()):
+        if d["type"] in ("gpu", "igpu") and not d["name"].upper().startswith("RPC"):
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            g.ggml_backend_dev_memory(g.ggml_backend_dev_get(i), ctypes.byref(free),
+                                      ctypes.byref(total))
+            out.append({**d, "memory_total": int(total.value)})
+    return out
 
 
 def backend_info() -> dict:
