@@ -56,6 +56,13 @@ MATRIX_KINDS = frozenset({
     "nextn.embed_tokens", "nextn.shared_head_head"})
 
 
+class Shown(str):
+    """A description standing in for a value (e.g. ABSENT): printed without quotes."""
+
+
+ABSENT = Shown("<absent>")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One broken rule: what (a key or a tensor), its value, and the rule."""
@@ -68,7 +75,7 @@ class Problem:
         v = self.value
         if isinstance(v, list) and len(v) > 8:
             v = f"[{', '.join(map(str, v[:8]))}, ... ({len(v)} entries)]"
-        elif isinstance(v, str):
+        elif isinstance(v, str) and not isinstance(v, Shown):
             v = repr(v[:80])
         return f"{self.what} = {v}: {self.rule}"
 
@@ -131,7 +138,8 @@ def _layout(h: GGUFHeader, out: list[Problem]) -> None:
             expected += (nbytes + align - 1) // align * align
         # src/llama-model-loader.h:47: tensor data must lie within the file
         if size is not None and t.offset + nbytes > size:
-            out.append(Problem(f"tensor {t.name} data", f"bytes {t.offset}..{t.offset + nbytes}",
+            where = Shown(f"bytes {t.offset}..{t.offset + nbytes}")
+            out.append(Problem(f"tensor {t.name} data", where,
                                f"runs past the end of the file ({size} bytes): truncated or "
                                "corrupt"))
             return
@@ -206,7 +214,7 @@ def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
         key = P + suffix
         if key not in h.kv:
             if required:  # llama-model-loader.cpp:428-430: "key not found in model"
-                out.append(Problem(key, "<absent>", "required by upstream's deepseek4 loader"))
+                out.append(Problem(key, ABSENT, "required by upstream's deepseek4 loader"))
             continue
         t = h.kv_types.get(key, (-1, None))
         if spec == "arr:int":
@@ -221,24 +229,24 @@ def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
             ok = t == (_SCALAR_OF[spec], None)
             want = f"a {GGUF_TYPE_NAMES[_SCALAR_OF[spec]]}"
         if not ok:
-            out.append(Problem(key, f"<{_type_name(t)}>", f"must be {want}"))
+            out.append(Problem(key, Shown(f"<{_type_name(t)}>"), f"must be {want}"))
     # the tokenizer: src/llama-vocab.cpp:2460-2500 (tokens: strings; scores: f32 or i32;
     # token types: i32; at least as many scores / types as tokens)
     tk = "tokenizer.ggml.tokens"
     if tk not in h.kv:
-        out.append(Problem(tk, "<absent>", "required (upstream's vocabulary)"))
+        out.append(Problem(tk, ABSENT, "required (upstream's vocabulary)"))
     elif h.kv_types.get(tk) != (ARR, STR):
-        out.append(Problem(tk, f"<{_type_name(h.kv_types.get(tk, (-1, None)))}>",
+        out.append(Problem(tk, Shown(f"<{_type_name(h.kv_types.get(tk, (-1, None)))}>"),
                            "must be an array of strings"))
     for key, types in (("tokenizer.ggml.scores", (F32, I32)), ("tokenizer.ggml.token_type",
                                                                 (I32,))):
         if key in h.kv:
             t = h.kv_types.get(key, (-1, None))
             if t[0] != ARR or t[1] not in types:
-                out.append(Problem(key, f"<{_type_name(t)}>", "must be an array of "
+                out.append(Problem(key, Shown(f"<{_type_name(t)}>"), "must be an array of "
                                    + " or ".join(GGUF_TYPE_NAMES[x] for x in types)))
             elif h.array_lengths.get(key, 0) < h.array_lengths.get(tk, 0):
-                out.append(Problem(key, f"<{h.array_lengths.get(key)} entries>",
+                out.append(Problem(key, Shown(f"<{h.array_lengths.get(key)} entries>"),
                                    f"needs one entry per token ({h.array_lengths.get(tk)})"))
 
 
@@ -507,7 +515,7 @@ def _hparams(h: GGUFHeader, hp: Hparams, out: list[Problem]) -> None:  # noqa: C
     # the vocabulary
     n_vocab = h.n_vocab
     if n_vocab < 1:
-        bad("tokenizer.ggml.tokens", "must hold at least one token", f"<{n_vocab} entries>")
+        bad("tokenizer.ggml.tokens", "must hold at least one token", Shown(f"<{n_vocab} entries>"))
     toks = kv.get("tokenizer.ggml.tokens")
     if isinstance(toks, list):
         seen: set[str] = set()
@@ -516,7 +524,7 @@ def _hparams(h: GGUFHeader, hp: Hparams, out: list[Problem]) -> None:  # noqa: C
             if word in seen:
                 # src/llama-vocab.cpp:2544: GGML_ASSERT(id_to_token.size() == token_to_id.size())
                 bad("tokenizer.ggml.tokens", "every token string must be unique (upstream "
-                    "aborts on a duplicate)", f"<duplicate token {word[:40]!r} at id {i}>")
+                    "aborts on a duplicate)", Shown(f"<duplicate token {word[:40]!r} at id {i}>"))
                 break
             seen.add(word)
     if out:
@@ -589,7 +597,7 @@ def _tensors(h: GGUFHeader, hp: Hparams, out: list[Problem]) -> None:
                                "element-wise operand: upstream's ops assert F32)"))
     for name, (ne, _, required) in expected.items():
         if required and name not in have:  # llama-model-loader.cpp:886-891
-            out.append(Problem(f"tensor {name}", "<absent>", f"required by upstream's "
+            out.append(Problem(f"tensor {name}", ABSENT, f"required by upstream's "
                                f"deepseek4 loader (shape {list(ne)})"))
 
 

@@ -179,8 +179,8 @@ class Model:
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise RuntimeInputError(f"the prompt is not valid UTF-8 text ({e.reason} at "
-                                    f"character {e.start})") from None
+            raise RuntimeInputError(f"the prompt is not valid UTF-8 text (undecodable byte "
+                                    f"at character {e.start})") from None
         n_max = len(data) + 16
         buf = (self.llama.llama_token * n_max)()
         n = self.llama.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, False)
