@@ -182,3 +182,38 @@ def drop_kv(src: str | Path, dst: str | Path, key: str) -> Path:
     g = parse(src)
     g.kvs = [k for k in g.kvs if k.key != key]
     return write(g, dst)
+
+
+# -- running the CLI on many crafted inputs at once -------------------------------------
+@dataclass(frozen=True)
+class CliResult:
+    argv: tuple[str, ...]
+    returncode: int  # negative: killed by that signal
+    stdout: str
+    stderr: str
+
+    def one_line_error(self) -> str:
+        """The error line, after asserting the contract: exit 2, one stderr line, no
+        traceback, no signal."""
+        assert self.returncode == 2, (self.argv, self.returncode, self.stderr[-2000:])
+        lines = [x for x in self.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and "Traceback" not in self.stderr, (self.argv, self.stderr)
+        assert " error: " in lines[0], lines[0]
+        return lines[0]
+
+
+def run_many(argvs: list[list[str]], *, timeout: float = 120, workers: int = 4
+             ) -> list[CliResult]:
+    """`python -m mtplib.cli ARGV` for each argv, a few at a time (each in its own process,
+    so a crash is a result, not a dead test run); a hang is a timeout failure."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(argv: list[str]) -> CliResult:
+        r = subprocess.run([sys.executable, "-m", "mtplib.cli", *argv], capture_output=True,
+                           text=True, timeout=timeout)
+        return CliResult(tuple(argv), r.returncode, r.stdout, r.stderr)
+
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(one, [[str(x) for x in a] for a in argvs]))

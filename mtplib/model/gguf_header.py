@@ -121,12 +121,13 @@ def _gguf_path(path: str | Path) -> Path:
 def read_header(path: str | Path, *, with_tokens: bool = True) -> GGUFHeader:
     """Parse the header; raise ModelFileError naming the problem for a bad file."""
     p = _gguf_path(path)
+    _read(p)  # mtplib's own structural checks first: one-line messages gguf-py lacks
     import gguf
 
     try:
         reader = gguf.GGUFReader(str(p), "r")
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
-        raise ModelFileError(f"{p}: cannot parse GGUF header ({type(e).__name__}: {e})") from e
+        raise ModelFileError(f"{p}: cannot parse GGUF header ({_one_line(e)})") from e
     kv: dict[str, object] = {}
     types: dict[str, tuple[int, int | None]] = {}
     lengths: dict[str, int] = {}
@@ -194,6 +195,47 @@ def tensor_nbytes(dtype: str, ne: tuple[int, ...]) -> int:
     return n // block * size
 
 
+def layout_problem(h: GGUFHeader) -> tuple[str, str, str] | None:
+    """(what, value, rule) of the first tensor whose data is not where upstream needs it,
+    else None: the alignment (ggml/src/gguf.cpp:623-635), known types with whole blocks per
+    row (gguf.cpp:729-744), tensors packed in order, each padded to the alignment
+    (gguf.cpp:790-800), and data inside the file (src/llama-model-loader.h:47)."""
+    align = h.kv.get("general.alignment", 32)
+    if "general.alignment" in h.kv and h.kv_types.get("general.alignment", (4,))[0] != 4:
+        return "general.alignment", repr(align), "must be a u32"
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 \
+            or align & (align - 1):
+        return "general.alignment", repr(align), "must be a non-zero power of 2"
+    try:
+        size = h.path.stat().st_size
+    except OSError:
+        size = None
+    expected = 0
+    for t in h.tensors:
+        if t.dtype not in GGML_TYPE_BY_NAME:
+            return f"tensor {t.name} dtype", repr(t.dtype), "not a ggml type"
+        block, _ = GGML_TYPE_BY_NAME[t.dtype]
+        if t.ne and t.ne[0] % block:
+            return (f"tensor {t.name} ne[0]", str(t.ne[0]),
+                    f"not a multiple of {t.dtype}'s block size {block}")
+        nbytes = tensor_nbytes(t.dtype, t.ne)
+        if h.data_offset is not None:
+            rel = t.offset - h.data_offset
+            if rel != expected:
+                return (f"tensor {t.name} offset", str(rel), f"must be {expected} (tensors "
+                        f"are packed in order, each padded to the alignment {align})")
+            expected += (nbytes + align - 1) // align * align
+        if size is not None and t.offset + nbytes > size:
+            return (f"tensor {t.name} data", f"bytes {t.offset}..{t.offset + nbytes}",
+                    f"runs past the end of the file ({size} bytes): truncated or corrupt")
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:240]}" + ("..." if len(text) > 240 else "")
+
+
 def read_header_fast(path: str | Path) -> GGUFHeader:
     """`gguf_header.read_header(path, with_tokens=False)` in milliseconds instead of seconds.
 
@@ -217,11 +259,15 @@ def _read(path: str | Path) -> tuple[GGUFHeader, int]:
     with open(p, "rb") as f:
         try:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                return _parse(p, m)
+                h, start = _parse(p, m)
         except _Bad as e:
             raise ModelFileError(f"{p}: cannot parse GGUF header ({e})") from None
         except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as e:
-            raise ModelFileError(f"{p}: cannot parse GGUF header ({type(e).__name__}: {e})") from e
+            raise ModelFileError(f"{p}: cannot parse GGUF header ({_one_line(e)})") from e
+    bad = layout_problem(h)
+    if bad:
+        raise ModelFileError(f"{p}: {bad[0]} = {bad[1]}: {bad[2]}")
+    return h, start
 
 
 class _Bad(Exception):

@@ -28,7 +28,7 @@ from mtplib.model.gguf_header import (
     GGUF_TYPE_NAMES,
     GGUFHeader,
     ModelFileError,
-    tensor_nbytes,
+    layout_problem,
 )
 
 P = ARCH + "."
@@ -104,45 +104,11 @@ def problems(h: GGUFHeader) -> list[Problem]:
 # phase 1: the file's layout (what gguf.cpp and llama-model-loader check before any key)
 # ---------------------------------------------------------------------------------------
 def _layout(h: GGUFHeader, out: list[Problem]) -> None:
-    try:
-        size = h.path.stat().st_size
-    except OSError:
-        size = None
-    align = h.kv.get("general.alignment", 32)
-    # ggml/src/gguf.cpp:623-635: general.alignment is a u32, a non-zero power of 2
-    if "general.alignment" in h.kv and h.kv_types.get("general.alignment", (U32,))[0] != U32:
-        out.append(Problem("general.alignment", align, "must be a u32"))
-        return
-    if not isinstance(align, int) or align <= 0 or align & (align - 1):
-        out.append(Problem("general.alignment", align, "must be a non-zero power of 2"))
-        return
-    expected = 0
-    for t in h.tensors:
-        if t.dtype not in GGML_TYPE_BY_NAME:  # gguf.cpp:729-744: type id known, block size > 0
-            out.append(Problem(f"tensor {t.name} dtype", t.dtype, "not a ggml type"))
-            return
-        block, _ = GGML_TYPE_BY_NAME[t.dtype]
-        if t.ne and t.ne[0] % block:  # gguf.cpp:739: rows hold whole blocks
-            out.append(Problem(f"tensor {t.name} ne[0]", t.ne[0],
-                               f"not a multiple of {t.dtype}'s block size {block}"))
-            return
-        nbytes = tensor_nbytes(t.dtype, t.ne)
-        if h.data_offset is not None:
-            rel = t.offset - h.data_offset
-            # gguf.cpp:790-800: each tensor starts where the previous one (padded) ends
-            if rel != expected:
-                out.append(Problem(f"tensor {t.name} offset", rel,
-                                   f"must be {expected} (tensors are packed in order, each "
-                                   f"padded to the alignment {align})"))
-                return
-            expected += (nbytes + align - 1) // align * align
-        # src/llama-model-loader.h:47: tensor data must lie within the file
-        if size is not None and t.offset + nbytes > size:
-            where = Shown(f"bytes {t.offset}..{t.offset + nbytes}")
-            out.append(Problem(f"tensor {t.name} data", where,
-                               f"runs past the end of the file ({size} bytes): truncated or "
-                               "corrupt"))
-            return
+    # gguf.cpp's alignment, type and packing rules and llama's file-bounds check: the same
+    # function mtplib's readers refuse a file with (model/gguf_header.py)
+    bad = layout_problem(h)
+    if bad:
+        out.append(Problem(bad[0], Shown(bad[1]), bad[2]))
 
 
 # ---------------------------------------------------------------------------------------
