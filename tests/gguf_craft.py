@@ -27,6 +27,8 @@ class KV:
     etype: int | None = None  # element type of an array
     value_at: int = 0  # file offset of the value (of the first element for an array)
     count_at: int = 0  # file offset of an array's element count
+    key_at: int = 0  # file offset of the key's length field
+    type_at: int = 0  # file offset of the value type
 
 
 @dataclass
@@ -38,6 +40,7 @@ class TensorInfo:
     ne_at: int = 0  # file offset of ne[0]
     type_at: int = 0
     offset_at: int = 0
+    name_at: int = 0  # file offset of the name's length field
 
 
 @dataclass
@@ -86,19 +89,23 @@ def parse(path: str | Path) -> Gguf:
     version, n_t, n_kv = take("<I"), take("<Q"), take("<Q")
     kvs = []
     for _ in range(n_kv):
+        key_at = pos
         key = string()
+        type_at = pos
         vt = take("<I")
         if vt == ARRAY:
             et = take("<I")
             count_at = pos
             n = take("<Q")
             at = pos
-            kvs.append(KV(key, vt, [value(et) for _ in range(n)], et, at, count_at))
+            kvs.append(KV(key, vt, [value(et) for _ in range(n)], et, at, count_at, key_at,
+                          type_at))
         else:
             at = pos
-            kvs.append(KV(key, vt, value(vt), None, at))
+            kvs.append(KV(key, vt, value(vt), None, at, 0, key_at, type_at))
     tensors = []
     for _ in range(n_t):
+        name_at = pos
         name = string()
         nd = take("<I")
         ne_at = pos
@@ -106,7 +113,7 @@ def parse(path: str | Path) -> Gguf:
         type_at = pos
         tt = take("<I")
         off_at = pos
-        tensors.append(TensorInfo(name, ne, tt, take("<Q"), ne_at, type_at, off_at))
+        tensors.append(TensorInfo(name, ne, tt, take("<Q"), ne_at, type_at, off_at, name_at))
     align = 32
     for k in kvs:
         if k.key == "general.alignment":
