@@ -279,6 +279,9 @@ INVENTORY_CASES = ("truncated-in-data", "truncated-last-bytes", "offset-past-end
                    "alignment-0", "array-element-type-77", "block_count-1000")
 
 
+RANGED_CASES = ("issue-head_count_kv-2", "block_count-1000", "missing-key")
+
+
 @pytest.fixture(scope="module")
 def crafted(pair, tmp_path_factory):
     """Every corpus file, written from the fixture pair."""
@@ -300,6 +303,9 @@ def cli(pair, crafted):
             argvs[("generate", cid)] = gen + ["--model", pair.trunk, "--mtp", crafted[cid]]
     for cid in INVENTORY_CASES:
         argvs[("inventory", cid)] = ["inventory", crafted[cid]]
+    for cid in RANGED_CASES:  # the ranged client reads the header before any shard loads
+        argvs[("ranged", cid)] = ["generate", "--tokens", "1,2,3", "--n", "4", "--plan",
+                                  "0-1,2-3", "--model", crafted[cid]]
     return dict(zip(argvs, C.run_many(list(argvs.values())), strict=True))
 
 
@@ -329,6 +335,12 @@ def test_cli_refuses_before_upstream(cli, cid):
 def test_inventory_refuses_crafted_file(cli, cid):
     line = cli[("inventory", cid)].one_line_error()
     assert line.startswith("mtplib inventory: error:") and CORPUS[cid][3] in line, line
+
+
+@pytest.mark.parametrize("cid", RANGED_CASES)
+def test_ranged_generate_refuses_crafted_trunk(cli, cid):
+    line = cli[("ranged", cid)].one_line_error()
+    assert CORPUS[cid][3] in line, line
 
 
 def _verdict(reader, path) -> str:

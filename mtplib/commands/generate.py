@@ -90,6 +90,14 @@ def _check_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
     if a.plan:
         check_threads(a.shard_threads, "--shard-threads")
+        # the ranged client reads the trunk's block count before any shard loads it: the
+        # file must be one upstream loads (whole-model runs check it in Model)
+        from mtplib.model.gguf_header import read_header_fast, require_deepseek4
+        from mtplib.model.validate import validate_header
+
+        h = read_header_fast(a.model)
+        require_deepseek4(h)
+        validate_header(h)
 
 
 def register(sub) -> None:
