@@ -266,7 +266,8 @@ def _read(path: str | Path) -> tuple[GGUFHeader, int]:
             raise ModelFileError(f"{p}: cannot parse GGUF header ({_one_line(e)})") from e
     bad = layout_problem(h)
     if bad:
-        raise ModelFileError(f"{p}: {bad[0]} = {bad[1]}: {bad[2]}")
+        what = bad[0] if bad[0].isprintable() else repr(bad[0])  # a name from the file
+        raise ModelFileError(f"{p}: {what} = {bad[1]}: {bad[2]}")
     return h, start
 
 

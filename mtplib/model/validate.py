@@ -77,7 +77,8 @@ class Problem:
             v = f"[{', '.join(map(str, v[:8]))}, ... ({len(v)} entries)]"
         elif isinstance(v, str) and not isinstance(v, Shown):
             v = repr(v[:80])
-        return f"{self.what} = {v}: {self.rule}"
+        what = self.what if self.what.isprintable() else repr(self.what)  # names come from
+        return f"{what} = {v}: {self.rule}"  # the file: keep the message on one line
 
 
 def validate_header(h: GGUFHeader) -> None:
@@ -121,14 +122,16 @@ KEYS: dict[str, tuple[str, bool]] = {
     "context_length": ("u32", True),  # src/llama-model.cpp:1321
     "embedding_length": ("u32", True),  # :1322
     "embedding_length_out": ("u32", False),  # :1323
+    "attention.causal": ("bool", False),  # :1324
+    "pooling_type": ("u32", False),  # :1325
     "block_count": ("u32", True),  # :1327
     "nextn_predict_layers": ("u32", False),  # :1329
     "expert_count": ("u32", False),  # :1331
     "expert_used_count": ("u32|arr", False),  # :1333
     "expert_group_count": ("u32", False),  # :1334
     "expert_group_used_count": ("u32", False),  # :1335
-    "feed_forward_length": ("u32|arr", False),  # :1401
-    "attention.head_count": ("u32|arr", False),  # :1402
+    "feed_forward_length": ("u32|arr", False),  # :1395
+    "attention.head_count": ("u32|arr", False),  # :1396
     "attention.head_count_kv": ("u32|arr", False),  # :1404
     "rope.scaling.finetuned": ("bool", False),  # :1407
     "rope.scaling.original_context_length": ("u32", False),  # :1411
@@ -137,12 +140,13 @@ KEYS: dict[str, tuple[str, bool]] = {
     "rope.scaling.factor": ("f32", False),  # :1425
     "rope.scale_linear": ("f32", False),  # :1427
     "rope.scaling.attn_factor": ("f32", False),  # :1431
+    "rope.scaling.alpha": ("f32", False),  # :1432
     "attention.key_length": ("u32", False),  # :1440
     "attention.value_length": ("u32", False),  # :1443
     "rope.dimension_count": ("u32", False),  # :1448
-    "attention.key_length_swa": ("u32", False),  # :1461
-    "attention.value_length_swa": ("u32", False),  # :1462
-    "rope.dimension_count_swa": ("u32", False),  # :1465
+    "attention.key_length_swa": ("u32", False),  # :1465
+    "attention.value_length_swa": ("u32", False),  # :1466
+    "rope.dimension_count_swa": ("u32", False),  # :1469
     # src/models/deepseek4.cpp load_arch_hparams, lines 28-67
     "attention.layer_norm_rms_epsilon": ("f32", True),
     "attention.q_lora_rank": ("u32", True),
@@ -375,7 +379,7 @@ def _hparams(h: GGUFHeader, hp: Hparams, out: list[Problem]) -> None:  # noqa: C
         bad("attention.value_length", f"must equal attention.key_length ({head_k}); "
             "upstream aborts", head_v)
     n_rot = g("rope.dimension_count", head_k)  # llama-model.cpp:1446-1448
-    # src/llama-model.cpp:1456-1466: V4 layers are all SWA (deepseek4.cpp:68-74), so the
+    # src/llama-model.cpp:1461-1470: V4 layers are all SWA (deepseek4.cpp:68-74), so the
     # *_swa keys, when present, replace the lengths above
     for swa, base, val in (("attention.key_length_swa", "attention.key_length", head_k),
                            ("attention.value_length_swa", "attention.value_length", head_v),
@@ -441,7 +445,7 @@ def _hparams(h: GGUFHeader, hp: Hparams, out: list[Problem]) -> None:  # noqa: C
         bad("hyper_connection.sinkhorn_iterations", "must be >= 1; upstream aborts")
     for key in ("attention.layer_norm_rms_epsilon", "hyper_connection.epsilon",
                 "expert_weights_scale", "rope.scaling.factor", "rope.scale_linear",
-                "rope.scaling.attn_factor"):
+                "rope.scaling.attn_factor", "rope.scaling.alpha"):
         if g(key) is not None and not _finite(g(key)):
             bad(key, "must be finite")
     for key in ("attention.layer_norm_rms_epsilon", "hyper_connection.epsilon"):
