@@ -14,16 +14,7 @@ def run(a: argparse.Namespace) -> int:
     from mtplib.runtime.sampling import Sampler
     from mtplib.runtime.speculative import MTPRuntime
 
-    if (a.tokens is None) == (a.prompt is None):
-        raise InputError("give exactly one of --tokens IDS or --prompt TEXT")
-    if a.draft is not None and a.mtp is None:
-        raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
-    if a.n < 0:
-        raise InputError(f"--n must be >= 0, got {a.n}")
-    if a.endpoints and not a.plan:
-        raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
-    if (a.wan or a.mtp_placement != "tail") and not a.plan:
-        raise InputError("--wan and --mtp-placement need --plan (they describe shards)")
+    _check_args(a)
     if a.plan:  # ranged: layer ranges on RPC shards (local ones unless --endpoints)
 
         return _run_ranged(a)
@@ -54,6 +45,61 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _check_args(a: argparse.Namespace) -> None:
+    """Refuse, naming the option, every value upstream would abort on or mtplib would run
+    silently wrong with; the same bounds whole-model and ranged (--plan)."""
+    import math
+
+    from mtplib.runtime.model import check_threads, max_threads
+
+    if (a.tokens is None) == (a.prompt is None):
+        raise InputError("give exactly one of --tokens IDS or --prompt TEXT")
+    if a.prompt is not None:
+        try:
+            a.prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 (surrogateescape)
+            raise InputError(f"--prompt is not valid UTF-8 text (undecodable byte at "
+                             f"character {e.start}); pass UTF-8, or token ids with --tokens"
+                             ) from None
+    if a.draft is not None and a.mtp is None:
+        raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
+    if a.draft is not None and not 1 <= a.draft <= 8:
+        raise InputError(f"--draft must be in 1..8, got {a.draft}")
+    if a.n < 0:
+        raise InputError(f"--n must be >= 0, got {a.n}")
+    for opt, v in (("--ctx", a.ctx), ("--batch", a.batch), ("--ubatch", a.ubatch)):
+        if v < 1:
+            raise InputError(f"{opt} must be >= 1, got {v}")
+    if a.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {a.seed}")
+    if not (math.isfinite(a.temp) and a.temp >= 0):
+        raise InputError(f"--temp must be a finite number >= 0 (0 = greedy), got {a.temp}")
+    if not (math.isfinite(a.top_p) and 0 < a.top_p <= 1):
+        raise InputError(f"--top-p must be in (0, 1], got {a.top_p}")
+    if a.threads is None:
+        a.threads = min(2, max_threads())
+    check_threads(a.threads, "--threads")
+    if a.plan is not None and not a.plan.strip():
+        raise InputError("--plan is empty: give layer ranges like 0-1,2-3, or leave --plan "
+                         "out to run the whole model")
+    if a.endpoints is not None and not a.endpoints.strip():
+        raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
+    if a.endpoints and not a.plan:
+        raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
+    if (a.wan or a.mtp_placement != "tail") and not a.plan:
+        raise InputError("--wan and --mtp-placement need --plan (they describe shards)")
+    if a.plan:
+        check_threads(a.shard_threads, "--shard-threads")
+        # the ranged client reads the trunk's block count before any shard loads it: the
+        # file must be one upstream loads (whole-model runs check it in Model)
+        from mtplib.model.gguf_header import read_header_fast, require_deepseek4
+        from mtplib.model.validate import validate_header
+
+        h = read_header_fast(a.model)
+        require_deepseek4(h)
+        validate_header(h)
+
+
 def register(sub) -> None:
     g = sub.add_parser(
         "generate", help="decode tokens, plainly or with MTP speculative decoding",
@@ -74,7 +120,8 @@ def register(sub) -> None:
     g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch")
-    g.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU)")
     g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
     g.add_argument("--swa-full", default="on", choices=["on", "off"],

@@ -9,16 +9,15 @@ import sys
 import threading
 
 from mtplib.commands.common import add_log_args, setup_logging
-from mtplib.errors import InputError
 
 
 def serve(a: argparse.Namespace) -> int:
     setup_logging(a)
+    from mtplib.runtime.model import check_threads
     from mtplib.runtime.rpc import parse_endpoint, serve
 
     parse_endpoint(a.endpoint, allow_remote=a.allow_remote)  # refuse before anything starts
-    if a.threads < 1:
-        raise InputError("--threads must be >= 1")
+    check_threads(a.threads, "--threads")
     host, _ = a.endpoint.split(":")
     if a.allow_remote and not host.startswith("127."):
         print(f"mtplib shard serve: WARNING: serving {a.endpoint} beyond loopback. Upstream's "

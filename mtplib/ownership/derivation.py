@@ -35,6 +35,7 @@ from mtplib.model.gguf_header import (
     read_header_fast,
     require_deepseek4,
 )
+from mtplib.model.validate import validate_header
 from mtplib.ownership.plan import PlanError, ShardPlan, parse_plan
 
 ROLES = ("head", "main_layer", "tail", "mtp")
@@ -146,13 +147,20 @@ def _embd_sample(h: GGUFHeader, n: int = 4096) -> bytes:
 
 
 def inventory(model: GGUFHeader, mtp: GGUFHeader | None = None) -> Inventory:
-    """Typed records of a trunk and its sidecar, or of one file that holds both."""
+    """Typed records of a trunk and its sidecar, or of one file that holds both.
+
+    Each header is validated first (model/validate.py): a file upstream would refuse or
+    abort on gets a one-line ModelFileError here too, never a derivation from bad numbers.
+    """
     require_deepseek4(model)
+    validate_header(model)
+    if mtp is not None:
+        require_deepseek4(mtp)
+        validate_header(mtp)
     if model.is_mtp_only:
         raise ModelFileError(f"{model.path} is an MTP sidecar, not a trunk; pass it as --mtp")
     cfg = config_from_keys(model.kv, model.n_vocab)
     if mtp is not None:
-        require_deepseek4(mtp)
         if not mtp.is_mtp_only:
             raise ModelFileError(f"{mtp.path} is not an MTP sidecar (needs "
                                  "nextn_predict_layers > 0 and no trunk blocks)")

@@ -32,6 +32,7 @@ import numpy as np
 from mtplib.errors import InputError
 from mtplib.model.fixture import require_weights
 from mtplib.model.gguf_header import ModelFileError, read_header_fast, require_deepseek4
+from mtplib.model.validate import validate_header
 from mtplib.ownership.derivation import (
     CacheParams,
     CacheTensor,
@@ -56,6 +57,7 @@ class LoadedModel(Model):
         self.header = read_header_fast(path)
         require_deepseek4(self.header)
         require_weights(self.header)
+        validate_header(self.header)  # what upstream would abort on, refused first
         if load_mtp and int(self.header.kv.get("deepseek4.nextn_predict_layers", 0) or 0) < 1:
             raise ModelFileError(f"{path}: load_mtp needs a file with an MTP block")
         if not load_mtp and self.header.is_mtp_only:

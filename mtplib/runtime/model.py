@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import numpy as np
 
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
+from mtplib.model.validate import validate_header
 from mtplib.runtime.lib import UpstreamError, load
 from mtplib.runtime.settings import (
     FLASH_ATTN_MODES,
@@ -40,6 +42,23 @@ class RuntimeInputError(InputError):
     """A call the runtime refuses before upstream can abort on it."""
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def max_threads() -> int:
+    """The most threads a context or a shard may use: this machine's CPU count."""
+    return os.cpu_count() or 1
+
+
+def check_threads(n: object, what: str = "threads") -> int:
+    """``n`` if it is an int in 1..max_threads(), else RuntimeInputError naming ``what``."""
+    if not _is_int(n) or not 1 <= n <= max_threads():
+        raise RuntimeInputError(f"{what} must be in 1..{max_threads()} (this machine's CPUs), "
+                                f"got {n!r}")
+    return n
+
+
 def embd_fingerprint(h: GGUFHeader, n_bytes: int = 1 << 16) -> str:
     """Hash of a sample of token_embd's bytes: tells apart files from different weights
     without reading a whole (possibly 1 GB) tensor."""
@@ -54,10 +73,38 @@ def embd_fingerprint(h: GGUFHeader, n_bytes: int = 1 << 16) -> str:
     return hs.hexdigest()[:16]
 
 
+#: Keys that differ between a trunk and its sidecar by design (the sidecar counts its MTP
+#: block); every other `deepseek4.*` and `tokenizer.*` key must agree.
+PAIR_OWN_KEYS = ("deepseek4.block_count", "deepseek4.nextn_predict_layers")
+#: Per-block keys: compared over the trunk's layers (the sidecar adds the MTP block's).
+PER_BLOCK_KEYS = ("deepseek4.attention.compress_ratios", "deepseek4.expert_used_count",
+                  "deepseek4.feed_forward_length", "deepseek4.attention.head_count",
+                  "deepseek4.attention.head_count_kv", "deepseek4.expert_feed_forward_length",
+                  "deepseek4.swiglu_clamp_exp", "deepseek4.swiglu_clamp_shexp")
+
+
+def _blocks(v: object, n: int) -> list:
+    """A per-block key's first ``n`` values (a scalar applies to every block)."""
+    return list(v[:n]) if isinstance(v, list) else [v] * n
+
+
+def _short(v: object) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
 def check_pair(trunk: GGUFHeader, sidecar: GGUFHeader) -> None:
-    """Refuse a trunk and an `mtp-` sidecar that do not belong together."""
+    """Refuse a trunk and an `mtp-` sidecar that do not belong together.
+
+    Each file is validated on its own first (model/validate.py), then every hyper-parameter
+    they share is compared: the MTP block runs on the trunk's hidden rows and token ids,
+    and upstream sizes its caches and weights from the sidecar's own keys, so a sidecar key
+    that differs (head_count_kv, value_length, ...) makes upstream abort mid-run.
+    """
     require_deepseek4(trunk)
     require_deepseek4(sidecar)
+    validate_header(trunk)
+    validate_header(sidecar)
     if trunk.is_mtp_only:
         raise ModelFileError(f"{trunk.path} is an MTP sidecar, not a trunk; pass it as --mtp")
     if not sidecar.is_mtp_only:
@@ -65,22 +112,28 @@ def check_pair(trunk: GGUFHeader, sidecar: GGUFHeader) -> None:
             f"{sidecar.path} is not an MTP sidecar (needs nextn_predict_layers > 0 and no "
             "trunk blocks; upstream's converter names it mtp-<model>.gguf)")
     a, p = "deepseek4.", sidecar.kv
-    n_layer = int(trunk.kv[a + "block_count"])
+    n_layer = int(trunk.kv[a + "block_count"]) - int(trunk.kv.get(a + "nextn_predict_layers", 0))
     n_side = int(p[a + "block_count"]) - int(p[a + "nextn_predict_layers"])
     diffs = []
     if n_side != n_layer:
         diffs.append(f"trunk has {n_layer} layers, sidecar expects {n_side}")
-    for k in ("embedding_length", "attention.head_count", "attention.key_length",
-              "expert_count", "attention.q_lora_rank", "hyper_connection.count"):
-        if trunk.kv.get(a + k) != p.get(a + k):
-            diffs.append(f"{k}: trunk {trunk.kv.get(a + k)} vs sidecar {p.get(a + k)}")
+    keys = sorted(k for k in set(trunk.kv) | set(p)
+                  if k.startswith((a, "tokenizer.")) and k not in PAIR_OWN_KEYS)
+    for k in keys:
+        tv, sv = trunk.kv.get(k, "<absent>"), p.get(k, "<absent>")
+        if k in PER_BLOCK_KEYS and k in trunk.kv and k in p:  # the trunk's blocks only
+            tv, sv = _blocks(tv, n_layer), _blocks(sv, n_layer)
+        if tv != sv:
+            diffs.append(f"{k.removeprefix(a)}: trunk {_short(tv)} vs sidecar {_short(sv)}")
     if trunk.n_vocab != sidecar.n_vocab:
         diffs.append(f"vocab: trunk {trunk.n_vocab} vs sidecar {sidecar.n_vocab}")
     if not diffs and embd_fingerprint(trunk) != embd_fingerprint(sidecar):
         diffs.append("token_embd data differs (different weights)")
     if diffs:
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise ModelFileError(
-            f"{sidecar.path} is not the MTP sidecar of {trunk.path}: " + "; ".join(diffs))
+            f"{sidecar.path} is not the MTP sidecar of {trunk.path}: " + "; ".join(diffs[:3])
+            + more)
 
 
 class Model:
@@ -94,6 +147,7 @@ class Model:
         from mtplib.model.fixture import require_weights
 
         require_weights(self.header)
+        validate_header(self.header)  # every constraint upstream would abort on
         if load_mtp and not self.header.is_mtp_only:
             raise ModelFileError(f"{path}: load_mtp needs an MTP sidecar (mtp-*.gguf)")
         if not load_mtp and self.header.is_mtp_only:
@@ -127,8 +181,18 @@ class Model:
         self.n_ctx_train = int(self.llama.llama_model_n_ctx_train(m))
         self.size_bytes = int(self.llama.llama_model_size(m))
 
+    def _live(self) -> None:
+        """Refuse use after close(): upstream would read freed memory (a segfault)."""
+        if not getattr(self, "ptr", None):
+            raise RuntimeInputError(f"model {self.path} is closed")
+
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        self._live()
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RuntimeInputError(f"the prompt is not valid UTF-8 text (undecodable byte "
+                                    f"at character {e.start})") from None
         n_max = len(data) + 16
         buf = (self.llama.llama_token * n_max)()
         n = self.llama.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, False)
@@ -137,9 +201,14 @@ class Model:
         return list(buf[:n])
 
     def detokenize(self, tokens: Sequence[int]) -> str:
+        self._live()
+        toks = [int(t) for t in tokens]
+        bad = [t for t in toks if not 0 <= t < self.n_vocab]
+        if bad:  # upstream's id_to_token.at() throws through the C API (abort)
+            raise RuntimeInputError(f"token id {bad[0]} out of range [0, {self.n_vocab})")
         out = []
         buf = ctypes.create_string_buffer(256)
-        for t in tokens:
+        for t in toks:
             n = self.llama.llama_token_to_piece(self.vocab, int(t), buf, len(buf), 0, False)
             out.append(buf.raw[: max(n, 0)].decode("utf-8", "replace"))
         return "".join(out)
@@ -188,10 +257,15 @@ class ContextConfig:
         if self.nextn_rows not in ("off", "all", "masked"):
             errs.append(f"nextn_rows {self.nextn_rows!r} not in off/all/masked")
         for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads"):
-            if int(getattr(self, k)) < 1:
-                errs.append(f"{k} must be >= 1")
-        if self.n_rs_seq < 0:
-            errs.append("n_rs_seq must be >= 0")
+            v = getattr(self, k)
+            if not _is_int(v) or v < 1:
+                errs.append(f"{k} must be an int >= 1, got {v!r}")
+        if _is_int(self.n_threads) and self.n_threads > max_threads():
+            # thousands of threads crash upstream's thread pool (seen: a segfault at 100000)
+            errs.append(f"n_threads {self.n_threads} exceeds this machine's "
+                        f"{max_threads()} CPUs")
+        if not _is_int(self.n_rs_seq) or self.n_rs_seq < 0:
+            errs.append(f"n_rs_seq must be an int >= 0, got {self.n_rs_seq!r}")
         if self.mtp and self.nextn_rows == "all":
             # the MTP graph's h_nextn holds output rows only: upstream would read past it
             # (GGML_ASSERT "tensor read out of bounds" aborts the process)
@@ -217,6 +291,7 @@ class Context:
     def __init__(self, model: Model, cfg: ContextConfig | None = None, *,
                  cb_eval: Callable | None = None) -> None:
         cfg = self.cfg = (cfg or ContextConfig()).validate()
+        model._live()
         self.model = model
         llama = self.llama = model.llama
         if cfg.mtp and not model.load_mtp:
@@ -263,11 +338,31 @@ class Context:
                                                shape=(self.n_batch * self.width,))
         self.last_n_outputs = 0
         self.last_decode_len = 0
+        self._last_flags: list[bool] = []
+
+    def _live(self) -> None:
+        """Refuse use after close() (of this context or its model): upstream would read
+        freed memory and crash the process."""
+        if not getattr(self, "ptr", None):
+            raise RuntimeInputError("this context is closed")
+        if not getattr(self.model, "ptr", None):
+            raise RuntimeInputError(f"the model of this context ({self.model.path}) is closed")
+
+    def _seq(self, seq_id: int, *, allow_all: bool = False) -> int:
+        """A sequence id upstream accepts: 0..n_seq_max-1 (and -1 = all, where allowed);
+        upstream asserts seq_id < n_seq_max (src/llama-kv-cache.cpp, -dsv4.cpp)."""
+        if not _is_int(seq_id) or not (0 <= seq_id < self.n_seq_max
+                                       or (allow_all and seq_id == -1)):
+            allowed = f"[0, {self.n_seq_max})" + (" or -1 (all)" if allow_all else "")
+            raise RuntimeInputError(f"seq_id {seq_id!r} outside {allowed}: the context was "
+                                    f"created with n_seq_max={self.n_seq_max}")
+        return int(seq_id)
 
     # -- decoding -----------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int], *, seq_id: int = 0,
                logits: Sequence[bool] | bool = False, rows: np.ndarray | None = None) -> None:
         """Decode one batch for one sequence; ``logits`` marks the rows to output."""
+        self._live()
         n = len(tokens)
         if n == 0:
             raise RuntimeInputError("empty batch")
@@ -276,8 +371,7 @@ class Context:
                 f"batch of {n} tokens exceeds n_batch {self.n_batch}; split it (prefill chunks)")
         if len(positions) != n:
             raise RuntimeInputError(f"{n} tokens but {len(positions)} positions")
-        if not 0 <= seq_id < self.n_seq_max:
-            raise RuntimeInputError(f"seq_id {seq_id} outside [0, n_seq_max={self.n_seq_max})")
+        seq_id = self._seq(seq_id)
         # plain Python on the (small) per-step batches: cheaper than numpy round trips
         toks = [int(t) for t in tokens]
         if min(toks) < 0 or max(toks) >= self.n_vocab:
@@ -312,16 +406,26 @@ class Context:
             b_seq[i][0] = seq_id
             b_lg[i] = flags[i]
         b.n_tokens = n
+        self.last_n_outputs = self.last_decode_len = 0  # nothing to read if it fails
+        self._last_flags = []
         rc = int(self.llama.llama_decode(self.ptr, b))
         if rc != 0:
             raise UpstreamError(f"llama_decode returned {rc} (1: no KV slot; <0: error)")
         self.last_n_outputs = sum(flags)
         self.last_decode_len = n
+        self._last_flags = flags
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of batch token ``i`` of the last decode (upstream's index: the token's
         position in the batch, which must have been flagged; -1 = the last output)."""
-        p = self.llama.llama_get_logits_ith(self.ptr, i)
+        self._live()
+        ok = _is_int(i) and ((-self.last_n_outputs <= i < 0) if i < 0 else (
+            i < self.last_decode_len and self._last_flags[i]))
+        if not ok:
+            raise RuntimeInputError(
+                f"no logits for batch token {i!r}: the last decode had {self.last_decode_len} "
+                f"tokens, {self.last_n_outputs} flagged for output")
+        p = self.llama.llama_get_logits_ith(self.ptr, int(i))
         if not p:
             raise UpstreamError(f"no logits for output {i}")
         return _copy_floats(p, self.n_vocab)
@@ -329,6 +433,7 @@ class Context:
     def logits_all(self, n: int) -> np.ndarray:
         """Logits of every token of the last decode, (n, n_vocab) in batch order, in one
         copy; only when all n tokens were flagged (so output row i is batch token i)."""
+        self._live()
         if n != self.last_decode_len or self.last_n_outputs != n:
             raise RuntimeInputError(f"logits_all({n}) needs a decode of {n} tokens, all "
                                     f"flagged (last: {self.last_decode_len} tokens, "
@@ -339,9 +444,18 @@ class Context:
         return _copy_floats(p, n * self.n_vocab).reshape(n, self.n_vocab)
 
     def nextn_rows(self, n: int) -> np.ndarray:
-        """The `h_nextn` rows of the last decode (n rows of hc*n_embd floats)."""
+        """The `h_nextn` rows of the last decode (n rows of hc*n_embd floats): one per
+        batch token ("all"), or one per flagged token ("masked")."""
+        self._live()
         if self.cfg.nextn_rows == "off":
             raise RuntimeInputError("context was created without nextn rows")
+        have = self.last_decode_len if self.cfg.nextn_rows == "all" else self.last_n_outputs
+        if not _is_int(n) or not 1 <= n <= have:
+            # upstream's buffer holds exactly the last decode's rows: more reads past it
+            raise RuntimeInputError(
+                f"nextn_rows({n!r}): the last decode left {have} row(s) "
+                f"({self.cfg.nextn_rows}: {self.last_decode_len} tokens, "
+                f"{self.last_n_outputs} flagged)")
         p = self.model.ext.llama_get_embeddings_nextn(self.ptr)
         if not p:
             raise UpstreamError("upstream returned no nextn rows")
@@ -349,15 +463,24 @@ class Context:
 
     # -- memory ---------------------------------------------------------------------------
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
-        return bool(self.llama.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+        """Remove positions [p0, p1) of ``seq_id`` (-1: every sequence; p1 -1: to the end)."""
+        self._live()
+        seq_id = self._seq(seq_id, allow_all=True)
+        if not (_is_int(p0) and _is_int(p1)):
+            raise RuntimeInputError(f"seq_rm positions must be ints, got {p0!r}, {p1!r}")
+        return bool(self.llama.llama_memory_seq_rm(self.mem, seq_id, int(p0), int(p1)))
 
     def seq_pos_max(self, seq_id: int) -> int:
-        return int(self.llama.llama_memory_seq_pos_max(self.mem, seq_id))
+        self._live()
+        return int(self.llama.llama_memory_seq_pos_max(self.mem, self._seq(seq_id)))
 
     def clear(self) -> None:
+        self._live()
         self.llama.llama_memory_clear(self.mem, True)
 
     def state_get(self, seq_id: int) -> bytes:
+        self._live()
+        seq_id = self._seq(seq_id)
         n = int(self.llama.llama_state_seq_get_size(self.ptr, seq_id))
         buf = (ctypes.c_uint8 * n)()
         got = int(self.llama.llama_state_seq_get_data(self.ptr, buf, n, seq_id))
@@ -366,6 +489,10 @@ class Context:
         return bytes(buf)
 
     def state_set(self, seq_id: int, data: bytes) -> None:
+        self._live()
+        seq_id = self._seq(seq_id)
+        if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
+            raise RuntimeInputError("state_set needs the non-empty bytes of a state_get")
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         got = int(self.llama.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id))
         if got == 0:

@@ -31,9 +31,9 @@ import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
+from mtplib.runtime.model import check_threads
 
 #: upstream's RPC client serves at most this many servers (ggml-rpc.cpp)
 MAX_RPC_SERVERS = 16
@@ -150,8 +150,7 @@ def serve(endpoint: str, *, threads: int, cache_dir: str | None = None,
     """Serve the CPU device on ``endpoint`` until the process ends (blocks in upstream's
     accept loop; returns only if upstream gives up, e.g. the port is taken)."""
     parse_endpoint(endpoint, allow_remote=allow_remote)
-    if threads < 1:
-        raise InputError("--threads must be >= 1")
+    check_threads(threads, "--threads")  # thousands of threads crash upstream's thread pool
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
     devs = (ctypes.c_void_p * 1)(cpu_device())

@@ -11,11 +11,17 @@ target distribution at its position, so the output distribution is the target's 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from mtplib.errors import InputError
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
 
 
 @dataclass(frozen=True)
@@ -25,10 +31,17 @@ class Sampler:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        # a NaN temperature would pass "< 0" and turn every probability into NaN (the run
+        # then emits one token forever); inf makes every token equally likely by accident
+        if not _real(self.temperature) or not 0.0 <= self.temperature < math.inf:
+            raise InputError(f"temperature must be a finite number >= 0, got "
+                             f"{self.temperature!r}")
+        if not _real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        # position-keyed uniforms come from numpy's SeedSequence: non-negative ints only
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
+                or self.seed < 0:
+            raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -36,8 +49,11 @@ class Sampler:
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The target distribution after temperature and top-p (float64, sums to 1)."""
-        z = logits.astype(np.float64) / self.temperature
-        z -= z.max()
+        # shift first, then scale: z <= 0 everywhere, so a tiny temperature gives -inf
+        # (probability 0) instead of inf - inf = NaN
+        z = logits.astype(np.float64)
+        with np.errstate(over="ignore"):
+            z = (z - z.max()) / self.temperature
         p = np.exp(z)
         p /= p.sum()
         if self.top_p < 1.0:
