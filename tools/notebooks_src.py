@@ -70,20 +70,17 @@ n_new = 32
 plans = ["0-1,2-3", "0-0,1-2,3-3"]
 """),
     ("code", """
-import json
-from pathlib import Path
 import pandas as pd
 import matplotlib.pyplot as plt
 from mtplib.lab import correctness as C
 from mtplib.lab.quality import NOISE_BOUND
+from mtplib.records import raw_metrics as RM
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
-results = {}
 """),
     ("md", "## MTP on vs off (greedy), per prompt seed and draft length"),
     ("code", """
 eq = pd.DataFrame(C.equality(trunk, sidecar, seeds=range(seeds), ks=ks, n_new=n_new,
                              n_threads=threads))
-results["equality"] = eq.to_dict("records")
 summary = eq.groupby("k").agg(runs=("equal", "size"), equal=("equal", "sum"),
                               near_tie_divergences=("near_tie", "sum"),
                               drafted=("drafted", "sum"), accepted=("accepted", "sum"))
@@ -96,25 +93,21 @@ eq[~eq.equal]  # every divergence, with the MTP-off top-2 margin where it happen
     ("md", "## Forced accept and forced reject: exact accounting"),
     ("code", """
 fo = pd.DataFrame(C.forced(trunk, ks=ks, n_new=n_new, n_threads=threads))
-results["forced"] = fo.to_dict("records")
 fo
 """),
     ("md", f"## Rollback exactness: next logits vs a fresh context (noise bound {5e-3})"),
     ("code", """
 rb = pd.DataFrame(C.rollback_noise(trunk, n_threads=threads))
-results["rollback"] = rb.to_dict("records")
 rb
 """),
     ("md", "## Interleaved sessions vs each alone"),
     ("code", """
 se = pd.DataFrame(C.sessions(trunk, sidecar, n_threads=threads))
-results["sessions"] = se.to_dict("records")
 se
 """),
     ("md", "## Sampling: MTP-on vs MTP-off streams per seed (sample-and-match)"),
     ("code", """
 sa = C.sampling_agreement(trunk, sidecar, n_threads=threads)
-results["sampling"] = sa
 pd.DataFrame([sa])
 """),
     ("md", """
@@ -126,8 +119,7 @@ next to the contract's minimum per decode token. The same table goes into the ru
 """),
     ("code", """
 wr = pd.DataFrame(C.whole_vs_ranged(trunk, sidecar, plans=plans, n_threads=threads))
-results["whole_vs_ranged"] = wr.to_dict("records")
-Path(run_dir, "seam_bytes.json").write_text(json.dumps(results["whole_vs_ranged"], indent=2))
+_ = RM.write_seam_bytes(run_dir, wr)  # the run record carries it, even if a later cell fails
 wr
 """),
     ("md", """
@@ -153,7 +145,11 @@ ax.bar(rb.index, rb.max_abs_dlogit, color=["C0" if n else "C1" for n in rb.n_rs_
 ax.axhline(NOISE_BOUND, color="k", ls="--", label="noise bound")
 ax.set_xlabel("scenario (blue: tail removal, orange: checkpoint + replay)")
 ax.set_ylabel("max |Δ logit|"); ax.legend(); plt.tight_layout()
-Path(run_dir, "correctness.json").write_text(json.dumps(results, indent=2, default=str))
+"""),
+    ("code", """
+# raw metrics of this notebook: every table above
+_ = RM.write_correctness(run_dir, RM.correctness_record(
+    equality=eq, forced=fo, rollback=rb, sessions=se, sampling=sa, whole_vs_ranged=wr))
 """),
 ]
 
@@ -183,7 +179,6 @@ flash_shards = [2, 4, 8]
 flash_ctx = 131072    # context for the V4-Flash cache column
 """),
     ("code", """
-import json
 from pathlib import Path
 import pandas as pd
 from mtplib.model.fixture import write_fixture, write_combined
@@ -291,29 +286,12 @@ fig = rep.stacked_bytes_chart({f"{n} shards": owns[(n, flash_ctx, True)] for n i
 """),
     ("code", """
 # raw metrics of this notebook (the DGR-065 evidence README is generated from them)
-record = {"derivation_seconds": secs, "derivations": len(owns),
-          "derivation_limit_seconds": limit_s, "flash_ctx": flash_ctx,
-          "mtp_block_bytes": mtp_block,
-          "table_check": tc.to_dict("records"),
-          "fixture": {"layout": inv.layout, "n_layer": cfg.n_layer, "n_mtp": cfg.n_mtp,
-                      "plan": str(own.plan), "ctx": ctx,
-                      "roles": rep.role_table(own).to_dict("records"),
-                      "unread": rep.unread_table(own).to_dict("records"),
-                      "combined_roles": rep.role_table(combined).to_dict("records"),
-                      "shards": rep.shard_table(own).to_dict("records"),
-                      "replicas": rep.replica_records(own)},
-          "fixture_reads_equal": {"pair": check["reads_equal"], "combined": check_c["reads_equal"]},
-          "fixture_reads": {"pair": check["reads"], "combined": check_c["reads"]},
-          "flash_files": {k: {"file": Path(s[k]["path"]).name, "bytes": s[k]["bytes"],
-                              "disk_bytes": s[k]["disk_bytes"],
-                              "sha256_header": s[k]["sha256_header"]}
-                          for k in ("trunk", "sidecar")},
-          "flash_shards": {str(n): rep.shard_table(owns[(n, flash_ctx, True)]).to_dict("records")
-                           for n in flash_shards},
-          "flash_replicas": {str(n): rep.replica_records(owns[(n, flash_ctx, True)])
-                             for n in flash_shards},
-          "flash_plans": plans.to_dict("records")}
-_ = Path(run_dir, "dgr065_ownership.json").write_text(json.dumps(record, indent=1, default=str))
+from mtplib.records import raw_metrics as RM
+record = RM.ownership_record(
+    fixture=own, combined=combined, ctx=ctx, reads={"pair": check, "combined": check_c},
+    flash=owns, flash_files=flash.summary(), flash_ctx=flash_ctx, flash_shards=flash_shards,
+    seconds=secs, limit_s=limit_s, table_check=tc, plans=plans)
+_ = RM.write_ownership(run_dir, record)
 """),
 ]
 
@@ -345,7 +323,6 @@ flash_ctxs = [8192, 131072, 1048576]
 golden_dir = None     # contract golden fixtures; None: the repo's tests/golden/contract
 """),
     ("code", """
-import json
 from pathlib import Path
 import pandas as pd
 from mtplib.contract import SHARD_LOCAL, CacheKind, names_cache_state
@@ -453,46 +430,22 @@ of the fixtures is negotiated for every recipe under the alpha policy (which mus
 route MTP) and, for contrast, the beta policy.
 """),
     ("code", """
-import hashlib
-import mtplib
-from mtplib.contract import golden
-from mtplib.contract.capabilities import ALPHA_POLICY, BETA_POLICY, negotiate
-from mtplib.contract.types import RECIPES
+from mtplib.contract.capabilities import ALPHA_POLICY
+from mtplib.lab.contract_checks import golden_check, policy_check
 
-repo = Path(mtplib.__file__).resolve().parent.parent
-gdir = Path(golden_dir).resolve() if golden_dir else repo / "tests" / "golden" / "contract"
-gold = {"dir": str(gdir.relative_to(repo) if gdir.is_relative_to(repo) else gdir),
-        "differs": golden.check_golden(gdir),
-        "files": {g.name: hashlib.sha256(g.read_bytes()).hexdigest()
-                  for g in sorted(gdir.glob("*.json"))}}
-gold["identical"] = not gold["differs"] and len(gold["files"]) == len(golden.DOCS)
-requests = [*RECIPES, "mtp.v4.draft9", "eagle3"]
-policies = {}
-for pol in (ALPHA_POLICY, BETA_POLICY):
-    ds = [negotiate(r, a, pol) for a in golden.advert_sets().values() for r in requests]
-    policies[pol.name] = {"allow_mtp": pol.allow_mtp, "decisions": len(ds),
-                          "routed_mtp": sum(d.mtp for d in ds)}
+gold, policies = golden_check(golden_dir), policy_check()
 assert gold["identical"], gold["differs"]
 assert policies[ALPHA_POLICY.name]["routed_mtp"] == 0
-print(f"golden fixtures in {gdir}: {len(gold['files'])} files, differing: {gold['differs']}")
+print(f"golden fixtures in {gold['dir']}: {len(gold['files'])} files, differing: {gold['differs']}")
 pd.DataFrame([{"policy": k, **v} for k, v in policies.items()])
 """),
     ("code", """
 # raw metrics of this notebook (the DGR-065 evidence README is generated from them)
-record = {"fixture_caches_equal": [r["caches_equal"] for r in checks],
-          "fixture_variants": [str(p) for p in variants],
-          "fixture_checks": [{"params": dict(r["params"]), "caches_equal": r["caches_equal"],
-                              "tensors_equal": [c["tensors_equal"] for c in r["caches"]],
-                              "buffers": rep.caches_check_table(r).to_dict("records")}
-                             for r in checks],
-          "derivation_seconds": secs, "derivations": len(owns),
-          "derivation_limit_seconds": limit_s,
-          "flash_totals": totals.to_dict("records"),
-          "golden": gold, "policies": policies,
-          "flash": {f"{n}x{c}x{'full' if f else 'window'}": rep.cache_table(o).to_dict("records")
-                    for (n, c, f), o in owns.items()},
-          "seam_bytes_per_token": owns[(flash_shards[-1], flash_ctxs[0], True)].seam_bytes()}
-_ = Path(run_dir, "dgr065_state.json").write_text(json.dumps(record, indent=1, default=str))
+from mtplib.records import raw_metrics as RM
+record = RM.state_record(
+    checks=checks, variants=variants, flash=owns, seconds=secs, limit_s=limit_s,
+    flash_shards=flash_shards, flash_ctxs=flash_ctxs, golden=gold, policies=policies)
+_ = RM.write_state(run_dir, record)
 """),
 ]
 
@@ -520,15 +473,15 @@ bench = {}          # the lane's `bench:` section (mtplib.lab.bench.BenchConfig)
 sbs_dir = "evidence/side-by-side"   # committed side-by-side results (repo-relative)
 """),
     ("code", """
-from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
 from mtplib.lab import bench as B
+from mtplib.records import raw_metrics as RM
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
 cfg = B.BenchConfig.from_dict(bench, threads=threads)
 result = B.run_bench(trunk, sidecar, cfg)
-paths = B.save(result, Path(run_dir) / "bench")
-data = B.load(Path(run_dir) / "bench")
+paths = RM.write_bench(run_dir, result)
+data = RM.read_bench(run_dir)
 summ = pd.DataFrame(data["summary"])
 def plot(name):  # the PNG saved with the raw metrics (bench/plots/), as the evidence shows it
     display(Image(filename=str(paths[f"plot_{name}"])))

@@ -16,6 +16,7 @@ import yaml
 
 from mtplib import paths
 from mtplib.errors import InputError
+from mtplib.records.raw_metrics import read_seam_bytes
 from mtplib.records.run_record import base_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
 
@@ -195,11 +196,9 @@ def _backend() -> dict:
 
 def _merge_seam_bytes(run_dir: Path, record: dict) -> None:
     """Notebooks that ran on shards leave seam_bytes.json: the run record carries it."""
-    import json
-
-    p = run_dir / "seam_bytes.json"
-    if p.exists():
-        record["seam_bytes"] = json.loads(p.read_text())
+    rows = read_seam_bytes(run_dir)
+    if rows is not None:
+        record["seam_bytes"] = rows
 
 
 def new_run_id(lane: str) -> str:
