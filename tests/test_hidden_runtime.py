@@ -27,15 +27,20 @@ def test_drafts_identical_across_configurations(pair):
         modes[(cfg["kv_type"], cfg["flash_attn"], cfg["n_ubatch"])] = mode
         assert toks == ref_toks, cfg
         assert d == ref_drafts, (cfg, mode)
-    # the known-bad configuration (issue 8) was detected and worked around
-    assert modes[("f32", "off", 7)] == "captured"
+    # the known-bad configuration (issue 8) is repaired by the reserve workaround, which the
+    # runtime applies by default and the row-source check proves: API rows, no graph split
+    assert modes[("f32", "off", 7)] == "api"
     assert modes[("f16", "on", 512)] == "api"
 
 
-def test_forcing_api_rows_in_the_bad_configuration_drafts_differently(pair):
-    _, ref_drafts, _ = drafts(pair)
+def test_without_the_reserve_fix_the_bad_configuration_is_detected(pair):
+    """reserve=False: the bad configuration's API rows are wrong; auto detects it and falls
+    back to the captured rows (same drafts), forcing the API rows drafts differently."""
+    ref_toks, ref_drafts, _ = drafts(pair)
     bad = dict(kv_type="f32", flash_attn="off", n_ubatch=7, n_ctx=512)
-    _, d, mode = drafts(pair, hidden_rows="api", **bad)
+    toks, d, mode = drafts(pair, reserve=False, **bad)
+    assert mode == "captured" and toks == ref_toks and d == ref_drafts
+    _, d, mode = drafts(pair, hidden_rows="api", reserve=False, **bad)
     assert mode == "api" and d != ref_drafts  # what an unchecked runtime would draft
 
 

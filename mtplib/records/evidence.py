@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
-from mtplib.records import dgr065, dgr066
+from mtplib.records import dgr065, dgr066, wan_evidence
 from mtplib.records import raw_metrics as rm
 from mtplib.records.raw_metrics import BENCH_DIR
 from mtplib.records.readme import CITED_BENCH_KEYS, Links, cited, numbers_trace, readme_numbers
@@ -49,6 +49,8 @@ STORY_RAW: dict[str, dict[str, tuple[str, Callable[[Path], dict]]]] = {
     "DGR-066": {"bench": (rm.BENCH_JSON, rm.read_bench)},
     "DGR-065": {"ownership": (rm.OWNERSHIP_JSON, rm.read_ownership),
                 "state": (rm.STATE_JSON, rm.read_state)},
+    wan_evidence.STORY: {b: (wan_evidence.raw_file(b), wan_evidence.read_build(b))
+                         for b in wan_evidence.BUILDS},
 }
 
 
@@ -65,7 +67,8 @@ def load_raw(run_dir: str | Path, story: str = "DGR-066") -> dict:
 
 #: The README writer of each story: (run_dir, raw metrics, links) -> README text.
 WRITERS: dict[str, Callable[[Path, dict, Links], str]] = {
-    dgr066.STORY: dgr066.render, dgr065.STORY: dgr065.render}
+    dgr066.STORY: dgr066.render, dgr065.STORY: dgr065.render,
+    wan_evidence.STORY: wan_evidence.render}
 
 
 def render_readme(run_dir: str | Path, story: str, out: str | Path) -> str:

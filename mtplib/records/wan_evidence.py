@@ -13,27 +13,36 @@ import json
 from pathlib import Path
 
 from mtplib.errors import InputError
-from mtplib.records import evidence as E
+from mtplib.records import readme as E
+from mtplib.records.readme import Links
 
+STORY = "wan"
 WAN_DIR = "wan"
 BUILDS = ("stock", "patched")
 CITED_WAN_KEYS = ("config", "summary", "targets", "cost_model", "bytes_by_class", "wall_s",
                   "upstream")
+TRACE_RULE = (
+    "A number in this README traces to the raw metrics when formatting some numeric value "
+    "of `run_record.json` or of the cited sections of `wan/<build>/wan.json` (config, "
+    "summary, targets, cost_model, bytes_by_class, wall_s, upstream; the per-run rows they "
+    "are computed from are not cited) with the same number of decimals gives the same text; "
+    "a number directly before `%` may also match the raw value times 100. Not numbers, by "
+    "rule: headings, code spans in backticks, link targets, and words that contain a letter "
+    "or one of `§#@` (identifiers such as `k=2`, V4).")
 
 
-def load_wan_raw(run_dir: str | Path) -> dict:
-    """The run record and, per build present, the cited sections of its wan.json."""
-    run_dir = Path(run_dir)
-    raw = {"run_record": json.loads((run_dir / "run_record.json").read_text())}
-    for b in BUILDS:
-        p = run_dir / WAN_DIR / b / "wan.json"
-        if p.exists():
-            d = json.loads(p.read_text())
-            raw[b] = {k: d[k] for k in CITED_WAN_KEYS if k in d}
-    if not any(b in raw for b in BUILDS):
-        raise InputError(f"{run_dir}: no {WAN_DIR}/<build>/wan.json: the lane did not run "
-                         "notebook 05_wan")
-    return raw
+def raw_file(build: str) -> str:
+    return f"{WAN_DIR}/{build}/wan.json"
+
+
+def read_build(build: str):
+    """The reader of one build's results: the cited sections of its wan.json."""
+
+    def read(run_dir: str | Path) -> dict:
+        d = json.loads((Path(run_dir) / raw_file(build)).read_text())
+        return {k: d[k] for k in CITED_WAN_KEYS if k in d}
+
+    return read
 
 
 def _speed_table(s: list[dict], plan: str, topo: str, place: str) -> list[str]:
@@ -48,12 +57,12 @@ def _speed_table(s: list[dict], plan: str, topo: str, place: str) -> list[str]:
             if r is None:
                 cells.append("n/a")
             elif k == 0:
-                cells.append(E._f(r["tok_s"], 2))
+                cells.append(E.fmt(r["tok_s"], 2))
             else:
-                cells.append(f"{E._f(r['tok_s'], 2)} ({E._f(r['speedup'], 2)}x)")
+                cells.append(f"{E.fmt(r['tok_s'], 2)} ({E.fmt(r['speedup'], 2)}x)")
         rows.append(cells)
     head = ["RTT ms"] + ["MTP off tok/s" if k == 0 else f"k={k} tok/s (speed-up)" for k in ks]
-    return E._table(head, rows)
+    return E.table(head, rows)
 
 
 def _build_section(b: str, d: dict) -> list[str]:
@@ -61,7 +70,7 @@ def _build_section(b: str, d: dict) -> list[str]:
     out = [f"## Build: {b}", ""]
     up = d.get("upstream", {})
     out.append(f"Upstream: `{up.get('build', b)}` build, patches `{up.get('patches', [])}`, "
-               f"wall time of the sweep {E._f(d.get('wall_s'), 0)} s.")
+               f"wall time of the sweep {E.fmt(d.get('wall_s'), 0)} s.")
     out.append("")
     for plan in sorted({r["plan"] for r in s}):
         for topo in sorted({r["topology"] for r in s if r["plan"] == plan}):
@@ -74,13 +83,13 @@ def _build_section(b: str, d: dict) -> list[str]:
     out.append("Targets at 100 ms RTT, plan `0-1,2-3`, k=2 (speed-up over MTP off against "
                "tokens per verify step, the RTT-bound ideal):")
     out.append("")
-    rows = [[f"`{t['topology']}`", f"`{t['placement']}`", E._f(t["speedup"], 3),
-             E._f(t["tokens_per_step"], 3), E._f(t["speedup_over_ideal"], 3),
-             "n/a" if t["goal"] is None else E._f(t["goal"], 2),
+    rows = [[f"`{t['topology']}`", f"`{t['placement']}`", E.fmt(t["speedup"], 3),
+             E.fmt(t["tokens_per_step"], 3), E.fmt(t["speedup_over_ideal"], 3),
+             "n/a" if t["goal"] is None else E.fmt(t["goal"], 2),
              "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**"),
-             E._f(t["extra_waits_per_verify"], 2), str(t["cache_bytes_crossing"]),
+             E.fmt(t["extra_waits_per_verify"], 2), str(t["cache_bytes_crossing"]),
              "yes" if t["identical_to_off"] else "**no**"] for t in d["targets"]]
-    out += E._table(["topology", "MTP on", "speed-up", "tokens/verify", "ratio", "goal", "met",
+    out += E.table(["topology", "MTP on", "speed-up", "tokens/verify", "ratio", "goal", "met",
                      "extra waits/verify", "cache bytes crossing", "tokens = MTP off"], rows)
     out.append("")
     out.append("Waits (synchronous round trips) per step, median over the runs of each "
@@ -93,10 +102,10 @@ def _build_section(b: str, d: dict) -> list[str]:
             continue
         seen.add(key)
         rows.append([f"`{r['plan']}`", f"`{r['topology']}`", f"`{r['placement']}`",
-                     str(r["k"]), E._f(r["waits_per_plain"], 2), E._f(r["waits_per_verify"], 2),
-                     E._f(r["waits_per_draft"], 2), E._f(r["waits_per_token"], 2),
+                     str(r["k"]), E.fmt(r["waits_per_plain"], 2), E.fmt(r["waits_per_verify"], 2),
+                     E.fmt(r["waits_per_draft"], 2), E.fmt(r["waits_per_token"], 2),
                      str(r["cache_bytes_crossing"])])
-    out += E._table(["plan", "topology", "MTP on", "k", "plain step", "verify step", "draft",
+    out += E.table(["plan", "topology", "MTP on", "k", "plain step", "verify step", "draft",
                      "per token", "cache bytes"], rows)
     out.append("")
     out.append("Data bytes per step by class (`mtplib.contract.wire`), plan `0-1,2-3`, "
@@ -106,7 +115,7 @@ def _build_section(b: str, d: dict) -> list[str]:
         str(round(x.get(c, 0))) for c in ("seam", "outputs", "inputs", "constants", "cache")]]
         for x in d["bytes_by_class"] if x["plan"] == "0-1,2-3" and x["topology"] == "remote"
         and x["step"] in ("decode", "verify", "draft", "feed", "rollback")]
-    out += E._table(["k", "MTP on", "step", "seam", "outputs", "inputs", "constants", "cache"],
+    out += E.table(["k", "MTP on", "step", "seam", "outputs", "inputs", "constants", "cache"],
                     rows)
     out.append("")
     cm = d["cost_model"]
@@ -116,21 +125,25 @@ def _build_section(b: str, d: dict) -> list[str]:
         out.append(f"Cost model `s/token = compute + RTT x waits` fitted per configuration on "
                    f"RTT {d['config']['fit_rtts_ms']} ms and checked on the others: "
                    f"{n_ok} of {len(cm)} predictions within 15% (worst "
-                   f"{E._pct(worst)}).")
+                   f"{E.pct(worst)}).")
         out.append("")
     return out
 
 
-def render_wan(run_dir: str | Path, out: str | Path) -> str:
-    run_dir, out = Path(run_dir), Path(out)
-    raw = load_wan_raw(run_dir)
+def render(run_dir: Path, raw: dict, link: Links) -> str:
+    """The README of the run in ``run_dir`` (``raw``: `mtplib.records.evidence.load_raw`)."""
+    if not any(b in raw for b in BUILDS):
+        raise InputError(f"{run_dir}: no {WAN_DIR}/<build>/wan.json: the lane did not run "
+                         "notebook 05_wan")
     rec = raw["run_record"]
     lines = ["# Ranged MTP over a WAN (issue 14)", "",
-             f"Generated by `mtplib.records.wan_evidence` from run `{run_dir.name}` "
-             f"(`{WAN_DIR}/<build>/wan.json`, `run_record.json`). Do not edit: `mtplib evidence "
-             "--run RUN_DIR --story wan` rewrites it; every number traces to those files.", "",
+             f"Generated by `mtplib.records.wan_evidence` from run `{run_dir.name}` ("
+             + ", ".join(link(raw_file(b)) for b in BUILDS if b in raw)
+             + f", {link('run_record.json')}). Do not edit: `mtplib evidence --run RUN_DIR "
+             "--story wan` rewrites it; every number traces to those files (rule at the end).",
+             "",
              "## The run", ""]
-    lines += E._table(["what", "value"], E._run_rows(rec) + [
+    lines += E.table(["what", "value"], E.run_rows(rec) + [
         ["host", f"`{rec.get('cpu', {}).get('model')}`, "
                  f"`{rec.get('cpu', {}).get('logical_cores')}` cores"],
         ["models", "the committed trained tiny V4 pair (`evidence/trained-v4/`)"]])
@@ -138,20 +151,5 @@ def render_wan(run_dir: str | Path, out: str | Path) -> str:
     for b in BUILDS:
         if b in raw:
             lines += _build_section(b, raw[b])
-    lines += ["## How numbers are traced", "", E.TRACE_RULE.replace(
-        "`bench/bench.json` (config, reference_s9, backend, wall_s, prompts, summary, sweep, "
-        "break_even, sampling; the per-run rows they are computed from are not cited)",
-        "`wan/<build>/wan.json` (config, summary, targets, cost_model, bytes_by_class, "
-        "wall_s, upstream; the per-run rows are not cited)"), ""]
-    text = "\n".join(lines)
-    missing = E.numbers_trace(text, raw)
-    if missing:
-        raise InputError(f"wan README: numbers not in the raw metrics: {missing}")
-    return text
-
-
-def write_wan_readme(run_dir: str | Path, out: str | Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_wan(run_dir, out))
-    return out
+    lines += ["## How numbers are traced", "", TRACE_RULE, ""]
+    return "\n".join(lines)
