@@ -89,6 +89,16 @@ SEAM_VALUES: Mapping[str, SeamValue] = MappingProxyType(
                 "trunk h rows for the MTP block; crosses only if MTP is not on the tail "
                 "shard (zero extra bytes when it is)",
             ),
+            SeamValue(
+                "sampler_hidden",
+                _hidden,
+                FLOAT_DTYPES,
+                "token",
+                "the tail's pre-head hc*n_embd rows (h_nextn) for a client that runs the "
+                "output head and the sampler (--head client): replaces logits, which never "
+                "cross; with the MTP block in the client (--mtp-placement client) the same "
+                "rows are its mtp_hidden input, sent once",
+            ),
             SeamValue("draft_tokens", _one, _I32, "token", "int32 draft id per draft position"),
             SeamValue(
                 "verify_result",
