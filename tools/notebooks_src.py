@@ -635,6 +635,7 @@ compressor-state restore pinned to its layer's shard), each in its own process.
 run_dir = ""  # where results go; empty: a scratch folder under outputs/
 wan = {}  # mtplib.lab.wan.WanConfig fields; empty: the defaults (a full sweep)
 builds = ["stock", "patched"]
+overrides = {}  # build -> WanConfig fields for that build only (e.g. a smaller stock grid)
 threads = 1
 """),
     ("code", """
@@ -653,7 +654,7 @@ cfg = W.WanConfig.from_dict(wan)
 cfg
 """),
     ("code", """
-results = W.run_builds(cfg, out / "wan", builds=builds, log=print)
+results = W.run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print)
 list(results)
 """),
     ("md", """
@@ -665,7 +666,7 @@ without drafting. The speed-up a WAN-bound loop approaches is the tokens per ver
 import matplotlib.pyplot as plt
 
 for build, d in results.items():
-    for plan in cfg.plans:
+    for plan in sorted({s["plan"] for s in d["summary"]}):
         fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
         W.plot_rtt(d["summary"], what="tok_s", plan=plan, ax=axes[0])
         W.plot_rtt(d["summary"], what="speedup", plan=plan, ax=axes[1])

@@ -384,10 +384,13 @@ def plot_rtt(summary: list[dict], *, what: str = "tok_s", plan: str | None = Non
 # one process per upstream build (the build is chosen before llama_cpp is imported)
 # ---------------------------------------------------------------------------------------
 def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "patched"),
-               log: LOG | None = None) -> dict[str, dict]:
+               overrides: dict[str, dict] | None = None, log: LOG | None = None
+               ) -> dict[str, dict]:
     """Run the benchmark once per upstream build, each in its own Python process with
     ``MTPLIB_UPSTREAM`` set, into ``out_dir/<build>/``; returns build -> loaded results.
-    A build that is not installed (``.upstream/patched`` missing) is skipped with a note."""
+    ``overrides``: build -> WanConfig fields that differ for that build (e.g. a smaller
+    grid for the stock comparison). A build that is not installed (``.upstream/patched``
+    missing) is skipped with a note."""
     import json
     import os
     import subprocess
@@ -405,8 +408,9 @@ def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "pa
         d = Path(out_dir) / build
         d.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, MTPLIB_UPSTREAM=build, PYTHONUNBUFFERED="1")
+        bcfg = replace(cfg, **(overrides or {}).get(build, {}), upstream=build)
         cmd = [sys.executable, "-m", "mtplib.lab.wan", "--config",
-               json.dumps(replace(cfg, upstream=build).__dict__), "--out", str(d)]
+               json.dumps(bcfg.__dict__), "--out", str(d)]
         log(f"{build}: {' '.join(cmd[:3])} ... --out {d}")
         with (d / "run.log").open("w") as f:
             rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
