@@ -185,13 +185,17 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
     w("")
     side = P.hadamard_side(cfg.indexer_dim)
     rot_q = P.rotation_constants(cfg, "q8_0")
+    every = all(r.has_csa for _, p in P.plans_for(inv, range(2, 9))
+                for r in P.shard_roles(cfg, p))
     w(f"**The indexer's rotation matrix.** Upstream (src/llama-kv-cache.cpp, "
       "`build_input_k_rot`) sizes `attn_inp_k_rot` as the largest power of two dividing the "
       "cache's head size (doubling from 128; 64 when 128 does not divide it) and re-uploads "
       "it from host memory on every graph; it is always on for the DeepSeek lightning "
       f"indexer, whose head size is the indexer key length, {cfg.indexer_dim} on V4-Flash: "
       f"a {side} x {side} F32 matrix, **{_b(side * side * 4)} B per step on every shard that "
-      "holds a ratio-4 (CSA) layer** (every shard of every plan below). With a quantized K "
+      "holds a ratio-4 (CSA) layer** ("
+      + ("every shard of every plan of 2-8 shards below" if every else
+         "not every shard of the plans below holds one") + "). With a quantized K "
       f"cache (`type_k=q8_0`) the raw, CSA and HCA caches (head size {cfg.head_dim}) get "
       f"one each too: {P.hadamard_side(cfg.head_dim)} x {P.hadamard_side(cfg.head_dim)} F32 "
       f"= {_b(rot_q['raw'])} B per cache kind per shard per step.")
@@ -245,19 +249,23 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
       "swa_full, n_rs_seq 3 for MTP rollback) + 8 GiB reserve, against 141 GB. The first "
       "shard's weights include token_embd (1.06 GB), which upstream keeps in host memory.")
     w("")
-    frows = []
+    frows, fits = [], {}
     fplans = [("whole", "0-42")] + [(k, str(p)) for k, p in P.plans_for(inv, range(2, 9))]
     for kind, p in fplans:
         for r in P.fit_rows(inv, [p]):
+            fits.setdefault(r["n_shards"] > 1, []).append(r["fits"])
             frows.append([r["n_shards"], kind, f"`{r['plan']}`", r["n_ctx"],
                           r["largest_shard"], _gb(r["weights_bytes"]), _gb(r["cache_bytes"]),
                           _gb(r["need_bytes"]), _gb(r["headroom_bytes"]),
                           "**yes**" if r["fits"] else "**no**"])
     L += _table(["shards", "plan kind", "plan", "n_ctx", "largest shard", "weights GB",
                  "caches GB", "need GB", "headroom GB", "fits"], frows)
-    w("The whole model does not fit one H200 at any context; every plan of 2 to 8 shards "
-      "does, at 32k and at 128k. `params/v4-flash-h200.yaml` therefore asks for two H200s "
-      "and runs upstream's layer split over them (the ranges of plan `0-21,22-42`).")
+    w("The whole model " + ("does not fit" if not any(fits[False]) else "fits")
+      + " one H200 at these contexts; "
+      + ("every plan of 2 to 8 shards fits" if all(fits[True]) else
+         "not every plan of 2 to 8 shards fits") + ", at 32k and at 128k. "
+      "`params/v4-flash-h200.yaml` therefore asks for two H200s and runs upstream's layer "
+      "split over them (the ranges of plan `0-21,22-42`).")
     w("")
 
     # -- 3. projection ------------------------------------------------------------------
@@ -317,7 +325,7 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
       f"{ISSUE_TOKENS_PER_VERIFY:.2f} tokens per verify step) and loopback bytes counted in "
       "that time: t = t_loopback + RTT x waits on remote shards.")
     w("")
-    crows = []
+    crows, d_off, d_on, extra = [], [], [], []
     plan = "0-1,2-3"
     tp = tr.config
     tcm = P.compute_model(tr, prm)
@@ -329,14 +337,18 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
         off = 1 / (1 / ISSUE_LOOPBACK[0] + rtt / 1e3 * w0)
         cyc = ISSUE_TOKENS_PER_VERIFY / ISSUE_LOOPBACK[1]
         on = ISSUE_TOKENS_PER_VERIFY / (cyc + rtt / 1e3 * w2)
+        d_off.append(abs(off / off_meas - 1) * 100)
+        d_on.append((on / on_meas - 1) * 100)
+        extra.append((ISSUE_TOKENS_PER_VERIFY / on_meas - cyc) / (rtt / 1e3) - w2)
         crows.append([rtt, "tail local" if local else "all remote", f"{w0:g}", f"{w2:g}",
                       f"{off:.2f}", f"{off_meas:.2f}", f"{(off / off_meas - 1) * 100:+.0f}%",
                       f"{on:.2f}", f"{on_meas:.2f}", f"{(on / on_meas - 1) * 100:+.0f}%"])
     L += _table(["RTT ms", "topology", "waits off", "waits per k=2 cycle", "off model",
                  "off measured", "diff", "on model", "on measured", "diff"], crows)
-    w("MTP off is within 5%, MTP on 7-12% optimistic: the measured runs wait about 0.3-1 "
-      "more per cycle than counted (the issue counts \"about\" 2 GETs per draft, and a "
-      "generation has some plain and rollback steps besides verify cycles).")
+    w(f"MTP off is within {max(d_off):.0f}%; MTP on is {min(d_on):.0f}-{max(d_on):.0f}% "
+      f"optimistic: the measured runs wait {min(extra):.1f}-{max(extra):.1f} more times per "
+      "cycle than counted (the issue counts \"about\" 2 GETs per draft, and a generation "
+      "has some plain and rollback steps besides its verify cycles).")
     w("")
     w("## Limitations")
     w("")
