@@ -75,3 +75,32 @@ def test_short_wan_run_over_the_relays():
     rows = [r for r in res["rows"] if r["k"] == 0]
     per_class = rows[0]["wire_bytes_by_class"]["decode"]
     assert per_class["cache"] == 0 and per_class["outputs"] > 0 and per_class["constants"] > 0
+
+
+def test_wan_readme_renders_from_saved_results_and_every_number_traces(tmp_path):
+    import json
+
+    from mtplib.records.evidence import copy_run, render_readme
+
+    rows = []
+    for rtt in (0, 10, 25, 50, 100):
+        for k, tps in ((0, 1.0), (2, 1.8)):
+            r = _row(k, rtt, 1 / (0.01 + rtt / 1000 * 3 / tps), tps, 3.0)
+            r["wire_bytes_by_class"] = {"verify" if k else "decode": {
+                "seam": 8192, "outputs": 2048, "inputs": 3748, "constants": 65536, "cache": 0}}
+            rows.append(r)
+    cfg = W.WanConfig(rtts_ms=[0, 10, 25, 50, 100], ks=[0, 2], plans=["0-1,2-3"],
+                      topologies=["remote"], placements=["client"], fit_rtts_ms=[0, 10, 25, 50])
+    from dataclasses import asdict
+
+    W.save({"config": asdict(cfg), "rows": rows, "wall_s": 12.5,
+            "upstream": {"build": "patched", "patches": ["patches/0001.patch"]}},
+           tmp_path / "wan" / "patched")
+    (tmp_path / "run_record.json").write_text(json.dumps({
+        "command": "mtplib run --params params/wan-cpu.yaml", "lane": "wan-cpu",
+        "git": {"commit": "abc", "dirty": False}, "pins": {}, "cpu": {"model": "x"}}))
+    text = render_readme(tmp_path, "wan", tmp_path / "README.md")
+    assert "## Build: patched" in text and "Targets at 100 ms" in text
+    assert "| 100 |" in text  # the RTT table reaches 100 ms
+    readme = copy_run(tmp_path, "wan", tmp_path / "evidence")
+    assert (readme.parent / "wan" / "patched" / "wan.json").is_file()

@@ -53,6 +53,8 @@ class WanConfig:
     threads: int = 1  # client threads (the shards get shard_threads)
     shard_threads: int = 1
     fit_rtts_ms: list[float] = field(default_factory=lambda: [0, 10, 25, 50])
+    #: a cost-model prediction is good when within this fraction of the measurement
+    cost_model_tolerance: float = 0.15
     upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
 
     def __post_init__(self) -> None:

@@ -110,7 +110,8 @@ def run_files(run_dir: Path) -> list[Path]:
 
 
 #: What ``mtplib evidence`` copies for a story (default: `run_files`, the whole run).
-STORY_FILES: dict[str, Callable[[Path], list[Path]]] = {dgr065.STORY: dgr065.story_files}
+STORY_FILES: dict[str, Callable[[Path], list[Path]]] = {
+    dgr065.STORY: dgr065.story_files, wan_evidence.STORY: wan_evidence.story_files}
 
 
 def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "evidence",

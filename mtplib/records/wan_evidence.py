@@ -31,6 +31,17 @@ TRACE_RULE = (
     "or one of `§#@` (identifiers such as `k=2`, V4).")
 
 
+def story_files(run_dir: Path) -> list[Path]:
+    """What ``mtplib evidence --story wan`` copies: the executed 05_wan notebook, the run
+    record and each build's results (wan.json, the summary CSV, its run log)."""
+    out = [Path(n) for n in ("05_wan.ipynb", "run_record.json") if (run_dir / n).is_file()]
+    for b in BUILDS:
+        d = run_dir / WAN_DIR / b
+        out += [p.relative_to(run_dir) for p in sorted(d.glob("*"))
+                if p.is_file() and p.suffix in (".json", ".csv", ".log")]
+    return out
+
+
 def raw_file(build: str) -> str:
     return f"{WAN_DIR}/{build}/wan.json"
 
@@ -121,11 +132,13 @@ def _build_section(b: str, d: dict) -> list[str]:
     cm = d["cost_model"]
     if cm:
         worst = max(c["rel_error"] for c in cm)
-        n_ok = sum(c["rel_error"] <= 0.15 for c in cm)
+        tol = d["config"].get("cost_model_tolerance")  # absent in runs before the field
+        within = (f"{sum(c['rel_error'] <= tol for c in cm)} of {len(cm)} predictions within "
+                  f"{E.pct(tol, 0)}, worst " if tol is not None
+                  else f"{len(cm)} predictions, worst error ")
         out.append(f"Cost model `s/token = compute + RTT x waits` fitted per configuration on "
                    f"RTT {d['config']['fit_rtts_ms']} ms and checked on the others: "
-                   f"{n_ok} of {len(cm)} predictions within 15% (worst "
-                   f"{E.pct(worst)}).")
+                   f"{within}{E.pct(worst)}.")
         out.append("")
     return out
 
