@@ -1,0 +1,79 @@
+"""The patch set under patches/ (upstream fixes for shard-local V4 caches), stock vs patched.
+
+`./dev.sh setup` applies, checks and reverse-checks each patch against the pinned sdist and
+installs the patched build into .upstream/patched; these tests check that the installed
+build is the current patch set and that it does what its write-up says
+(evidence/upstream-bugs/README.md, bug 4)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtplib.model.trained import trained_paths
+from mtplib.runtime import PATCHED_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+PATCHES = sorted((REPO / "patches").glob("*.patch"))
+MARKER = PATCHED_DIR / "llama_cpp" / "MTPLIB_PATCHES"
+needs_patched = pytest.mark.skipif(
+    not MARKER.is_file(), reason="no patched build (./dev.sh setup; MTPLIB_SKIP_PATCHED set?)")
+
+PROBE = """
+import json, sys
+from mtplib.distributed.ranged_mtp import RangedMTP
+from mtplib.runtime.lib import upstream_info
+from mtplib.runtime.settings import DecodeSettings
+from mtplib.runtime.speculative import EngineOptions
+trunk, rs = sys.argv[1], int(sys.argv[2])
+with RangedMTP(trunk, plan="0-1,2-3") as r:
+    opts = EngineOptions(k=0, n_rs_seq=rs, settings=DecodeSettings(n_ctx=256, n_threads=1))
+    r.generate(list(range(100, 132)), 4, opts)
+    toks, m = r.generate(list(range(100, 132)), 6, opts)
+print(json.dumps({"build": upstream_info()["build"], "tokens": toks,
+                  "cache": m["cache_bytes_crossing"], "waits": m["waits_per_step"]["decode"]}))
+"""
+
+
+def _probe(build: str, n_rs_seq: int) -> dict:
+    env = dict(os.environ, MTPLIB_UPSTREAM=build)
+    r = subprocess.run([sys.executable, "-c", PROBE, str(trained_paths().trunk), str(n_rs_seq)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_patch_files_are_git_style_against_llama_cpp():
+    assert PATCHES, "patches/ is empty"
+    for p in PATCHES:
+        text = p.read_text()
+        assert text.startswith("diff --git a/src/"), p.name
+        assert "\n--- a/" in text and "\n+++ b/" in text
+
+
+@needs_patched
+def test_installed_patched_build_is_the_current_patch_set():
+    lines = MARKER.read_text().split()
+    want = hashlib.sha256(b"".join(p.read_bytes() for p in PATCHES)).hexdigest()[:12]
+    assert lines[0] == want, "stale .upstream/patched: run ./dev.sh setup"
+    assert lines[1:] == [f"patches/{p.name}" for p in PATCHES]
+
+
+@needs_patched
+@pytest.mark.slow
+def test_patched_keeps_the_compressor_state_on_its_shard():
+    """n_rs_seq > 0 on plan 0-1,2-3: stock copies layer 2's HCA state from shard 1 to
+    shard 0 on every decode (2 extra waits); patched moves no cache byte and waits as
+    often as with n_rs_seq = 0. Same tokens."""
+    stock, patched = _probe("stock", 2), _probe("patched", 2)
+    plain = _probe("patched", 0)
+    assert (stock["build"], patched["build"]) == ("stock", "patched")
+    assert stock["cache"] > 0  # upstream's behaviour at the pin (bug 4)
+    assert patched["cache"] == 0 and patched["waits"] == plain["waits"] < stock["waits"]
+    assert stock["tokens"] == patched["tokens"] == plain["tokens"]
