@@ -97,11 +97,11 @@ def test_context_config_from_settings_and_shared_allowed_values():
     from mtplib.runtime.model import FLASH_ATTN, KV_TYPES, ContextConfig, RuntimeInputError
 
     assert tuple(KV_TYPES) == KV_TYPE_NAMES and tuple(FLASH_ATTN) == FLASH_ATTN_MODES
-    s = DecodeSettings(n_ctx=640, n_batch=128, n_ubatch=64, n_threads=3, kv_type="f32",
+    s = DecodeSettings(n_ctx=640, n_batch=128, n_ubatch=64, n_threads=1, kv_type="f32",
                        flash_attn="off", swa_full=False, hidden_rows="captured")
     c = ContextConfig.from_settings(s, mtp=True, nextn_rows="masked", n_rs_seq=2)
     assert (c.n_ctx, c.n_batch, c.n_ubatch, c.n_threads, c.kv_type, c.flash_attn,
-            c.swa_full) == (640, 128, 64, 3, "f32", "off", False)
+            c.swa_full) == (640, 128, 64, 1, "f32", "off", False)
     assert (c.mtp, c.nextn_rows, c.n_rs_seq, c.n_seq_max) == (True, "masked", 2, 1)
     assert c.validate() is c
     with pytest.raises(RuntimeInputError, match="kv_type 'f8' not in f16, f32, bf16, q8_0"):

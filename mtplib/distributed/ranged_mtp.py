@@ -62,7 +62,10 @@ class RangedMTP:
         from mtplib.runtime.model import check_pair
 
         self.policy = resolve_policy(policy)
+        from mtplib.model.validate import validate_header
+
         h = read_header(trunk)
+        validate_header(h)  # before anything reads a key or upstream loads the file
         if sidecar is not None:
             check_pair(h, read_header(sidecar))
         self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))

@@ -15,7 +15,8 @@ the same tuples.
 from __future__ import annotations
 
 import operator
-from dataclasses import asdict, dataclass, fields
+import os
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
 
 from mtplib.errors import InputError
@@ -63,7 +64,7 @@ class DecodeSettings:
     n_ctx: int = 2048
     n_batch: int = 512
     n_ubatch: int = 512
-    n_threads: int = 2
+    n_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
     kv_type: KvType = "f16"
     flash_attn: FlashAttn = "auto"
     #: full-size SWA cache: true is the C API default (mtplib's); upstream's llama-server
