@@ -242,3 +242,23 @@ def test_bench_config_validation(tmp_path):
                     "evidence: [DGR-999]\n")
     with pytest.raises(LaneError, match="no evidence README writer"):
         run_lane(lane, out_root=tmp_path / "out", progress=False)
+
+
+def test_unmeasured_memory_is_missing_not_zero(tmp_path):
+    """Ranged runs measure no peak RSS and MTP off has no MTP state: the summary holds None,
+    the CSV an empty cell and the README n/a, never 0 (issue 15). On the committed runs."""
+    import pandas as pd
+
+    from mtplib.records.readme import fmt
+
+    runs = json.loads((REPO / "evidence" / "DGR-066" / "bench" / "bench.json").read_text())["runs"]
+    summ = {(s["plan"], s["k"]): s for s in B.summarize(runs)}
+    ranged = [s for (plan, _), s in summ.items() if plan != "whole"]
+    assert ranged and all(s["rss_peak_mib"] is None for s in ranged)
+    assert summ[("whole", 0)]["mtp_seq_state_kib"] is None
+    assert summ[("whole", 0)]["rss_peak_mib"] > 0 and summ[("whole", 1)]["mtp_seq_state_kib"] > 0
+    csv = tmp_path / "s.csv"
+    pd.DataFrame(B._flat(list(summ.values()))).to_csv(csv, index=False)
+    back = pd.read_csv(csv)
+    assert back.loc[back["plan"] != "whole", "rss_peak_mib"].isna().all()
+    assert fmt(summ[("whole", 0)]["mtp_seq_state_kib"], 2) == "n/a"

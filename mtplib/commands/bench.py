@@ -38,8 +38,13 @@ def run(a: argparse.Namespace) -> int:
     record["policy"] = cfg.policy
     write_json(out / "run_record.json", record)
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr))
-    result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
-    saved = B.save(result, out / "bench")
+    try:
+        result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
+        saved = B.save(result, out / "bench")
+    except BaseException as e:  # the record says so, then the one-line error (or bug)
+        record.update(ended=now_iso(), status="failed", error=f"{type(e).__name__}: {e}")
+        write_json(out / "run_record.json", record)
+        raise
     record.update(ended=now_iso(), status="ok")
     write_json(out / "run_record.json", record)
     data = B.load(out / "bench")

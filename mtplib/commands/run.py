@@ -21,7 +21,12 @@ def run(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     r = sub.add_parser("run", help="execute a lane's notebooks with papermill",
                        description="Run every notebook of a lane (params/*.yaml) with "
-                       "papermill into OUT/<run-id>/, with a run record (run_record.json).")
+                       "papermill into OUT/<run-id>/, with a run record (run_record.json). "
+                       "The lane file is validated first (keys, types, notebook parameters "
+                       "against each notebook's parameters cell): a bad one stops with one "
+                       "line and no run folder. A notebook that raises stops the lane (exit "
+                       "2): one line names it and its partial output, and the run record "
+                       "says failed.")
     r.add_argument("--params", default="params/cpu-fixture.yaml", help="lane params YAML")
     r.add_argument("--out", default=str(paths.OUTPUTS),
                    help="output root (default: the repo's outputs/)")

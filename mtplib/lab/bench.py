@@ -495,6 +495,11 @@ def _off_medians(runs: list[dict]) -> dict[str, float]:
             for (plan, mode), rs in _group(runs, "plan", "mode").items() if mode == "off"}
 
 
+def _scaled(v: float | None, unit: float) -> float | None:
+    """``v`` in ``unit``s; None (not measured) stays None rather than becoming 0."""
+    return None if v is None else v / unit
+
+
 def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict]:
     """One row per (plan, k): medians and spread over measured runs (warm-up excluded)."""
     off = _off_medians(runs)
@@ -532,11 +537,15 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
             **{f"share_{p}_pct": 100 * t[p] / t_total if t_total else None
                for p in TIME_PARTS},
             "seam_bytes_per_token": median_or_none(seam) if seam else None,
-            "rss_peak_mib": max(r["rss_peak_bytes"] or 0 for r in rs) / 2**20,
-            "trunk_weights_mib": rs[0]["trunk_weights_bytes"] / 2**20,
-            "mtp_weights_mib": (rs[0]["mtp_weights_bytes"] or 0) / 2**20,
-            "target_seq_state_kib": rs[0]["target_seq_state_bytes"] / 2**10,
-            "mtp_seq_state_kib": (rs[0]["mtp_seq_state_bytes"] or 0) / 2**10,
+            # not measured (a ranged run's RSS is the shards', MTP off loads no MTP
+            # context): None, written as an empty CSV cell and shown as n/a, never 0
+            "rss_peak_mib": _scaled(max((r["rss_peak_bytes"] for r in rs
+                                         if r["rss_peak_bytes"] is not None), default=None),
+                                    2**20),
+            "trunk_weights_mib": _scaled(rs[0]["trunk_weights_bytes"], 2**20),
+            "mtp_weights_mib": _scaled(rs[0]["mtp_weights_bytes"], 2**20),
+            "target_seq_state_kib": _scaled(rs[0]["target_seq_state_bytes"], 2**10),
+            "mtp_seq_state_kib": _scaled(rs[0]["mtp_seq_state_bytes"], 2**10),
             "equal_to_off_runs": sum(bool(r["equal_to_off"]) for r in rs),
             "token_agreement_pct": 100 * statistics.fmean(r["token_agreement"] for r in rs),
             "near_tie_divergences": sum(bool(r["near_tie"]) for r in rs),

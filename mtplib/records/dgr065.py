@@ -16,7 +16,18 @@ from pathlib import Path
 
 from mtplib.errors import InputError
 from mtplib.records.raw_metrics import OWNERSHIP_JSON, STATE_JSON
-from mtplib.records.readme import Links, fmt, model_rows, names, run_rows, table, yes
+from mtplib.records.readme import (
+    Links,
+    changed_files_section,
+    dependency_section,
+    fmt,
+    model_rows,
+    names,
+    run_rows,
+    table,
+    tests_section,
+    yes,
+)
 from mtplib.stamps import sha256_file
 
 STORY = "DGR-065"
@@ -387,17 +398,50 @@ def criterion_4_contract(r: Run) -> list[str]:
 
 
 # -- tests, limitations, handoff, the rule ----------------------------------------------
+#: Where DGR-065's code lives (the "Changed files" section).
+FILES: tuple[tuple[str, str], ...] = (
+    ("mtplib/ownership/", "the ownership derivation from GGUF headers (`derivation.py`), shard "
+     "plans (`plan.py`), its tables and charts (`report.py`)"),
+    ("mtplib/model/arch.py", "deepseek4 names, hyper-parameters, tensor table and the "
+     "converter's dtypes (`CONVERTER_DTYPES`)"),
+    ("mtplib/model/fixture.py", "the tiny trunk and sidecar fixture in upstream's layout"),
+    ("mtplib/model/presets.py", "the fixture presets and the weight-less V4-Flash table"),
+    ("mtplib/runtime/graph_reads.py", "what upstream's graphs read and its caches allocate "
+     "(the check of criteria one and two)"),
+    ("mtplib/contract/", "the MTP contract: typed values, session lifecycle, seam rules, "
+     "wire rule, capability negotiation and golden fixtures"),
+    ("mtplib/lab/contract_checks.py", "the contract checks notebook 02_state_contract runs"),
+    ("mtplib/records/dgr065.py", "this README's writer"),
+    ("mtplib/records/raw_metrics.py", "the raw metrics files the notebooks write"),
+    ("tools/notebooks_src.py", "the source of notebooks 01_tensor_ownership and "
+     "02_state_contract"),
+)
+
+#: The test files that check each criterion (the "Tests" section).
+TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Criterion one: derived reads against upstream's graphs",
+     ("tests/test_ownership.py", "tests/test_graph_reads.py")),
+    ("Criterion two: cache bytes", ("tests/test_graph_reads.py", "tests/test_fixture.py")),
+    ("Criterion three: V4-Flash at real scale", ("tests/test_v4_flash.py",)),
+    ("Criterion four: contract and the alpha policy",
+     ("tests/test_contract_capabilities.py", "tests/test_contract_golden.py",
+      "tests/test_contract_seam.py", "tests/test_contract_session.py",
+      "tests/test_contract_types.py", "tests/test_policy.py")),
+    ("This README", ("tests/test_evidence_dgr065.py", "tests/test_evidence_sections.py")),
+)
+
+
+def changed_files(r: Run) -> list[str]:
+    return changed_files_section(STORY, "mtplib.records.dgr065.FILES", FILES)
+
+
 def tests(r: Run) -> list[str]:
-    return ["## Tests", "",
-            "Not run by this pipeline; the tests of this story: `.venv/bin/python -m pytest "
-            "-q tests/test_ownership.py tests/test_graph_reads.py tests/test_v4_flash.py "
-            "tests/test_fixture.py tests/test_contract_capabilities.py "
-            "tests/test_contract_golden.py tests/test_evidence_dgr065.py`. "
-            "`tests/test_graph_reads.py` includes negative checks (a derivation wrong by one "
-            "tensor, or one leaving out the unread V cache, fails); `tests/test_v4_flash.py` "
-            "asserts the derivation time limit; `tests/test_evidence_dgr065.py` runs "
-            "notebooks 01_tensor_ownership and 02_state_contract on a short lane and "
-            "regenerates this README from their metrics.", ""]
+    return tests_section(r.rec, TESTS, (
+        "`tests/test_graph_reads.py` includes negative checks (a derivation wrong by one "
+        "tensor, or one leaving out the unread V cache, fails); `tests/test_v4_flash.py` "
+        "asserts the derivation time limit; `tests/test_evidence_dgr065.py` runs "
+        "notebooks 01_tensor_ownership and 02_state_contract on a short lane and "
+        "regenerates this README from their metrics.",))
 
 
 def limitations(r: Run) -> list[str]:
@@ -481,6 +525,26 @@ def handoff(r: Run) -> list[str]:
             "upstream.", ""]
 
 
+def dependency_handoff(r: Run) -> list[str]:
+    """DGR-051/054/060/064 in, DGR-067/070 out (issue 15). Their texts are not here."""
+    missing = "its text is not in this repository, and nothing here is attributed to it."
+    return dependency_section(
+        STORY, tuple((s, missing) for s in ("DGR-051", "DGR-054", "DGR-060", "DGR-064")),
+        (("DGR-067", "its text is not in this repository; what it can build on is listed "
+                     "in the last line."),
+         ("DGR-070", "its text is not in this repository; what it can build on is listed "
+                     "in the last line.")),
+        "upstream llama.cpp at the pinned commit (its deepseek4 loader, graph builder and "
+        "cache allocation, read through llama-cpp-python), the layout of upstream's "
+        "converter for the sidecar and the V4-Flash dtypes (`conversion/deepseek.py`, "
+        "followed in `mtplib/model/arch.py`), and the tiny fixture it generates itself.",
+        "the ownership derivation (`mtplib inventory --json`, "
+        "`mtplib.ownership.derivation.derive`), the graph-read check "
+        "(`mtplib.runtime.graph_reads.check_pair`), the contract (`mtplib.contract`: typed "
+        "values, seam validator, negotiation, golden fixtures in `tests/golden/contract`) "
+        "and the section \"Handoff to DGR-066\" above.")
+
+
 def tracing_rule(r: Run) -> list[str]:
     return ["## How numbers are traced", "", TRACE_RULE, ""]
 
@@ -488,7 +552,8 @@ def tracing_rule(r: Run) -> list[str]:
 #: The README's sections in order.
 SECTIONS: tuple[Callable[[Run], list[str]], ...] = (
     header, the_run, criterion_1_reads, criterion_2_caches, criterion_3_flash,
-    criterion_4_contract, tests, limitations, handoff, tracing_rule)
+    criterion_4_contract, changed_files, tests, limitations, handoff, dependency_handoff,
+    tracing_rule)
 
 
 def render(run_dir: Path, raw: dict, link: Links) -> str:

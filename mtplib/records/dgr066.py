@@ -15,7 +15,17 @@ from pathlib import Path
 
 from mtplib.errors import InputError
 from mtplib.records.raw_metrics import BENCH_DIR, BENCH_JSON
-from mtplib.records.readme import Links, fmt, model_rows, pct, run_rows, table
+from mtplib.records.readme import (
+    Links,
+    changed_files_section,
+    dependency_section,
+    fmt,
+    model_rows,
+    pct,
+    run_rows,
+    table,
+    tests_section,
+)
 
 STORY = "DGR-066"
 
@@ -300,7 +310,86 @@ def criterion_5_tests(r: Run) -> list[str]:
             ""]
 
 
+# -- the gate: changed files, tests, dependency handoff ----------------------------------
+#: Where DGR-066's code lives (the "Changed files" section).
+FILES: tuple[tuple[str, str], ...] = (
+    ("mtplib/runtime/speculative.py", "the MTP speculative loop around upstream (implements "
+     "`mtplib.contract`)"),
+    ("mtplib/runtime/drafters.py", "the drafters: MTP, synthetic (upstream's "
+     "`--spec-synth-rates` semantics)"),
+    ("mtplib/runtime/routing.py", "the deployment policy on every MTP path"),
+    ("mtplib/distributed/ranged_mtp.py", "ranged MTP: trunk layers on RPC shards, MTP on the "
+     "tail"),
+    ("mtplib/lab/bench.py", "the MTP off vs on benchmark, its CSVs and plots"),
+    ("mtplib/lab/sweep.py", "the acceptance sweep and the break-even rule"),
+    ("mtplib/lab/quality.py", "token agreement against MTP off, with the near-tie allowance"),
+    ("mtplib/lab/correctness.py", "the correctness scenarios of notebook 03_correctness"),
+    ("mtplib/records/lanes.py", "lanes: validation, the papermill pipeline, the run record"),
+    ("mtplib/records/evidence.py", "the evidence dispatch, number tracing and `copy_run`"),
+    ("mtplib/records/dgr066.py", "this README's writer"),
+    ("mtplib/commands/run.py", "`mtplib run`"),
+    ("mtplib/commands/bench.py", "`mtplib bench`"),
+    ("mtplib/commands/evidence.py", "`mtplib evidence`"),
+    ("params/", "the lanes (`cpu-fixture`, `gpu-fixture`, `v4-flash-h200`, `wan-cpu`)"),
+    ("tools/notebooks_src.py", "the source of notebooks 03_correctness and 04_benchmark"),
+)
+
+#: The test files that check each criterion (the "Tests" section).
+TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("MTP correctness (parts one and two)",
+     ("tests/test_speculative.py", "tests/test_ranged_mtp.py")),
+    ("Criterion one: MTP off vs on", ("tests/test_bench.py",)),
+    ("Criterion two: sweep and break-even", ("tests/test_bench.py",)),
+    ("Criterion three: lanes", ("tests/test_bench.py", "tests/test_lanes.py",
+                                "tests/test_cli_pipeline.py", "tests/test_projection.py")),
+    ("Criterion four: evidence", ("tests/test_bench.py", "tests/test_raw_metrics.py",
+                                  "tests/test_evidence_sections.py")),
+    ("The deployment policy on every MTP path", ("tests/test_policy.py",)),
+)
+
+
+def changed_files(r: Run) -> list[str]:
+    return changed_files_section(STORY, "mtplib.records.dgr066.FILES", FILES)
+
+
+def tests(r: Run) -> list[str]:
+    return tests_section(r.rec, TESTS)
+
+
+def dependency_handoff(r: Run) -> list[str]:
+    """DGR-051/054/060/064 in, DGR-067/070 out (issue 15). Their texts are not here."""
+    missing = "its text is not in this repository, and nothing here is attributed to it."
+    later = ("its text is not in this repository; what it can build on is listed in the "
+             "last line.")
+    return dependency_section(
+        STORY, tuple((s, missing) for s in ("DGR-051", "DGR-054", "DGR-060", "DGR-064")),
+        (("DGR-067", later), ("DGR-070", later)),
+        "DGR-065's ownership derivation and contract (`mtplib.ownership`, "
+        "`mtplib.contract`, evidence in `evidence/DGR-065`), upstream llama.cpp's MTP "
+        "support at the pinned commit (the sidecar's `h_nextn` rows, `n_rs_seq` rollback) "
+        "and its `--spec-synth-rates` semantics for the sweep.",
+        "the benchmark (`mtplib bench`, `mtplib.lab.bench`) and its raw metrics, the lanes "
+        "and the papermill pipeline (`mtplib run`, `params/`), the evidence pipeline "
+        "(`mtplib evidence`: READMEs whose numbers trace to the raw metrics), and the "
+        "break-even acceptance per draft length in criterion two above.")
+
+
 # -- limitations and the rule -----------------------------------------------------------
+def _widest_spreads(r: Run) -> list[str]:
+    """The widest decode tok/s spread of each plan (whole model and each ranged plan)."""
+    out = []
+    plans = dict.fromkeys(s["plan"] for s in r.bench["summary"])
+    for plan in sorted(plans, key=lambda p: p != "whole"):  # the whole model first
+        rows = [s for s in r.bench["summary"] if s["plan"] == plan
+                and s["decode_tok_s_spread_pct"] is not None]
+        if rows:
+            top = max(rows, key=lambda s: s["decode_tok_s_spread_pct"])
+            where = "the whole model" if plan == "whole" else f"plan `{plan}`"
+            out.append(f"{fmt(top['decode_tok_s_spread_pct'])}% on {where} "
+                       f"({k_label(top['k'])})")
+    return out or ["n/a (no spread measured)"]
+
+
 def limitations(r: Run) -> list[str]:
     """What the numbers above do not show, derived from the same metrics."""
     out = ["## Limitations", ""]
@@ -320,10 +409,9 @@ def limitations(r: Run) -> list[str]:
           + ", ".join(fmt(s["speedup_at_max_acceptance"], 2) for s in not_reached)
           + "): one verify step (a batch of k+1 tokens plus k MTP drafts) costs more here "
           "than k+1 plain one-token steps, so there is no break-even to read on this lane.")
-    spread = max((s["decode_tok_s_spread_pct"] or 0) for s in r.summ)
     w(f"- Timings come from a shared machine ({r.cpu.get('logical_cores')} logical cores); "
-      f"the min-max spread of decode tok/s over repetitions reaches {fmt(spread)}% of the "
-      "median.")
+      "the min-max spread of decode tok/s over repetitions, as a share of the median, "
+      "reaches " + "; ".join(_widest_spreads(r)) + ".")
     w("- Peak RSS is the process's peak so far (`ru_maxrss`): it grows along the table "
       "and is not the footprint of one configuration; upstream's weight and cache-state "
       "sizes are per configuration.")
@@ -342,7 +430,8 @@ def tracing_rule(r: Run) -> list[str]:
 #: The README's sections in order.
 SECTIONS: tuple[Callable[[Run], list[str]], ...] = (
     header, the_run, criterion_1_off_vs_on, criterion_2_sweep, criterion_3_lanes,
-    criterion_4_evidence, criterion_5_tests, limitations, tracing_rule)
+    criterion_4_evidence, criterion_5_tests, changed_files, tests, limitations,
+    dependency_handoff, tracing_rule)
 
 
 def render(run_dir: Path, raw: dict, link: Links) -> str:

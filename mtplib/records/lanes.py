@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from mtplib import paths
-from mtplib.errors import InputError
+from mtplib.errors import InputError, MtplibError
 from mtplib.records.raw_metrics import read_seam_bytes
 from mtplib.records.run_record import base_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
@@ -26,6 +27,10 @@ NOTEBOOKS = REPO / "notebooks"
 
 class LaneError(InputError):
     """A params file that is malformed or asks for what this machine lacks."""
+
+
+class LaneFailed(MtplibError):
+    """A lane's notebook raised: the message names it and where its partial output is."""
 
 
 @dataclass
@@ -67,32 +72,183 @@ def _requires(p: Path, req: object) -> dict | None:
     return {"gpus": gpus, "gpu_memory_gb": float(mem), "hardware": str(req["hardware"])}
 
 
+TOP_KEYS = {"lane", "description", "notebooks", "fixture", "models", "threads", "parameters",
+            "bench", "evidence", "wan", "policy", "requires"}
+FIXTURE_KEYS = {"preset", "seed"}
+MODELS_KEYS = {"trunk", "sidecar", "storage_root"}
+NOTEBOOK_KEYS = {"notebook", "parameters"}
+#: parameters the runner itself injects into every notebook (models, threads, run folder,
+#: the lane's bench/wan sections): a lane never has to declare them
+INJECTED = {"trunk", "sidecar", "threads", "run_dir", "bench", "wan"}
+
+
+def _bad(p: Path, key: str, expected: str, got: object) -> LaneError:
+    """The one-line schema error: file, key path, what is expected, what was found."""
+    return LaneError(f"{p}: {key}: expected {expected}, got {got!r}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _mapping(p: Path, key: str, v: object, known: set[str] | None = None,
+             required: tuple[str, ...] = ()) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(p, key, "a mapping" + (f" with keys {sorted(known)}" if known else ""), v)
+    bad_keys = [k for k in v if not isinstance(k, str)]
+    if bad_keys:
+        raise _bad(p, key, "string keys", bad_keys[0])
+    if known is not None and set(v) - known:
+        raise LaneError(f"{p}: {key}: unknown keys {sorted(set(v) - known)} "
+                        f"(known: {sorted(known)})")
+    for r in required:
+        if r not in v:
+            raise LaneError(f"{p}: {key}.{r}: missing (required)")
+    return v
+
+
+def _notebook_path(p: Path, key: str, name: object) -> str:
+    """A notebook entry names a file directly inside notebooks/ (no path escape)."""
+    if not isinstance(name, str) or not name:
+        raise _bad(p, key, "a notebook file name in notebooks/ (e.g. 00_fixture_smoke.ipynb)",
+                   name)
+    if "/" in name or "\\" in name or name in (".", "..") or not name.endswith(".ipynb"):
+        raise _bad(p, key, "a .ipynb file name directly inside notebooks/ (no path)", name)
+    nb = NOTEBOOKS / name
+    if nb.resolve().parent != NOTEBOOKS.resolve():
+        raise _bad(p, key, "a notebook inside notebooks/", name)
+    if not nb.exists():
+        raise LaneError(f"{p}: {key}: notebook {name} not found in {NOTEBOOKS}")
+    return name
+
+
+def declared_parameters(name: str) -> dict[str, object]:
+    """The notebook's `parameters` cell: name -> default value (`...` where the default is
+    an expression rather than a literal, so its type is unknown)."""
+    import ast
+
+    import papermill as pm
+
+    out: dict[str, object] = {}
+    for k, info in pm.inspect_notebook(str(NOTEBOOKS / name)).items():
+        try:
+            out[k] = ast.literal_eval(str(info.get("default")))
+        except (ValueError, SyntaxError):
+            out[k] = ...
+    return out
+
+
+def _type_ok(value: object, default: object) -> tuple[bool, str]:
+    """Does ``value`` fit the type of the notebook's default? Returns (ok, expected)."""
+    if default is None or default is ...:
+        return True, "any value"
+    if isinstance(default, bool):
+        return isinstance(value, bool), "a bool"
+    if _is_int(default):
+        return _is_int(value), "an int"
+    if isinstance(default, float):
+        return (_is_int(value) or isinstance(value, float)), "a number"
+    if isinstance(default, str):
+        return isinstance(value, str), "a string"
+    if isinstance(default, list | tuple):
+        return isinstance(value, list), "a list"
+    if isinstance(default, dict):
+        return isinstance(value, dict), "a mapping"
+    return True, "any value"
+
+
+def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict) -> None:
+    """Every lane parameter is declared by the notebook(s) it goes to, with the type of
+    the declared default: a typo (`n_token: 8`) stops the lane before anything runs."""
+    declared = {item["notebook"]: declared_parameters(item["notebook"]) for item in notebooks}
+    for i, item in enumerate(notebooks):
+        name, decl = item["notebook"], declared[item["notebook"]]
+        for k, v in (item.get("parameters") or {}).items():
+            if k not in decl and k not in INJECTED:
+                raise LaneError(f"{p}: notebooks[{i}].parameters.{k}: {name} declares no "
+                                f"parameter {k!r} (declared: {', '.join(sorted(decl))})")
+            ok, want = _type_ok(v, decl.get(k))
+            if not ok:
+                raise _bad(p, f"notebooks[{i}].parameters.{k}",
+                           f"{want} (the default in {name} is {decl[k]!r})", v)
+    for k, v in lane_params.items():
+        takers = [n for n, d in declared.items() if k in d]
+        if not takers and k not in INJECTED:
+            raise LaneError(f"{p}: parameters.{k}: no notebook of the lane declares {k!r} "
+                            "(declared: " + "; ".join(f"{n}: {', '.join(sorted(d))}"
+                                                      for n, d in declared.items()) + ")")
+        for n in takers:
+            ok, want = _type_ok(v, declared[n][k])
+            if not ok:
+                raise _bad(p, f"parameters.{k}",
+                           f"{want} (the default in {n} is {declared[n][k]!r})", v)
+
+
 def load_lane(path: str | Path) -> Lane:
+    """Read and validate a lane file: every key and nested value is checked here, so a
+    malformed lane stops with one line before any folder is made or notebook runs."""
     p = Path(path)
     if not p.exists():
         raise LaneError(f"params file not found: {p} (lanes live in params/*.yaml)")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise LaneError(f"{p}: not valid YAML ({e})") from e
+        raise LaneError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from e
     if not isinstance(data, dict):
         raise LaneError(f"{p}: expected a mapping at the top level")
-    unknown = set(data) - {"lane", "description", "notebooks", "fixture", "models", "threads",
-                           "parameters", "bench", "evidence", "wan", "policy", "requires"}
+    unknown = set(data) - TOP_KEYS
     if unknown:
-        raise LaneError(f"{p}: unknown keys {sorted(unknown)}")
-    nbs = data.get("notebooks") or []
-    if not nbs:
-        raise LaneError(f"{p}: 'notebooks' must list at least one notebook")
+        raise LaneError(f"{p}: unknown keys {sorted(map(str, unknown))} "
+                        f"(known: {sorted(TOP_KEYS)})")
+    for key in ("lane", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise _bad(p, key, "a string", data[key])
+    nbs = data.get("notebooks")
+    if not isinstance(nbs, list) or not nbs:
+        raise _bad(p, "notebooks", "a non-empty list of notebooks (names or "
+                   "{notebook: NAME, parameters: {...}})", nbs)
     norm = []
-    for item in nbs:
-        item = {"notebook": item} if isinstance(item, str) else dict(item)
-        nb = NOTEBOOKS / item["notebook"]
-        if not nb.exists():
-            raise LaneError(f"{p}: notebook {item['notebook']} not found in {NOTEBOOKS}")
+    for i, item in enumerate(nbs):
+        key = f"notebooks[{i}]"
+        if isinstance(item, str):
+            item = {"notebook": item}
+        elif isinstance(item, dict):
+            item = dict(_mapping(p, key, item, NOTEBOOK_KEYS, required=("notebook",)))
+        else:
+            raise _bad(p, key, "a notebook name or {notebook: NAME, parameters: {...}}", item)
+        item["notebook"] = _notebook_path(p, f"{key}.notebook", item["notebook"])
+        if item.get("parameters") is not None:
+            _mapping(p, f"{key}.parameters", item["parameters"])
         norm.append(item)
-    if bool(data.get("fixture")) == bool(data.get("models")):
+    fixture, models = data.get("fixture"), data.get("models")
+    if (fixture is None) == (models is None):
         raise LaneError(f"{p}: give exactly one of 'fixture' (generated) or 'models' (files)")
+    if fixture is not None:
+        from mtplib.model.presets import PRESETS
+
+        _mapping(p, "fixture", fixture, FIXTURE_KEYS)
+        presets = {*PRESETS, "trained"}
+        if "preset" in fixture and fixture["preset"] not in presets:
+            raise _bad(p, "fixture.preset", f"one of {sorted(presets)}", fixture["preset"])
+        if "seed" in fixture and (not _is_int(fixture["seed"]) or fixture["seed"] < 0):
+            raise _bad(p, "fixture.seed", "an int >= 0", fixture["seed"])
+    if models is not None:
+        _mapping(p, "models", models, MODELS_KEYS, required=("trunk", "sidecar"))
+        for k, v in models.items():
+            if not isinstance(v, str) or not v:
+                raise _bad(p, f"models.{k}", "a file name (string)", v)
+    threads = data.get("threads", 2)
+    if not _is_int(threads) or threads < 1:
+        raise _bad(p, "threads", "an int >= 1", threads)
+    params = data.get("parameters")
+    params = {} if params is None else _mapping(p, "parameters", params)
+    for key in ("bench", "wan"):
+        if data.get(key) is not None:
+            _mapping(p, key, data[key])
+    evidence = data.get("evidence")
+    if evidence is not None and (not isinstance(evidence, list)
+                                 or not all(isinstance(s, str) for s in evidence)):
+        raise _bad(p, "evidence", "a list of story names (e.g. [DGR-065])", evidence)
     policy = data.get("policy")
     if policy is not None:
         from mtplib.contract.capabilities import policy_named
@@ -101,12 +257,11 @@ def load_lane(path: str | Path) -> Lane:
             policy_named(policy)
         except InputError as e:
             raise LaneError(f"{p}: {e}") from None
+    _check_parameters(p, norm, params)
     return Lane(name=str(data.get("lane", p.stem)), path=p, notebooks=norm,
-                fixture=data.get("fixture"), models=data.get("models"),
-                threads=int(data.get("threads", 2)), parameters=data.get("parameters") or {},
+                fixture=fixture, models=models, threads=threads, parameters=params,
                 description=str(data.get("description", "")), bench=data.get("bench"),
-                wan=data.get("wan"),
-                evidence=[str(s) for s in data.get("evidence") or []], policy=policy,
+                wan=data.get("wan"), evidence=list(evidence or []), policy=policy,
                 requires=_requires(p, data.get("requires")))
 
 
@@ -157,6 +312,13 @@ def check_lane_requirements(lane: Lane) -> None:
         if unknown:
             raise LaneError(f"lane {lane.name}: no evidence README writer for {unknown} "
                             f"(known: {sorted(WRITERS)})")
+    if lane.wan is not None:
+        from mtplib.lab.wan import WanConfig
+
+        try:
+            WanConfig.from_dict(lane.wan)
+        except (InputError, TypeError, ValueError) as e:
+            raise LaneError(f"{lane.path}: {e}") from None
     needs = f" (lane needs: {lane.requires['hardware']})" if lane.requires else ""
     if lane.bench is not None:
         from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
@@ -166,7 +328,7 @@ def check_lane_requirements(lane: Lane) -> None:
                                                      policy=lane.policy))
         except MissingCapability as e:
             raise LaneError(f"lane {lane.name}: {e}{needs}") from None
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise LaneError(f"{lane.path}: {e}") from None
     if lane.requires and lane.requires["gpus"]:
         from mtplib.runtime.devices import gpu_devices
@@ -213,13 +375,23 @@ def open_run(lane: Lane, run_dir: Path, *, argv: list[str] | None = None,
     run-record setup of lanes (`run_lane`) and `mtplib bench`."""
     if run_dir.exists() and any(run_dir.iterdir()):
         raise LaneError(f"{run_dir} already exists and is not empty; pick another {what}")
+    if lane.models is not None:  # real files: find them before any folder is made
+        models = resolve_models(lane, run_dir)
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = base_record(REPO, argv=argv)
-    record.update({"lane": lane.name, "params_file": str(lane.path), "run_dir": str(run_dir),
-                   "threads": lane.threads, "network": "loopback", "notebooks": [],
-                   "fixture": lane.fixture, "backend": _backend()})
-    write_json(run_dir / "run_record.json", record)
-    models = resolve_models(lane, run_dir)
+    try:
+        record = base_record(REPO, argv=argv)
+        record.update({"lane": lane.name, "params_file": str(lane.path),
+                       "run_dir": str(run_dir), "threads": lane.threads,
+                       "network": "loopback", "notebooks": [], "fixture": lane.fixture,
+                       "backend": _backend()})
+        write_json(run_dir / "run_record.json", record)
+        if lane.models is None:
+            models = resolve_models(lane, run_dir)
+    except MtplibError:
+        if created:  # refused before anything ran: leave no partial run folder
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     record["models"] = models
     record["model_sha256"] = file_hashes(list(models.values()))
     return record, models
@@ -239,7 +411,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
     record, models = open_run(lane, run_dir, argv=argv)
     record_path = run_dir / "run_record.json"
-    status = "ok"
+    status = "failed"  # until every notebook (and evidence README) is done
     # the lane's policy holds for every MTP path in its notebooks' kernels (they inherit
     # this environment: MTPRuntime and RangedMTP default to it)
     policy = resolve_policy(lane.policy).name
@@ -265,9 +437,15 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                                     cwd=str(run_dir), log_output=False)
                 entry["status"] = "ok"
             except Exception as e:
+                why = _failure(e)
                 entry["status"] = f"failed: {type(e).__name__}"
-                status = "failed"
-                raise
+                entry["error"] = why
+                record["failed_notebook"] = name
+                record["partial_output"] = str(out_nb) if out_nb.exists() else None
+                where = (f"partial output in {out_nb}" if out_nb.exists()
+                         else f"no output was written (run folder {run_dir})")
+                raise LaneFailed(f"lane {lane.name}: notebook {name} failed ({why}); {where}; "
+                                 f"run record {record_path}") from e
             finally:
                 entry["ended"] = now_iso()
                 _merge_seam_bytes(run_dir, record)
@@ -275,13 +453,10 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
         if lane.evidence:
             from mtplib.records.evidence import write_evidence_readme
 
-            try:
-                record["evidence"] = [str(write_evidence_readme(
-                    run_dir, story, run_dir / "evidence" / story / "README.md"))
-                    for story in lane.evidence]
-            except Exception:
-                status = "failed"
-                raise
+            record["evidence"] = [str(write_evidence_readme(
+                run_dir, story, run_dir / "evidence" / story / "README.md"))
+                for story in lane.evidence]
+        status = "ok"
     finally:
         if env_before is None:
             os.environ.pop(POLICY_ENV, None)
@@ -291,3 +466,11 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
         record["status"] = status
         write_json(record_path, record)
     return run_dir
+
+
+def _failure(e: BaseException) -> str:
+    """One line for a notebook's failure: the cell's exception, not papermill's banner."""
+    ename, evalue = getattr(e, "ename", None), getattr(e, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -145,3 +145,46 @@ class Links:
         p = self.run_dir / rel
         href = os.path.relpath(p, self.base).replace(os.sep, "/")
         return f"[{text or rel}]({href})" if p.exists() else f"{text or rel} (missing)"
+
+
+# -- the gate's sections: changed files, tests, dependency handoff ----------------------
+def changed_files_section(story: str, module: str, files: tuple[tuple[str, str], ...]
+                          ) -> list[str]:
+    """Where the story's code lives, from a list kept in its writer (``module``)."""
+    return ["## Changed files", "",
+            f"The files that implement {story} (listed in `{module}`; `git log` on these "
+            "paths is the record of each change):", "",
+            *table(["path", "what it holds"], [[f"`{p}`", what] for p, what in files]), ""]
+
+
+def tests_section(rec: dict, by_criterion: tuple[tuple[str, tuple[str, ...]], ...],
+                  notes: tuple[str, ...] = ()) -> list[str]:
+    """The test files that check each criterion; test results only where the run record
+    holds them (the pipeline does not run pytest, so no pass count is ever written here)."""
+    results = rec.get("tests")
+    said = ("Test results recorded with this run: " + ", ".join(
+        f"`{k}`: {v}" for k, v in results.items()) + "." if isinstance(results, dict) and results
+        else "This run's record holds no test results: the pipeline that made this run does "
+        "not run pytest. The tests run in CI; their results are CI's, not this README's.")
+    files = sorted({f for _, fs in by_criterion for f in fs})
+    return ["## Tests", "", said, "",
+            *table(["criterion", "test files"],
+                   [[c, ", ".join(f"`{f}`" for f in fs)] for c, fs in by_criterion]), "",
+            "To run them: `.venv/bin/python -m pytest -q " + " ".join(files) + "`."
+            + ("" if not notes else " " + " ".join(notes)), ""]
+
+
+def dependency_section(story: str, inputs: tuple[tuple[str, str], ...],
+                       outputs: tuple[tuple[str, str], ...], consumes: str, hands_on: str
+                       ) -> list[str]:
+    """The story's dependency handoff: one line per story it takes from or hands to."""
+    return ["## Dependency handoff", "",
+            f"{story} takes from " + ", ".join(s for s, _ in inputs) + " and hands on to "
+            + ", ".join(s for s, _ in outputs) + " (as the issue that asked for this section lists "
+            "them). The texts of "
+            "those stories are not in this repository: no file, test or commit message here "
+            "describes them, so each line says what this repository holds and no more.", "",
+            *[f"- **{s} (in):** {line}" for s, line in inputs],
+            *[f"- **{s} (out):** {line}" for s, line in outputs],
+            f"- **What {story} consumes, as found in this repository:** {consumes}",
+            f"- **What {story} hands on:** {hands_on}", ""]

@@ -1,0 +1,171 @@
+"""Lane files are validated against a schema before anything runs (issue 15, item 2), and a
+lane whose notebook fails says which one, where its partial output is, and records it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplib.cli import main
+from mtplib.records import lanes as L
+from mtplib.records.lanes import LaneError, LaneFailed, load_lane, run_lane
+
+HEAD = "lane: t\nfixture: {preset: tiny, seed: 0}\n"
+SMOKE = "notebooks: [00_fixture_smoke.ipynb]\n"
+
+
+def _lane(tmp_path, text: str):
+    p = tmp_path / "lane.yaml"
+    p.write_text(text)
+    return p
+
+
+# (yaml text, pattern the one-line error must match): the corpus of issue 15 and more
+BAD = [
+    (HEAD + "notebooks: [5]\n", r"notebooks\[0\]: expected a notebook name"),
+    (HEAD + "notebooks: [{parameters: {n_tokens: 8}}]\n", r"notebooks\[0\]\.notebook: missing"),
+    (HEAD + "notebooks: [{notebook: 00_fixture_smoke.ipynb, params: {}}]\n",
+     r"notebooks\[0\]: unknown keys \['params'\]"),
+    (HEAD + "notebooks: []\n", r"notebooks: expected a non-empty list"),
+    (HEAD + "notebooks: 00_fixture_smoke.ipynb\n", r"notebooks: expected a non-empty list"),
+    (HEAD + "notebooks: [../README.md]\n", r"notebooks\[0\]\.notebook: expected a \.ipynb file"),
+    (HEAD + "notebooks: [../notebooks/00_fixture_smoke.ipynb]\n", r"directly inside notebooks/"),
+    (HEAD + "notebooks: [/etc/passwd.ipynb]\n", r"directly inside notebooks/"),
+    (HEAD + "notebooks: [nope.ipynb]\n", r"nope\.ipynb not found"),
+    ("lane: t\nfixture: [tiny]\n" + SMOKE, r"fixture: expected a mapping"),
+    ("lane: t\nfixture: {preset: huge}\n" + SMOKE, r"fixture\.preset: expected one of"),
+    ("lane: t\nfixture: {preset: tiny, seed: x}\n" + SMOKE, r"fixture\.seed: expected an int"),
+    ("lane: t\nfixture: {preset: tiny, sede: 1}\n" + SMOKE, r"fixture: unknown keys \['sede'\]"),
+    ("lane: t\nmodels: {sidecar: mtp-a.gguf}\n" + SMOKE, r"models\.trunk: missing"),
+    ("lane: t\nmodels: {trunk: 5, sidecar: a}\n" + SMOKE, r"models\.trunk: expected a file"),
+    ("lane: t\nmodels: [a, b]\n" + SMOKE, r"models: expected a mapping"),
+    ("lane: t\n" + SMOKE, r"exactly one of 'fixture'"),
+    (HEAD + SMOKE + "parameters: [1, 2]\n", r"parameters: expected a mapping"),
+    (HEAD + SMOKE + "bench: [1, 2]\n", r"bench: expected a mapping"),
+    (HEAD + SMOKE + "wan: 3\n", r"wan: expected a mapping"),
+    (HEAD + SMOKE + "threads: two\n", r"threads: expected an int >= 1"),
+    (HEAD + SMOKE + "threads: 0\n", r"threads: expected an int >= 1"),
+    (HEAD + SMOKE + "evidence: DGR-065\n", r"evidence: expected a list"),
+    (HEAD + SMOKE + "lane: [x]\n", r"lane: expected a string"),
+    (HEAD + SMOKE + "wat: 1\n", r"unknown keys \['wat'\]"),
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: [1]\n",
+     r"notebooks\[0\]\.parameters: expected a mapping"),
+    # a parameter of the wrong type, against the notebook's declared default
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: many}\n",
+     r"notebooks\[0\]\.parameters\.n_tokens: expected an int \(the default in "
+     r"00_fixture_smoke\.ipynb is 32\)"),
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: true}\n",
+     r"parameters\.n_tokens: expected an int"),
+    (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n    parameters: {plan: 3}\n",
+     r"parameters\.plan: expected a string"),
+    (HEAD + SMOKE + "parameters: {prompt_tokens: 7}\n",
+     r"parameters\.prompt_tokens: expected a list"),
+    # unknown notebook parameters (a typo) are refused, naming the notebook and its parameters
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_token: 8}\n",
+     r"notebooks\[0\]\.parameters\.n_token: 00_fixture_smoke\.ipynb declares no parameter "
+     r"'n_token' \(declared: .*n_tokens"),
+    (HEAD + SMOKE + "parameters: {n_token: 8}\n",
+     r"parameters\.n_token: no notebook of the lane declares 'n_token'"),
+]
+
+
+@pytest.mark.parametrize("text,pattern", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_lane_refused_in_one_line(tmp_path, monkeypatch, text, pattern):
+    def boom(*a, **k):  # validation must never execute a notebook
+        raise AssertionError("a notebook ran")
+
+    import papermill as pm
+
+    monkeypatch.setattr(pm, "execute_notebook", boom)
+    p = _lane(tmp_path, text)
+    with pytest.raises(LaneError, match=pattern) as ei:
+        load_lane(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg
+    # through the CLI: one line, exit 2, and no run folder left behind
+    out = tmp_path / "out"
+    assert main(["run", "--params", str(p), "--out", str(out), "--no-progress"]) == 2
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_good_lanes_still_load():
+    for p in sorted((L.REPO / "params").glob("*.yaml")):
+        lane = load_lane(p)
+        assert lane.notebooks and isinstance(lane.threads, int)
+
+
+def test_lane_parameters_declared_by_some_notebook_are_accepted(tmp_path):
+    # `plan` goes to every notebook; 01 declares it, 00 does not: accepted (papermill
+    # passes it on), with 01's type checked
+    p = _lane(tmp_path, HEAD + "notebooks: [00_fixture_smoke.ipynb, 01_tensor_ownership.ipynb]\n"
+              "parameters: {plan: '0-1,2-3'}\n")
+    assert load_lane(p).parameters == {"plan": "0-1,2-3"}
+
+
+def test_models_lane_refused_leaves_no_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPLIB_MODEL_ROOT", str(tmp_path))
+    p = _lane(tmp_path, "lane: t\nmodels: {trunk: a.gguf, sidecar: mtp-a.gguf}\n" + SMOKE)
+    with pytest.raises(LaneError, match="lacks the real model"):
+        run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
+    assert not (tmp_path / "out" / "r").exists()
+
+
+def test_wan_section_checked_before_running(tmp_path):
+    p = _lane(tmp_path, HEAD + SMOKE + "wan: {rtt: [1]}\n")
+    with pytest.raises(LaneError, match="wan: unknown keys"):
+        run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
+    assert not (tmp_path / "out" / "r").exists()
+
+
+def test_failed_notebook_is_named_and_recorded(tmp_path, monkeypatch, capsys):
+    """A notebook that raises: one line naming it and its partial output, exit 2, and the
+    run record says failed with the notebook (papermill stubbed: no kernel starts)."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    calls = []
+
+    def fake_execute(src, dst, **kw):
+        calls.append(src)
+        if len(calls) == 2:  # the second notebook fails after writing its partial output
+            open(dst, "w").write("{}")
+            raise PapermillExecutionError(3, 1, "1 / 0", "ZeroDivisionError",
+                                          "division by zero", [])
+        open(dst, "w").write("{}")
+
+    monkeypatch.setattr(pm, "execute_notebook", fake_execute)
+    p = _lane(tmp_path, HEAD + "notebooks: [00_fixture_smoke.ipynb, 01_tensor_ownership.ipynb,"
+              " 02_state_contract.ipynb]\n")
+    out = tmp_path / "out"
+    rc = main(["run", "--params", str(p), "--out", str(out), "--run-id", "r", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(calls) == 2
+    run_dir = out / "r"
+    assert len(err) == 1 and "notebook 01_tensor_ownership.ipynb failed" in err[0]
+    assert "ZeroDivisionError: division by zero" in err[0]
+    assert f"partial output in {run_dir / '01_tensor_ownership.ipynb'}" in err[0]
+    rec = json.loads((run_dir / "run_record.json").read_text())
+    assert rec["status"] == "failed" and rec["failed_notebook"] == "01_tensor_ownership.ipynb"
+    assert rec["partial_output"] == str(run_dir / "01_tensor_ownership.ipynb")
+    assert [e["status"] for e in rec["notebooks"]] == ["ok", "failed: PapermillExecutionError"]
+
+    # the same through the library call: LaneFailed, an MtplibError
+    with pytest.raises(LaneFailed, match="01_tensor_ownership"):
+        calls.clear()
+        run_lane(p, out_root=out, run_id="r2", progress=False)
+
+
+def test_any_crash_inside_a_run_records_failed(tmp_path, monkeypatch):
+    """Whatever stops a run after its folder exists, the record never says ok."""
+    import papermill as pm
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pm, "execute_notebook", crash)
+    p = _lane(tmp_path, HEAD + SMOKE)
+    with pytest.raises(KeyboardInterrupt):
+        run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
+    rec = json.loads((tmp_path / "out" / "r" / "run_record.json").read_text())
+    assert rec["status"] == "failed"
