@@ -1,0 +1,133 @@
+"""Ranged calls time out by liveness, not total time; the diagnosis names the real cause.
+
+A call fails only after `silence_timeout_s` without progress (worker steps/decodes, shard
+bytes, local shard CPU). A stopped shard is named; a long healthy call is never cut off;
+a dead or asserting client worker is reported as the worker, not as a lost shard.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from mtplib.distributed.client import (
+    RangedRuntime,
+    SessionFailedError,
+    ShardLostError,
+    silence_default,
+)
+from mtplib.distributed.processes import LocalShards
+from mtplib.errors import InputError
+from mtplib.runtime.generate import prefill
+from mtplib.runtime.model import Context, ContextConfig
+from mtplib.runtime.rpc import ShardError
+
+PROMPT = list(range(1, 9))
+CFG = ContextConfig(n_ctx=256, n_threads=1)
+
+
+def _decode_for(models, seconds: float) -> int:
+    """Runs in the worker: decode one token at a time, with no step labels (so only the
+    shard bytes and CPU show progress), for ``seconds``; returns the decodes done."""
+    n = 0
+    with Context(models.trunk, CFG) as ctx:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pos = len(PROMPT) + n % 200
+            if pos == len(PROMPT):
+                ctx.clear()
+                prefill(ctx, PROMPT)
+            ctx.decode([1 + n % 7], [pos], logits=True)
+            ctx.llama.llama_synchronize(ctx.ptr)
+            n += 1
+    return n
+
+
+def _client_assert(models) -> None:
+    """Runs in the worker: what an upstream assert in the client looks like."""
+    sys.stderr.write("llama-context.cpp:123: GGML_ASSERT(seq_id < n_seq_max) failed\n")
+    sys.stderr.flush()
+    os.abort()
+
+
+def test_silence_default_from_env(monkeypatch):
+    monkeypatch.delenv("MTPLIB_SHARD_SILENCE_S", raising=False)
+    assert silence_default() == 15.0
+    monkeypatch.setenv("MTPLIB_SHARD_SILENCE_S", "4.5")
+    assert silence_default() == 4.5
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        monkeypatch.setenv("MTPLIB_SHARD_SILENCE_S", bad)
+        with pytest.raises(InputError, match="MTPLIB_SHARD_SILENCE_S"):
+            silence_default()
+
+
+def test_stopped_shard_is_named_within_the_silence_limit(pair):
+    with LocalShards(2) as sh:
+        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=3) as rt:
+            ctx = rt.context(CFG)
+            prefill(ctx, PROMPT)
+            os.killpg(sh.procs[1].pid, signal.SIGSTOP)  # hangs, connection kept open
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(ShardLostError) as ei:
+                    ctx.decode([1], [len(PROMPT)], logits=True)
+                elapsed = time.monotonic() - t0
+            finally:
+                os.killpg(sh.procs[1].pid, signal.SIGCONT)
+            msg = str(ei.value)
+            assert 3 <= elapsed < 15, elapsed
+            assert f"shard 1 ({sh.endpoints[1]})" in msg and "stopped" in msg, msg
+            assert "shard 0" not in msg and "no progress for 3 s during decode" in msg
+            with pytest.raises(SessionFailedError):
+                ctx.decode([1], [0])
+
+
+def test_healthy_call_longer_than_the_silence_limit_is_not_cut_off(pair):
+    with LocalShards(2) as sh:
+        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=2) as rt:
+            t0 = time.monotonic()
+            n = rt.call(_decode_for, 7.0)
+            assert time.monotonic() - t0 > 6 and n > 10
+            assert rt.failed is None
+
+
+def test_dead_worker_is_reported_as_the_worker(pair):
+    with LocalShards(2) as sh:
+        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=5) as rt:
+            ctx = rt.context(CFG)
+            prefill(ctx, PROMPT)
+            os.kill(rt._worker.pid, signal.SIGKILL)
+            rt._worker.wait(timeout=5)
+            with pytest.raises(ShardError) as ei:
+                ctx.decode([1], [len(PROMPT)], logits=True)
+            msg = str(ei.value)
+            assert not isinstance(ei.value, ShardLostError), msg
+            assert "client worker died" in msg and "SIGKILL" in msg and "no shard was lost" in msg
+            assert all(sh.alive())
+        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=5) as rt:
+            with pytest.raises(ShardError) as ei:
+                rt.call(_client_assert)
+            msg = str(ei.value)
+            assert not isinstance(ei.value, ShardLostError), msg
+            assert "upstream assert" in msg and "GGML_ASSERT(seq_id < n_seq_max)" in msg, msg
+            assert "SIGABRT" in msg and "shards are not at fault" in msg
+
+
+def test_stopped_worker_is_reported_as_the_worker(pair):
+    with LocalShards(1) as sh:
+        with RangedRuntime(pair.trunk, "0-3", shards=sh, silence_timeout_s=2) as rt:
+            ctx = rt.context(CFG)
+            os.kill(rt._worker.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(ShardError) as ei:
+                    ctx.decode([1], [0], logits=True)
+            finally:
+                if rt._worker.poll() is None:
+                    os.kill(rt._worker.pid, signal.SIGCONT)
+            msg = str(ei.value)
+            assert not isinstance(ei.value, ShardLostError), msg
+            assert "client worker made no progress" in msg and "stopped sending heartbeats" in msg
