@@ -7,10 +7,13 @@ a dead or asserting client worker is reported as the worker, not as a lost shard
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,7 @@ from mtplib.runtime.rpc import ShardError
 
 PROMPT = list(range(1, 9))
 CFG = ContextConfig(n_ctx=256, n_threads=1)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _decode_for(models, seconds: float) -> int:
@@ -131,3 +135,52 @@ def test_stopped_worker_is_reported_as_the_worker(pair):
             msg = str(ei.value)
             assert not isinstance(ei.value, ShardLostError), msg
             assert "client worker made no progress" in msg and "stopped sending heartbeats" in msg
+
+
+def _shards_of(parent: int) -> list[int]:
+    """pids of `shard serve` processes started by ``parent``, in endpoint order."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = [a.decode() for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "serve" in argv and "--parent-pid" in argv \
+                and argv[argv.index("--parent-pid") + 1] == str(parent):
+            found.append((int(argv[argv.index("--endpoint") + 1].rsplit(":", 1)[1]),
+                          int(d.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
+    """`generate --plan` (the whole generation is one worker call): SIGSTOP the tail shard
+    mid-run; the run ends within the silence limit, exit 2, naming shard 1."""
+    env = dict(os.environ, MTPLIB_SHARD_SILENCE_S="3", PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "mtplib.cli", "generate", "--model",
+                          str(pair.trunk), "--tokens", "1,2,3", "--n", "4000", "--ctx", "4096",
+                          "--plan", "0-1,2-3", "--threads", "1"], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids := _shards_of(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(pids) == 2, "the CLI did not start two shards"
+        time.sleep(4)  # loaded and generating
+        assert p.poll() is None
+        stopped = pids[1]
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 2 and elapsed < 15, (p.returncode, elapsed, err)
+    assert "shard 1 (" in err and "stopped" in err and "Traceback" not in err, err

@@ -339,7 +339,8 @@ class RangedRuntime:
             cause.setdefault(i, "stopped (SIGSTOP?)" if states[i] and states[i][1] in "Tt"
                              else "gone")
         who = sorted(cause)
-        limit = f"no progress for {silence:.0f} s during {what}"
+        step = f" (step {self._frames[-1]['label']!r})" if self._frames else ""
+        limit = f"no progress for {silence:.0f} s during {what}{step}"
         if who:
             names = ", ".join(f"shard {i} ({self.endpoints[i]}): {cause[i]}" for i in who)
             self._fail(f"{names}, of plan {self.plan}: hung, {limit}; the client process was "
