@@ -137,8 +137,8 @@ def test_stopped_worker_is_reported_as_the_worker(pair):
             assert "client worker made no progress" in msg and "stopped sending heartbeats" in msg
 
 
-def _shards_of(parent: int) -> list[int]:
-    """pids of `shard serve` processes started by ``parent``, in endpoint order."""
+def _shards_of(parent: int) -> list[tuple[str, int]]:
+    """(endpoint, pid) of the `shard serve` processes started by ``parent``."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -149,14 +149,13 @@ def _shards_of(parent: int) -> list[int]:
             continue
         if "serve" in argv and "--parent-pid" in argv \
                 and argv[argv.index("--parent-pid") + 1] == str(parent):
-            found.append((int(argv[argv.index("--endpoint") + 1].rsplit(":", 1)[1]),
-                          int(d.name)))
-    return [pid for _, pid in sorted(found)]
+            found.append((argv[argv.index("--endpoint") + 1], int(d.name)))
+    return sorted(found)
 
 
 def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
     """`generate --plan` (the whole generation is one worker call): SIGSTOP the tail shard
-    mid-run; the run ends within the silence limit, exit 2, naming shard 1."""
+    mid-run; the run ends within the silence limit, exit 2, naming that shard."""
     env = dict(os.environ, MTPLIB_SHARD_SILENCE_S="3", PYTHONPATH=str(REPO))
     p = subprocess.Popen([sys.executable, "-m", "mtplib.cli", "generate", "--model",
                           str(pair.trunk), "--tokens", "1,2,3", "--n", "4000", "--ctx", "4096",
@@ -165,12 +164,12 @@ def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
     stopped = None
     try:
         deadline = time.monotonic() + 60
-        while len(pids := _shards_of(p.pid)) < 2 and time.monotonic() < deadline:
+        while len(found := _shards_of(p.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(pids) == 2, "the CLI did not start two shards"
+        assert len(found) == 2, "the CLI did not start two shards"
         time.sleep(4)  # loaded and generating
         assert p.poll() is None
-        stopped = pids[1]
+        endpoint, stopped = found[1]
         os.kill(stopped, signal.SIGSTOP)
         t0 = time.monotonic()
         _, err = p.communicate(timeout=30)
@@ -183,4 +182,5 @@ def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
             p.kill()
             p.wait()
     assert p.returncode == 2 and elapsed < 15, (p.returncode, elapsed, err)
-    assert "shard 1 (" in err and "stopped" in err and "Traceback" not in err, err
+    assert f"({endpoint}): stopped (SIGSTOP?)" in err and "Traceback" not in err, err
+    assert err.count("): stopped") == 1, err

@@ -74,6 +74,9 @@ def silence_default() -> float:
     return v
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
     """(utime + stime in ticks, state letter) of a local process, None if unreadable."""
     try:
@@ -266,7 +269,8 @@ class RangedRuntime:
             silence = self.silence_timeout_s if timeout_s is None else timeout_s
             what = msg[2] if msg[0] == "ctx" else msg[0]
             t0 = last = last_beat = time.monotonic()
-            seen: dict = {"flow": self._flows(), "cpu": self._shard_cpu(), "beat": None}
+            seen: dict = {"flow": self._flows(), "beat": None}
+            self._mark(seen, t0)
             try:
                 self._conn.send(msg)
             except OSError:
@@ -281,8 +285,9 @@ class RangedRuntime:
                 if reply is None:
                     if self._worker.poll() is not None:
                         self._fail_lost(what)
-                    if self._moved(seen):
+                    if self._moved(seen, now):
                         last = now
+                        self._mark(seen, now)
                     if now - last > silence:
                         self._fail_hung(what, silence, now - last_beat)
                     if self.call_timeout_s is not None and now - t0 > self.call_timeout_s:
@@ -300,8 +305,10 @@ class RangedRuntime:
                     if reply[1] != seen["beat"]:
                         seen["beat"] = reply[1]
                         last = now
+                        self._mark(seen, now)
                     continue  # beats are not acknowledged
                 last = now
+                self._mark(seen, now)
                 if kind == "step_begin":
                     self._step_enter(reply[1])
                 elif kind == "step_end":
@@ -319,13 +326,28 @@ class RangedRuntime:
             return []
         return [None if p is None else _proc_cpu_state(p.pid) for p in self.shards.procs]
 
-    def _moved(self, seen: dict) -> bool:
-        """True if shard bytes flowed or a local shard used CPU since the last check."""
-        flow, cpu = self._flows(), self._shard_cpu()
+    def _moved(self, seen: dict, now: float) -> bool:
+        """True if shard bytes flowed, or a local shard computed, since the last check.
+
+        Computing means CPU use of at least 5% of the time since the last progress (a
+        shard's idle watchdog thread stays far below); with relays, only shards holding an
+        unanswered request count (all shards if none does)."""
+        flow = self._flows()
         moved = [f[:2] for f in flow] != [f[:2] for f in seen["flow"]]
-        moved |= any(c and p and c[0] > p[0] for c, p in zip(cpu, seen["cpu"], strict=False))
-        seen["flow"], seen["cpu"] = flow, cpu
+        seen["flow"] = flow
+        if not moved:
+            cpu = self._shard_cpu()
+            pending = {i for i, f in enumerate(flow) if f[2] > 0} or set(range(len(cpu)))
+            span = max(now - seen["t"], 1e-3)
+            for i, (c, p) in enumerate(zip(cpu, seen["cpu"], strict=False)):
+                if i in pending and c and p and c[0] - p[0] >= 2 \
+                        and (c[0] - p[0]) / _CLK_TCK >= 0.05 * span:
+                    moved = True
         return moved
+
+    def _mark(self, seen: dict, now: float) -> None:
+        """Progress now: CPU use is measured from here."""
+        seen["cpu"], seen["t"] = self._shard_cpu(), now
 
     def _fail_hung(self, what: str, silence: float, since_beat: float):
         """No progress for ``silence`` s: name the shard that holds a request unanswered
