@@ -69,23 +69,25 @@ def test_silence_default_from_env(monkeypatch):
             silence_default()
 
 
-def test_stopped_shard_is_named_within_the_silence_limit(pair):
+@pytest.mark.parametrize(("relay", "hung"), [(True, 1), (False, 0)])
+def test_stopped_shard_is_named_within_the_silence_limit(pair, relay, hung):
     with LocalShards(2) as sh:
-        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=3) as rt:
+        with RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, silence_timeout_s=3,
+                           relay=relay) as rt:
             ctx = rt.context(CFG)
             prefill(ctx, PROMPT)
-            os.killpg(sh.procs[1].pid, signal.SIGSTOP)  # hangs, connection kept open
+            os.killpg(sh.procs[hung].pid, signal.SIGSTOP)  # hangs, connection kept open
             try:
                 t0 = time.monotonic()
                 with pytest.raises(ShardLostError) as ei:
                     ctx.decode([1], [len(PROMPT)], logits=True)
                 elapsed = time.monotonic() - t0
             finally:
-                os.killpg(sh.procs[1].pid, signal.SIGCONT)
+                os.killpg(sh.procs[hung].pid, signal.SIGCONT)
             msg = str(ei.value)
             assert 3 <= elapsed < 15, elapsed
-            assert f"shard 1 ({sh.endpoints[1]})" in msg and "stopped" in msg, msg
-            assert "shard 0" not in msg and "no progress for 3 s during decode" in msg
+            assert f"shard {hung} ({sh.endpoints[hung]}): stopped" in msg, msg
+            assert f"shard {1 - hung}" not in msg and "no progress for 3 s during decode" in msg
             with pytest.raises(SessionFailedError):
                 ctx.decode([1], [0])
 

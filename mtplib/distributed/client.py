@@ -18,7 +18,8 @@ boundary or a finished decode in the worker (its heartbeat carries a counter), b
 shard connection (the relays), or CPU time used by a local shard process. A slow but
 healthy shard keeps one of these moving; a stopped one (no bytes back to a pending
 request) is named. A dead worker, an upstream assert in the worker, and a lost shard are
-told apart (`_fail_lost`).
+told apart (`_fail_lost`). Shards this process did not start show no CPU: for them one
+shard computation longer than the limit reads as a hang (raise the limit for such shards).
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ class RangedRuntime:
                         b["endpoint"] = back.get(b["endpoint"], b["endpoint"])
             self.trunk, self.sidecar = info["trunk"], info["sidecar"]
             # loading runs over loopback; the emulated WAN applies from here on
-            for r, link in zip(self.relays.relays, wan, strict=True):
+            for r, link in zip(self.relays.relays, wan if relay else [], strict=True):
                 r.set_link(link)
         except BaseException:
             self.close()

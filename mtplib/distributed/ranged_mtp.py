@@ -49,7 +49,8 @@ class RangedMTP:
 
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
-    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs."""
+    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs.
+    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s)."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
