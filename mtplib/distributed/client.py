@@ -11,6 +11,15 @@ step (``with rt.step("verify", n_tokens=k + 1): ...``); `seam_report()` sets the
 the contract's minimum. Code that must run next to the models (e.g. a whole speculative
 loop) can run inside the worker with ``rt.call(module_level_fn, ...)`` and label its steps
 there with `worker_step`.
+
+Timeouts are by liveness, not total time: a call fails only after ``silence_timeout_s``
+(default 15 s, or $MTPLIB_SHARD_SILENCE_S) without progress. Progress is any of: a step
+boundary or a finished decode in the worker (its heartbeat carries a counter), bytes on a
+shard connection (the relays), or CPU time used by a local shard process. A slow but
+healthy shard keeps one of these moving; a stopped one (no bytes back to a pending
+request) is named. A dead worker, an upstream assert in the worker, and a lost shard are
+told apart (`_fail_lost`). Shards this process did not start show no CPU: for them one
+shard computation longer than the limit reads as a hang (raise the limit for such shards).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from pathlib import Path
 
 from mtplib.distributed.processes import LIVE, LocalShards, _kill_group, _spawn, _tail
 from mtplib.distributed.relay import WanLink
+from mtplib.distributed.worker import HEARTBEAT_S
+from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.rpc import ShardError, parse_endpoint, probe
 
@@ -44,6 +55,37 @@ class ShardLostError(ShardError):
 
 class SessionFailedError(ShardError):
     """The session already failed (a shard was lost or hung); open a new one."""
+
+
+#: default silence limit (s): a call fails after this long without progress
+SILENCE_S = 15.0
+
+
+def silence_default() -> float:
+    """$MTPLIB_SHARD_SILENCE_S if set (seconds > 0), else SILENCE_S."""
+    raw = os.environ.get("MTPLIB_SHARD_SILENCE_S", "").strip()
+    if not raw:
+        return SILENCE_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v < float("inf")):
+        raise InputError(f"MTPLIB_SHARD_SILENCE_S must be a number of seconds > 0, got {raw!r}")
+    return v
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
+    """(utime + stime in ticks, state letter) of a local process, None if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), fields[0]
 
 
 
@@ -119,12 +161,17 @@ class RangedRuntime:
     processes. ``relay=True`` puts a counting relay in front of every shard.
 
     ``trunk`` / ``sidecar`` (dicts) describe the loaded models: n_vocab, n_embd,
-    n_embd_out, n_layer, placement (layer -> endpoint, from upstream's log), buffers."""
+    n_embd_out, n_layer, placement (layer -> endpoint, from upstream's log), buffers.
+
+    ``silence_timeout_s`` (default $MTPLIB_SHARD_SILENCE_S, else 15 s): a call fails after
+    this long without progress (see the module doc); loading allows ``load_timeout_s``
+    of silence. ``call_timeout_s``: an optional cap on a call's total time (None: none)."""
 
     def __init__(self, trunk: str | Path, plan: ShardPlan | str,
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
                  shards: LocalShards | None = None, relay: bool = True,
-                 call_timeout_s: float = 120.0, load_timeout_s: float = 600.0,
+                 silence_timeout_s: float | None = None,
+                 call_timeout_s: float | None = None, load_timeout_s: float = 600.0,
                  probe_timeout_s: float = 5.0, allow_remote: bool = False,
                  wan: Sequence[WanLink] | None = None, mtp_placement: str = "tail") -> None:
         if mtp_placement not in MTP_PLACEMENTS:
@@ -154,6 +201,10 @@ class RangedRuntime:
         for ep in self.endpoints:  # a clear error naming the shard, before anything starts
             probe(ep, timeout_s=probe_timeout_s, allow_remote=allow_remote)
         self.shards = shards
+        self.silence_timeout_s = (silence_default() if silence_timeout_s is None
+                                  else float(silence_timeout_s))
+        if not 0 < self.silence_timeout_s < float("inf"):
+            raise InputError(f"silence_timeout_s must be > 0 s, got {silence_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self.failed: str | None = None
         self.tokens: dict[str, int] = {}
@@ -187,7 +238,7 @@ class RangedRuntime:
                         b["endpoint"] = back.get(b["endpoint"], b["endpoint"])
             self.trunk, self.sidecar = info["trunk"], info["sidecar"]
             # loading runs over loopback; the emulated WAN applies from here on
-            for r, link in zip(self.relays.relays, wan, strict=True):
+            for r, link in zip(self.relays.relays, wan if relay else [], strict=True):
                 r.set_link(link)
         except BaseException:
             self.close()
@@ -209,36 +260,56 @@ class RangedRuntime:
         self._conn = Connection(parent.detach())
 
     def _request(self, msg: tuple, *, timeout_s: float | None = None):
+        """Send ``msg`` and wait for its reply while something makes progress; fail after
+        ``timeout_s`` (default silence_timeout_s) of no progress."""
         with self._lock:
             if self.failed:
                 raise SessionFailedError(f"session failed earlier: {self.failed}")
             if self._conn is None:
                 raise ShardError("runtime is closed")
-            timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+            silence = self.silence_timeout_s if timeout_s is None else timeout_s
             what = msg[2] if msg[0] == "ctx" else msg[0]
-            deadline = time.monotonic() + timeout_s
+            t0 = last = last_beat = time.monotonic()
+            seen: dict = {"flow": self._flows(), "beat": None}
+            self._mark(seen, t0)
             try:
                 self._conn.send(msg)
             except OSError:
                 self._fail_lost(what)
             while True:
                 try:
-                    ready = self._conn.poll(min(0.2, max(deadline - time.monotonic(), 0)))
+                    ready = self._conn.poll(0.2)
                     reply = self._conn.recv() if ready else None
                 except (EOFError, OSError):
                     self._fail_lost(what)
+                now = time.monotonic()
                 if reply is None:
                     if self._worker.poll() is not None:
                         self._fail_lost(what)
-                    if time.monotonic() > deadline:
-                        self._fail(f"no reply to {what} within {timeout_s:.0f} s (a shard hung?); "
-                                   "the client process was killed; session failed", ShardError)
+                    if self._moved(seen, now):
+                        last = now
+                        self._mark(seen, now)
+                    if now - last > silence:
+                        self._fail_hung(what, silence, now - last_beat)
+                    if self.call_timeout_s is not None and now - t0 > self.call_timeout_s:
+                        self._fail(f"no reply to {what} within {self.call_timeout_s:.0f} s in "
+                                   "total (call_timeout_s); the client process was killed; "
+                                   "session failed", ShardError)
                     continue
                 kind = reply[0]
                 if kind == "ok":
                     return reply[1]
                 if kind == "err":
                     raise reply[1]
+                if kind == "alive":
+                    last_beat = now
+                    if reply[1] != seen["beat"]:
+                        seen["beat"] = reply[1]
+                        last = now
+                        self._mark(seen, now)
+                    continue  # beats are not acknowledged
+                last = now
+                self._mark(seen, now)
                 if kind == "step_begin":
                     self._step_enter(reply[1])
                 elif kind == "step_end":
@@ -248,25 +319,89 @@ class RangedRuntime:
                 except OSError:
                     self._fail_lost(what)
 
+    def _flows(self) -> list[tuple[int, int, int]]:
+        return [r.flow() for r in self.relays.relays]
+
+    def _shard_cpu(self) -> list[tuple[int, str] | None]:
+        if self.shards is None:
+            return []
+        return [None if p is None else _proc_cpu_state(p.pid) for p in self.shards.procs]
+
+    def _moved(self, seen: dict, now: float) -> bool:
+        """True if shard bytes flowed, or a local shard computed, since the last check.
+
+        Computing means CPU use of at least 5% of the time since the last progress (a
+        shard's idle watchdog thread stays far below); with relays, only shards holding an
+        unanswered request count (all shards if none does)."""
+        flow = self._flows()
+        moved = [f[:2] for f in flow] != [f[:2] for f in seen["flow"]]
+        seen["flow"] = flow
+        if not moved:
+            cpu = self._shard_cpu()
+            pending = {i for i, f in enumerate(flow) if f[2] > 0} or set(range(len(cpu)))
+            span = max(now - seen["t"], 1e-3)
+            for i, (c, p) in enumerate(zip(cpu, seen["cpu"], strict=False)):
+                if i in pending and c and p and c[0] - p[0] >= 2 \
+                        and (c[0] - p[0]) / _CLK_TCK >= 0.05 * span:
+                    moved = True
+        return moved
+
+    def _mark(self, seen: dict, now: float) -> None:
+        """Progress now: CPU use is measured from here."""
+        seen["cpu"], seen["t"] = self._shard_cpu(), now
+
+    def _fail_hung(self, what: str, silence: float, since_beat: float):
+        """No progress for ``silence`` s: name the shard that holds a request unanswered
+        (relays), or a local shard that is stopped/gone, else blame the worker."""
+        hung = [i for i, f in enumerate(self._flows()) if f[2] > 0]
+        states = self._shard_cpu()
+        stopped = [i for i, c in enumerate(states) if c is None or c[1] in "TtZX"]
+        cause = {i: "stopped (SIGSTOP?)" if states and states[i] and states[i][1] in "Tt"
+                 else "no reply to a pending request" for i in hung}
+        for i in stopped:
+            cause.setdefault(i, "stopped (SIGSTOP?)" if states[i] and states[i][1] in "Tt"
+                             else "gone")
+        who = sorted(cause)
+        step = f" (step {self._frames[-1]['label']!r})" if self._frames else ""
+        limit = f"no progress for {silence:.0f} s during {what}{step}"
+        if who:
+            names = ", ".join(f"shard {i} ({self.endpoints[i]}): {cause[i]}" for i in who)
+            self._fail(f"{names}, of plan {self.plan}: hung, {limit}; the client process was "
+                       "killed; session failed: restart the shard and open a new session "
+                       "(re-prefill) to resume", ShardLostError)
+        w = _proc_cpu_state(self._worker.pid) if self._worker is not None else None
+        beats = ("its process is stopped (SIGSTOP?) and stopped sending heartbeats"
+                 if w and w[1] in "Tt" else "and it stopped sending heartbeats"
+                 if since_beat > 1.5 * HEARTBEAT_S else "while its heartbeat went on")
+        tail = " | ".join(_tail(self.worker_log, 600).splitlines()[-4:])
+        self._fail(f"the client worker made {limit} ({beats}); no shard has a request "
+                   f"pending; the client process was killed; session failed"
+                   + (f"; worker log: {tail!r}" if tail else ""), ShardError)
+
     def _fail(self, reason: str, exc_type=ShardLostError):
         self.failed = reason
         self._stop_worker()
         raise exc_type(reason)
 
     def _fail_lost(self, what: str):
+        """The worker ended: a lost shard (its process died, or it closed the connection),
+        an upstream assert in the worker, or the worker itself dying, told apart."""
         rc = None
         if self._worker is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rc = self._worker.wait(timeout=5)
-        lost = self.lost_shards()
+        log = _tail(self.worker_log, 4000)
         note = ""
-        for line in _tail(self.worker_log, 4000).splitlines():
+        for line in log.splitlines():
             if any(k in line for k in ("GGML_ASSERT", "GGML_ABORT", "RPC server", "Error",
                                        "error")):
                 note = line.strip()
         how = ("killed by signal " + signal.Signals(-rc).name if rc is not None and rc < 0
                else f"exit code {rc}")
-        if lost:
+        lost = self.lost_shards()
+        client_assert = (("GGML_ASSERT" in note or "GGML_ABORT" in note)
+                         and "RPC server" not in note)
+        if lost and not client_assert:
             names = ", ".join(f"shard {i} ({self.endpoints[i]})" for i in lost)
             reason = (f"{names} of plan {self.plan} lost during {what}: the RPC client "
                       f"process ended ({how}"
@@ -274,11 +409,15 @@ class RangedRuntime:
                          if rc == -signal.SIGABRT else "")
                       + (f": {note!r}" if note else "") + "); session failed: restart the "
                       "shard and open a new session (re-prefill) to resume")
+            self._fail(reason, ShardLostError)
+        if client_assert:
+            reason = (f"the client worker aborted during {what} on an upstream assert "
+                      f"({how}): {note!r}; the shards are not at fault; session failed")
         else:
-            reason = (f"the RPC client process died during {what} ({how}"
-                      + (f": {note!r}" if note else "") + "); every shard still answers; "
-                      "session failed")
-        self._fail(reason, ShardLostError if lost else ShardError)
+            tail = " | ".join(log.splitlines()[-4:])
+            reason = (f"the client worker died during {what} ({how}); no shard was lost; "
+                      "session failed" + (f"; worker log: {tail!r}" if tail else ""))
+        self._fail(reason, ShardError)
 
     def lost_shards(self) -> list[int]:
         """Indices of shards seen lost: dead local processes, relays closed by the shard,
@@ -287,15 +426,16 @@ class RangedRuntime:
             dead = [i for i, ok in enumerate(self.shards.alive()) if not ok]
             if dead:
                 return dead
-        by_relay = [i for i, r in enumerate(self.relays.relays) if r.lost_by_shard()]
+        by_relay = [i for i, r in enumerate(self.relays.relays) if r.closed_first_by_shard()]
         if by_relay:
             return by_relay
         out = []
         for i, ep in enumerate(self.endpoints):
             try:
                 probe(ep, timeout_s=0.5)
-            except ShardError:
-                out.append(i)
+            except ShardError as e:  # "busy" is alive: it may still serve the dead worker
+                if "unreachable" in str(e) or "closed the connection" in str(e):
+                    out.append(i)
         return out
 
     def _stop_worker(self) -> None:

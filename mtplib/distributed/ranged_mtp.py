@@ -49,12 +49,14 @@ class RangedMTP:
 
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
-    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs."""
+    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs.
+    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s)."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                  allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                 mtp_placement: str = "tail", policy: Policy | str | None = None) -> None:
+                 mtp_placement: str = "tail", policy: Policy | str | None = None,
+                 silence_timeout_s: float | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
@@ -82,7 +84,8 @@ class RangedMTP:
                     LocalShards(self.plan.n_shards, shard_threads))
             self.rt = self._stack.enter_context(RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
-                sidecar=sidecar, wan=links, mtp_placement=mtp_placement))
+                sidecar=sidecar, wan=links, mtp_placement=mtp_placement,
+                silence_timeout_s=silence_timeout_s))
         except BaseException:
             self._stack.close()
             raise

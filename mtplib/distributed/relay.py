@@ -379,6 +379,22 @@ class CountingRelay:
         with self._lock:
             self.events.append({"t": time.time(), "event": what, **kw})
 
+    def flow(self) -> tuple[int, int, int]:
+        """(bytes client->shard, bytes shard->client, requests awaiting the shard's reply)
+        now; read-only, for liveness checks (byte totals restart at `reset`)."""
+        with self._lock:
+            up = sum(c["up"] for c in self.counts.values())
+            down = sum(c["down"] for c in self.counts.values())
+            pending = sum(len(c.parsers[0].expect) for c in self._conns
+                          if not c.closed.is_set())
+        return up, down, pending
+
+    def closed_first_by_shard(self) -> bool:
+        """True if a connection was closed by the shard's side first (the shard died or
+        hung up), not as the echo of the client closing; read-only."""
+        with self._lock:
+            return any(c.closed_by == "shard" for c in self._conns)
+
     def lost_by_shard(self) -> bool:
         """True if a connection was closed from the shard's side (the shard died)."""
         with self._lock:

@@ -4,6 +4,12 @@ It loads the trunk across the shards (and the sidecar on the tail), creates cont
 answers requests from `RangedRuntime` over a pipe. Functions run here through
 ``RangedRuntime.call`` label their steps with `worker_step`, so the relays in front of the
 shards attribute every byte to a step kind.
+
+Liveness: while a request runs, a heartbeat thread sends ``("alive", progress, busy_s)``
+about once a second. ``progress`` counts finished work (requests, steps, decodes), not
+time: a shard that stops answering leaves upstream's call blocked while this thread still
+beats, so the parent fails a call when progress (and the shard bytes) stand still, not when
+beats stop. Every send goes through one lock, so a beat never interleaves with a reply.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
@@ -20,6 +28,37 @@ from mtplib.runtime.lib import UpstreamError
 
 # -- the worker (client side, in its own process) ---------------------------------------
 _worker_conn: Connection | None = None
+_send_lock = threading.Lock()
+#: finished units of work (requests, step boundaries, decodes); sent with every heartbeat
+_progress = 0
+#: monotonic start of the request being handled, None between requests
+_busy_since: float | None = None
+HEARTBEAT_S = 1.0
+
+
+def _send(conn: Connection, msg: tuple) -> None:
+    with _send_lock:
+        conn.send(msg)
+
+
+def _advance() -> None:
+    global _progress
+    _progress += 1
+
+
+def _heartbeat(conn: Connection, period_s: float = HEARTBEAT_S) -> None:
+    """Beat while a request runs (never between requests, so no stale beat is read as a
+    reply); ends with the connection."""
+    while True:
+        time.sleep(period_s)
+        with _send_lock:
+            since = _busy_since
+            if since is None:
+                continue
+            try:
+                conn.send(("alive", _progress, time.monotonic() - since))
+            except (OSError, ValueError):
+                return
 
 
 @contextlib.contextmanager
@@ -30,12 +69,14 @@ def worker_step(label: str, n_tokens: int | None = None) -> Iterator[None]:
     if conn is None:
         yield
         return
-    conn.send(("step_begin", label))
+    _advance()
+    _send(conn, ("step_begin", label))
     conn.recv()
     try:
         yield
     finally:
-        conn.send(("step_end", label, n_tokens))
+        _advance()
+        _send(conn, ("step_end", label, n_tokens))
         conn.recv()
 
 
@@ -96,6 +137,7 @@ def _handle(models: Models, msg: tuple):
             # upstream's decode returns with the shards still computing (the logits are
             # fetched at the next read): wait here, so a step's bytes are all in the step
             ctx.llama.llama_synchronize(ctx.ptr)
+            _advance()
             return ctx.last_n_outputs, ctx.last_decode_len
         return out
     if op == "free":
@@ -109,10 +151,11 @@ def _handle(models: Models, msg: tuple):
 
 def main() -> None:
     """Entry point of the client worker: ``python -c ... FD PARENT_PID``."""
-    global _worker_conn
+    global _worker_conn, _busy_since
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
     die_with_parent(parent)
     conn = _worker_conn = Connection(fd)
+    threading.Thread(target=_heartbeat, args=(conn,), daemon=True, name="heartbeat").start()
     models = Models()
     import pickle
 
@@ -124,7 +167,7 @@ def main() -> None:
         try:
             msg = pickle.loads(raw)
         except Exception as e:  # noqa: BLE001 - e.g. a function this process cannot import
-            conn.send(("err", UpstreamError(f"the client worker cannot unpickle the request: "
+            _send(conn, ("err", UpstreamError(f"the client worker cannot unpickle the request: "
                                             f"{type(e).__name__}: {e}")))
             continue
         if msg[0] == "close":
@@ -134,8 +177,9 @@ def main() -> None:
                 if m is not None:
                     m.close()
             with contextlib.suppress(OSError):
-                conn.send(("ok", None))
+                _send(conn, ("ok", None))
             break
+        _busy_since = time.monotonic()
         try:
             reply = ("ok", _handle(models, msg))
         except Exception as e:  # noqa: BLE001 - every error goes back to the caller
@@ -144,7 +188,10 @@ def main() -> None:
                 reply = ("err", e)
             except Exception:  # noqa: BLE001
                 reply = ("err", UpstreamError(f"{type(e).__name__}: {e}"))
-        conn.send(reply)
+        with _send_lock:  # no beat after the reply: the parent reads it as the answer
+            _busy_since = None
+            _advance()
+            conn.send(reply)
     os._exit(0)
 
 
