@@ -29,7 +29,7 @@ def test_ranged_equals_whole_mtp_off_and_on(pair, whole, plan):
             assert toks == whole[0][0]
             if k:
                 assert m["drafted"] == whole[k][1]["drafted"]
-                assert m["mtp_placement"] == [tail]  # the MTP block lives on the tail shard
+                assert m["mtp_placement"] == "tail" and m["mtp_endpoints"] == [tail]  # on the tail
                 assert {"prefill", "verify", "draft"} <= set(m["seam_bytes_per_token"])
                 # MTP runs on the tail: drafting moves far less than a verify step
                 assert m["seam_bytes_per_token"]["draft"] < m["seam_bytes_per_token"]["verify"]
