@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     except MtplibError as e:  # bad input, or upstream/a shard/a tool refused: one line
         print(f"mtplib {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+            FileExistsError) as e:  # a path the user gave: say which, and why
+        print(f"mtplib {args.cmd}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `mtplib ... | head`: the reader left; not an error of ours
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read

@@ -40,18 +40,19 @@ def run(a: argparse.Namespace) -> int:
         return _cost_ratio(a, log)
     if a.sweep:
         return _sweep(a, log)
+    if not a.build_only:  # inputs first: the build takes about 9 minutes
+        if not a.model or not a.mtp:
+            raise InputError("--model and --mtp are required (or --build-only)")
+        from mtplib.model.gguf_header import read_header
+        from mtplib.runtime.model import check_pair
+
+        check_pair(read_header(a.model), read_header(a.mtp))
     bindir = U.build_tools(sdist=a.sdist, jobs=a.jobs, force=a.rebuild, log=log)
     log(f"upstream tools: {bindir}")
     if a.build_only:
         print(json.dumps({"bin": str(bindir),
                           "flags": U.check_flags(bindir / "llama-server")}, indent=2))
         return 0
-    if not a.model or not a.mtp:
-        raise InputError("--model and --mtp are required (or --build-only)")
-    from mtplib.model.gguf_header import read_header
-    from mtplib.runtime.model import check_pair
-
-    check_pair(read_header(a.model), read_header(a.mtp))
     rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
     settings = replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx,
                        swa_full=a.swa_full == "on")
