@@ -30,7 +30,7 @@ def test_links_per_topology():
 def _row(k, rtt, tok_s, tps, waits, *, topo="remote", place="client", tokens=(1, 2)):
     return {"plan": "0-1,2-3", "topology": topo, "placement": place if k else "-", "k": k,
             "rtt_ms": rtt, "prompt": 0, "rep": 0, "decode_tok_s": tok_s,
-            "tokens_per_step": tps, "accepted": 2 * k, "drafted": 3 * k,
+            "tokens_per_step": tps, "accepted": 2 * k, "drafted": 3 * k, "n_generated": 12,
             "waits_per_step": {"verify": waits, "decode": 3.0} if k else {"decode": waits},
             "waits_decode_phase": waits / tps, "cache_bytes_crossing": 0,
             "tokens": list(tokens), "wire_bytes_by_class": {}}
