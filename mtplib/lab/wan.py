@@ -346,7 +346,8 @@ def save(result: dict, out_dir) -> dict:
     p.write_text(json.dumps(data, indent=1, default=str) + "\n")
     c = out / "wan_summary.csv"
     with c.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["empty"])
+        w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["empty"],
+                           lineterminator="\n")
         w.writeheader()
         w.writerows(summary)
     return {"json": p, "csv": c}
