@@ -206,4 +206,3 @@ def _run_ranged(a) -> int:
     for v in m["wire_violations"]:
         print("contract violation:", v)
     return 0
-

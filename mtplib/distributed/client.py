@@ -618,5 +618,3 @@ class RangedRuntime:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

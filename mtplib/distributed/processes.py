@@ -228,5 +228,3 @@ class LocalShards:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

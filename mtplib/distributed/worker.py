@@ -202,4 +202,3 @@ def tokenize(models: Models, text: str) -> list[int]:
 
 def detokenize(models: Models, tokens: list[int]) -> str:
     return models.trunk.detokenize(tokens)
-

@@ -212,4 +212,3 @@ def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3,
             dm.close()
         raise
     return llm
-

@@ -30,5 +30,3 @@ class TrainedPair:
 def trained_paths(root: str | Path | None = None) -> TrainedPair:
     d = Path(root) if root is not None else EVIDENCE_DIR
     return TrainedPair(d / TRUNK_NAME, d / SIDECAR_NAME, d / PARITY_NAME)
-
-
