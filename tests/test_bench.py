@@ -262,3 +262,14 @@ def test_unmeasured_memory_is_missing_not_zero(tmp_path):
     back = pd.read_csv(csv)
     assert back.loc[back["plan"] != "whole", "rss_peak_mib"].isna().all()
     assert fmt(summ[("whole", 0)]["mtp_seq_state_kib"], 2) == "n/a"
+
+
+def test_bench_takes_a_wan_for_its_ranged_plans():
+    import subprocess
+    import sys
+
+    cfg = B.BenchConfig.from_dict({"plans": ["whole", "0-1,2-3"], "wan": "50:100"})
+    assert cfg.wan == "50:100"
+    r = subprocess.run([sys.executable, "-m", "mtplib.cli", "bench", "--wan", "5,6,7",
+                        "--quiet"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "one per shard" in r.stderr and "Traceback" not in r.stderr

@@ -33,6 +33,15 @@ def run(a: argparse.Namespace) -> int:
         lane.policy = a.policy
     check_lane_requirements(lane)
     cfg = B.BenchConfig.from_dict(lane.bench, threads=lane.threads, policy=lane.policy)
+    if a.wan is not None:
+        from dataclasses import replace
+
+        from mtplib.distributed.relay import parse_wan
+
+        for plan in cfg.plans:  # refuse a malformed value before anything runs
+            if plan != "whole":
+                parse_wan(a.wan, plan.count(",") + 1)
+        cfg = replace(cfg, wan=a.wan)
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
     record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out")
     record["policy"] = cfg.policy
@@ -73,6 +82,9 @@ def register(sub) -> None:
     b.add_argument("--params", default="params/cpu-fixture.yaml", help="lane params YAML")
     b.add_argument("--out", help="output directory (default: outputs/<run-id>-bench)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    b.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]", default=None,
+                   help="ranged plans: emulate a WAN in front of each shard (as generate "
+                   "--wan; default: the lane's bench.wan, else loopback)")
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")

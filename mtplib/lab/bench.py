@@ -103,6 +103,9 @@ class BenchConfig:
     #: bench compares MTP off with on: under a policy that disables MTP (alpha) it refuses
     #: to run (`check_requirements`) instead of measuring MTP off alone.
     policy: str | None = None
+    #: ranged plans only: the emulated WAN in front of each shard, as `generate --wan`
+    #: ("RTT_MS[:MBIT]" for every shard, or one per shard, comma-separated); None: loopback
+    wan: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None, *, threads: int | None = None,
@@ -288,7 +291,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     from mtplib.runtime.speculative import EngineOptions
 
     rows = []
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy) as r:
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy, wan=cfg.wan) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)
             for i, spec in enumerate(cfg.prompts):
