@@ -106,7 +106,7 @@ def trained_prompts(n: int, length: int) -> list[list[int]]:
     return prompts_from(docs, n=n, length=length, seed=0)
 
 
-def _row(m: dict, **kw) -> dict:
+def _row(m: dict, tokens: list[int], **kw) -> dict:
     steps = (m.get("verify_steps") or 0) + (m.get("plain_steps") or 0)
     return {**kw,
             "decode_tok_s": m["decode_tok_s"], "ttft_s": m["ttft_s"],
@@ -120,7 +120,7 @@ def _row(m: dict, **kw) -> dict:
             "cache_bytes_crossing": m["cache_bytes_crossing"],
             "wire_violations": m["wire_violations"],
             "waits_decode_phase": _decode_waits(m),
-            "tokens": m.get("_tokens")}
+            "tokens": tokens}
 
 
 def _decode_waits(m: dict) -> float | None:
@@ -147,7 +147,9 @@ def run_wan(trunk: str, sidecar: str, cfg: WanConfig, prompts: Sequence[Sequence
     rows: list[dict] = []
     groups = [(plan, topo, place) for plan in cfg.plans for topo in cfg.topologies
               for place in cfg.placements]
-    total = len(groups) * len(cfg.rtts_ms) * len(cfg.ks) * len(prompts) * cfg.reps
+    n_off = sum(1 for k in cfg.ks if k == 0)  # MTP off: measured in one placement only
+    per_rtt = (len(cfg.ks) - n_off) * len(groups) + n_off * len(groups) // len(cfg.placements)
+    total = per_rtt * len(cfg.rtts_ms) * len(prompts) * cfg.reps
     done = 0
     for plan, topo, place in groups:
         log(f"plan {plan}, {topo}, MTP on the {place}")
@@ -168,16 +170,16 @@ def run_wan(trunk: str, sidecar: str, cfg: WanConfig, prompts: Sequence[Sequence
                     for pi, prompt in enumerate(prompts):
                         for rep in range(cfg.reps):
                             toks, m = r.generate(list(prompt), cfg.n_new, opts)
-                            m["_tokens"] = toks
-                            rows.append(_row(m, plan=plan, topology=topo,
+                            rows.append(_row(m, toks, plan=plan, topology=topo,
                                              placement=place if k else "-", rtt_ms=rtt, k=k,
                                              prompt=pi, rep=rep))
                             done += 1
                             if progress:
                                 progress(done, total)
+                    med = median_or_none(x["decode_tok_s"]
+                                         for x in rows[-len(prompts) * cfg.reps:])
                     log(f"  rtt {rtt:g} ms k={k}: "
-                        f"{median_or_none(x['decode_tok_s'] for x in rows[-len(prompts):]):.2f}"
-                        " tok/s")
+                        + ("n/a" if med is None else f"{med:.2f}") + " tok/s")
     return {"config": asdict(cfg), "rows": rows, "wall_s": time.time() - t0}
 
 

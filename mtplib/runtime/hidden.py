@@ -261,6 +261,22 @@ class HeadWeights:
         return (float(np.abs(self.logits(rows) - ref).max()), float(np.abs(ref).max()))
 
 
+_HEADS: dict[tuple, HeadWeights] = {}
+
+
+def client_head(path: str | Path) -> HeadWeights:
+    """The full-vocabulary float32 head of a trunk file, read once per file version: a
+    runtime that runs the output head itself builds an engine per generation (ranged), and
+    the head's weights (for V4-Flash about a gigabyte) need not be read again each time."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _HEADS:
+        _HEADS.clear()  # one trunk at a time in a process
+        _HEADS[key] = HeadWeights(p, full=True, dtype=np.float32)
+    return _HEADS[key]
+
+
 def logits_consistent(diff: float, scale: float) -> bool:
     return bool(np.isfinite(diff) and diff <= LOGITS_RTOL * max(1.0, scale))
 

@@ -503,9 +503,9 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
             force_reserve(target)
         head = None
         if client_head:
-            from mtplib.runtime.hidden import HeadWeights
+            from mtplib.runtime.hidden import client_head as head_of
 
-            head = HeadWeights(trunk.path, full=True, dtype=np.float32).logits
+            head = head_of(trunk.path).logits
         if use_mtp:
             # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
             mtp_ctx = Context(sidecar, ContextConfig.from_settings(
