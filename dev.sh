@@ -3,7 +3,8 @@
 #
 #   ./dev.sh run  [--params FILE]   run every notebook on a lane (default: params/cpu-fixture.yaml)
 #   ./dev.sh test [PYTEST ARGS]     run the test suite
-#   ./dev.sh lab                    open JupyterLab with the project's kernel
+#   ./dev.sh lab [LAB ARGS]         JupyterLab at the repo root with the `mtplib` kernel; prints the URL
+#   ./dev.sh notebooks              sync notebooks/*.py <-> *.ipynb (jupytext) and strip outputs
 #   ./dev.sh setup                  only create/refresh .venv (and the patched upstream)
 #   ./dev.sh patched                only build/install the patched upstream (patches/*.patch)
 #
@@ -80,6 +81,10 @@ setup() {
     "$PY" -m ipykernel install --sys-prefix --name mtplib --display-name "mtplib (.venv)" >/dev/null
     echo "$want" > "$stamp"
   fi
+  # the kernel notebooks and lanes name: this venv's interpreter, whatever else is on the path
+  if [ ! -f "$VENV/share/jupyter/kernels/mtplib/kernel.json" ]; then
+    "$PY" -m ipykernel install --sys-prefix --name mtplib --display-name "mtplib (.venv)" >/dev/null
+  fi
 }
 
 # The patch set under patches/ (upstream fixes mtplib needs for shard-local V4 caches): the
@@ -132,7 +137,36 @@ case "$cmd" in
   lab)
     setup
     cd "$ROOT"
-    exec "$VENV/bin/jupyter" lab --notebook-dir "$ROOT/notebooks" "$@" ;;
-  help|-h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) log "unknown command '$cmd'"; sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    # a free port and our own token, so the URL printed here is the one that works; root
+    # (this project's machines) needs --allow-root; no browser where there is no display
+    port="${MTPLIB_LAB_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+    token="$("$PY" -c 'import secrets; print(secrets.token_hex(16))')"
+    extra=()
+    [ "$(id -u)" = 0 ] && extra+=(--allow-root)
+    [ -z "${DISPLAY:-}" ] && extra+=(--no-browser)
+    log "JupyterLab at the repo root, kernel 'mtplib (.venv)': http://127.0.0.1:$port/lab?token=$token"
+    exec "$VENV/bin/jupyter" lab --ServerApp.root_dir="$ROOT" --ServerApp.ip=127.0.0.1 \
+      --ServerApp.port="$port" --ServerApp.port_retries=0 --IdentityProvider.token="$token" \
+      --MappingKernelManager.default_kernel_name=mtplib \
+      "${extra[@]}" "$@" ;;
+  notebooks)
+    setup
+    cd "$ROOT"
+    "$VENV/bin/jupytext" --sync notebooks/[0-9]*.py
+    "$PY" - notebooks/[0-9]*.ipynb <<'EOF'
+import sys
+
+import nbformat
+
+for p in sys.argv[1:]:  # committed notebooks carry no outputs
+    nb = nbformat.read(p, as_version=4)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs, c.execution_count = [], None
+        c.metadata.pop("execution", None)
+    nbformat.write(nb, p)
+EOF
+    ;;
+  help|-h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) log "unknown command '$cmd'"; sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -84,34 +84,6 @@ def test_upstream_logs_silent_by_default(pair):
     assert "llama_model_loader" in r.stderr
 
 
-def test_committed_notebooks_have_no_outputs():
-    nbs = sorted((REPO / "notebooks").glob("*.ipynb"))
-    assert nbs
-    for p in nbs:
-        nb = nbformat.read(str(p), as_version=4)
-        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-        assert len(tagged) == 1, f"{p.name}: needs exactly one 'parameters' cell"
-        for c in nb.cells:
-            if c.cell_type == "code":
-                assert not c.outputs and c.execution_count is None, f"{p.name} has outputs"
-
-
-def test_committed_notebooks_match_their_sources():
-    """notebooks/*.ipynb are written by tools/nbwrite.py from tools/notebooks_src.py."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("notebooks_src",
-                                                  REPO / "tools" / "notebooks_src.py")
-    src = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(src)
-    for name, cells in src.NOTEBOOKS.items():
-        nb = nbformat.read(str(REPO / "notebooks" / name), as_version=4)
-        got = [(c.cell_type, c.source) for c in nb.cells]
-        want = [("markdown" if kind == "md" else "code", text.strip("\n"))
-                for kind, text in cells]
-        assert got == want, f"{name} differs from tools/notebooks_src.py: run tools/nbwrite.py"
-
-
 def test_every_lane_file_parses():
     for p in sorted((REPO / "params").glob("*.yaml")):
         assert load_lane(p).notebooks

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -363,6 +364,41 @@ def _merge_seam_bytes(run_dir: Path, record: dict) -> None:
         record["seam_bytes"] = rows
 
 
+#: The kernelspec notebooks and lanes run on (``./dev.sh setup`` installs it into the venv).
+KERNEL = "mtplib"
+
+
+def kernel_env() -> dict[str, str]:
+    """The environment under which papermill finds *this* interpreter's ``mtplib`` kernel.
+
+    The venv's kernelspec (``<prefix>/share/jupyter/kernels``) comes after the user's on
+    Jupyter's search path, so another checkout's ``mtplib`` (or ``python3``) kernel could win
+    and import its own mtplib: put ours first, then check the spec found is ours."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ours = str(Path(sys.prefix) / "share" / "jupyter")
+    path = [ours] + [d for d in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
+                     if d and d != ours]
+    env = {"JUPYTER_PATH": os.pathsep.join(path)}
+    before = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = env["JUPYTER_PATH"]
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        raise LaneError(f"no '{KERNEL}' Jupyter kernel in {ours}: run ./dev.sh setup "
+                        "(it installs the kernel for this venv)") from None
+    finally:
+        if before is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = before
+    exe = Path(spec.argv[0])
+    if not (exe.exists() and exe.parent.resolve() == Path(sys.executable).parent.resolve()):
+        raise LaneError(f"the '{KERNEL}' kernel ({spec.resource_dir}) runs {exe}, not this "
+                        f"interpreter {sys.executable}: run ./dev.sh setup")
+    return env
+
+
 def new_run_id(lane: str) -> str:
     return run_stamp() + "-" + re.sub(r"[^\w.-]", "_", lane)
 
@@ -408,6 +444,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
 
     lane = load_lane(params)
     check_lane_requirements(lane)
+    kenv = kernel_env()  # before the run folder exists: a wrong kernel leaves nothing behind
     run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
     record, models = open_run(lane, run_dir, argv=argv)
     record_path = run_dir / "run_record.json"
@@ -416,8 +453,9 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     # this environment: MTPRuntime and RangedMTP default to it)
     policy = resolve_policy(lane.policy).name
     record["policy"] = policy
-    env_before = os.environ.get(POLICY_ENV)
-    os.environ[POLICY_ENV] = policy
+    env = {POLICY_ENV: policy, **kenv}
+    env_before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
             name = item["notebook"]
@@ -433,7 +471,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
             record["notebooks"].append(entry)
             try:
                 pm.execute_notebook(str(NOTEBOOKS / name), str(out_nb), parameters=params_in,
-                                    kernel_name="python3", progress_bar=progress,
+                                    kernel_name=KERNEL, progress_bar=progress,
                                     cwd=str(run_dir), log_output=False)
                 entry["status"] = "ok"
             except Exception as e:
@@ -458,10 +496,11 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                 for story in lane.evidence]
         status = "ok"
     finally:
-        if env_before is None:
-            os.environ.pop(POLICY_ENV, None)
-        else:
-            os.environ[POLICY_ENV] = env_before
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         record["ended"] = now_iso()
         record["status"] = status
         write_json(record_path, record)
