@@ -35,7 +35,7 @@ def register(sub) -> None:
                        "says failed.")
     r.add_argument("--params", default=str(paths.DEFAULT_LANE),
                    help="lane params YAML (the default is the repo's, from any directory)")
-    r.add_argument("--out", default=str(paths.OUTPUTS), help="output root (the repo's outputs/)")
+    r.add_argument("--out", default=str(paths.OUTPUTS), help="output root")
     r.add_argument("--run-id", help="run directory name (default: timestamp-lane)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_json_arg(r, '{"run_dir", "run_record", "status"} (no progress bars)')
