@@ -1,7 +1,9 @@
 """`mtplib` command line. Each sub-command lives in mtplib/commands/<name>.py.
 
 Errors that come from bad input print one line saying what is wrong and what to do, and
-exit 2; upstream is never reached with an input it would abort on.
+exit 2; upstream is never reached with an input it would abort on. Every verb takes
+``--json``: its result is then one JSON object on stdout, and so is any error
+(``{"error", "kind", "type", "command", "exit"}``), with the same exit codes.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import sys
 
+from mtplib import paths, pins
 from mtplib.commands import COMMANDS
-from mtplib.errors import CheckFailed, MtplibError
+from mtplib.errors import CheckFailed, InputError, MtplibError, UpstreamFault
 
 EPILOG = """examples:
   mtplib fixture --out fixtures                      # tiny V4 trunk + mtp- sidecar
@@ -23,38 +27,137 @@ EPILOG = """examples:
 """
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One formatter for every parser: each option's default is shown (unless it is None,
+    a flag's False, or the help already says it), and text with its own line breaks (the
+    examples) is kept as written while plain paragraphs are wrapped."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if ("%(default)" in text or not action.option_strings or d is None
+                or d is argparse.SUPPRESS or isinstance(d, bool)):
+            return text
+        shown = ",".join(map(str, d)) if isinstance(d, tuple | list) else str(d)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+class UsageError(Exception):
+    """argparse refused the command line; main() prints it (as JSON under --json)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose sub-parsers share HelpFormatter and whose usage errors reach
+    main() as UsageError instead of exiting, so that --json can answer them in JSON."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self, message)
+
+
+def version() -> str:
+    """mtplib's version (this checkout's pyproject.toml, else the installed metadata) and
+    the pinned upstream it is built against (two lines: kept as written by the formatter)."""
+    v = "unknown"
+    try:
+        import tomllib
+
+        v = tomllib.loads((paths.REPO / "pyproject.toml").read_text())["project"]["version"]
+    except (OSError, KeyError, ValueError):
+        from importlib import metadata
+
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            v = metadata.version("mtplib")
+    return (f"mtplib {v}\npinned: llama-cpp-python {pins.LLAMA_CPP_PYTHON_VERSION}, "
+            f"llama.cpp {pins.LLAMA_CPP_COMMIT}, CMAKE_ARGS {pins.CMAKE_ARGS}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="mtplib", description="DeepSeek-V4 multi-token prediction (MTP) on upstream "
         "llama.cpp: tiny V4 fixtures, the ownership contract, the MTP runtime, and "
-        "papermill evidence runs.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "papermill evidence runs. Every command takes --json: one JSON object on stdout, "
+        "errors included.", epilog=EPILOG)
+    p.add_argument("--version", action="version", version=version(),
+                   help="print mtplib's version and the pinned llama-cpp-python/llama.cpp")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"mtplib.commands.{name.replace('-', '_')}").register(sub)
     return p
 
 
+def _command(argv: list[str]) -> str | None:
+    """The sub-command named in argv (for errors raised before parsing finished)."""
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def _kind(e: BaseException) -> str:
+    if isinstance(e, CheckFailed):
+        return "check-failed"
+    if isinstance(e, InputError):
+        return "input"
+    if isinstance(e, UpstreamFault):
+        return "upstream"
+    if isinstance(e, OSError):
+        return "file"
+    return "error"
+
+
+def _fail(cmd: str | None, as_json: bool, code: int, kind: str, etype: str, msg: str,
+          prefix: str = "error") -> int:
+    """Report a failure once: one line on stderr, or one JSON object on stdout."""
+    if as_json:
+        print(json.dumps({"error": msg, "kind": kind, "type": etype, "command": cmd,
+                          "exit": code}), flush=True)
+    else:
+        print(f"mtplib {cmd}: {prefix}: {msg}" if cmd else f"mtplib: {prefix}: {msg}",
+              file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        if as_json:
+            return _fail(_command(argv), True, 2, "usage", "UsageError", e.message)
+        e.parser.print_usage(sys.stderr)
+        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        return 2
+    as_json = bool(getattr(args, "json", False))
+    cmd = args.cmd
     try:
         return int(args.fn(args) or 0)
     except CheckFailed as e:  # a check ran and found a fault
-        print(f"mtplib {args.cmd}: check failed: {e}", file=sys.stderr)
-        return 1
+        return _fail(cmd, as_json, 1, _kind(e), type(e).__name__, str(e), "check failed")
     except MtplibError as e:  # bad input, or upstream/a shard/a tool refused: one line
-        print(f"mtplib {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(cmd, as_json, 2, _kind(e), type(e).__name__, str(e))
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
             FileExistsError) as e:  # a path the user gave: say which, and why
-        print(f"mtplib {args.cmd}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
-        return 2
+        return _fail(cmd, as_json, 2, "file", type(e).__name__,
+                     f"{e.strerror or e}: {e.filename}")
     except BrokenPipeError:  # `mtplib ... | head`: the reader left; not an error of ours
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read
         return 0
     except KeyboardInterrupt:
-        print(f"mtplib {args.cmd}: interrupted", file=sys.stderr)
+        if as_json:
+            return _fail(cmd, True, 130, "interrupted", "KeyboardInterrupt", "interrupted")
+        print(f"mtplib {cmd}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -10,3 +10,5 @@ EVIDENCE = REPO / "evidence"
 OUTPUTS = REPO / "outputs"
 PARAMS = REPO / "params"
 NOTEBOOKS = REPO / "notebooks"
+#: the lane `mtplib run` and `mtplib bench` use when --params is not given
+DEFAULT_LANE = PARAMS / "cpu-fixture.yaml"

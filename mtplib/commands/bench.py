@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from mtplib import paths
+from mtplib.commands.common import add_json_arg
 
 
 def run(a: argparse.Namespace) -> int:
@@ -57,6 +59,11 @@ def run(a: argparse.Namespace) -> int:
     record.update(ended=now_iso(), status="ok")
     write_json(out / "run_record.json", record)
     data = B.load(out / "bench")
+    if a.json:
+        print(json.dumps({"out": str(out), "bench_json": str(saved["json"]),
+                          "plots": str(out / "bench" / "plots"), "wall_s": data["wall_s"],
+                          "summary": data["summary"], "break_even": data["break_even"]}))
+        return 0
     pd.set_option("display.width", 200)
     cols = ["plan", "k", "runs", "decode_tok_s_median", "decode_tok_s_min", "decode_tok_s_max",
             "speedup", "ttft_ms_median", "acceptance", "acceptance_pos_1", "acceptance_pos_2",
@@ -79,7 +86,8 @@ def register(sub) -> None:
                        "and OUT/run_record.json; prints the summary table. The bench compares "
                        "MTP off with on, so under a policy that disables MTP (alpha) it is "
                        "refused before anything runs.")
-    b.add_argument("--params", default="params/cpu-fixture.yaml", help="lane params YAML")
+    b.add_argument("--params", default=str(paths.DEFAULT_LANE),
+                   help="lane params YAML (the default is the repo's, from any directory)")
     b.add_argument("--out", help="output directory (default: outputs/<run-id>-bench)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     b.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]", default=None,
@@ -88,4 +96,5 @@ def register(sub) -> None:
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")
+    add_json_arg(b, "the paths, summary and break-even rows")
     b.set_defaults(fn=run)

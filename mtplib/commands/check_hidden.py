@@ -18,12 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mtplib.commands.common import add_log_args, setup_logging
+from mtplib.commands.common import add_json_arg, add_log_args, resolve_ctx, setup_logging
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, DecodeSettings
 
 if TYPE_CHECKING:  # the CLI loads the ctypes runtime only when a command runs
     from mtplib.runtime.model import ContextConfig
 
+#: --ctx when not given, capped by the model's context_length
+DEFAULT_CTX = 512
 SUMMARY_KEYS = ("api_rows_ok", "bad_rows", "n_rows", "max_abs_diff", "capture_ok",
                 "capture_logits_max_diff", "api_logits_max_diff", "reserve_fix_ok")
 
@@ -110,6 +112,7 @@ def run(a: argparse.Namespace) -> int:
                   f"({out['elapsed_s']} s)" + (f"; written to {a.out}" if a.out else ""))
         return 0
 
+    resolve_ctx(a, DEFAULT_CTX, a.model)
     cfg = _cfg(a)
     if a.cost:
         res = hidden.capture_cost(a.model, cfg, n_prompt=a.tokens or 32, n_decode=a.cost_decode,
@@ -151,19 +154,22 @@ def register(sub) -> None:
                    help="prompt length (default 7; with --decide: about 3 ubatches; "
                    "with --cost: 32)")
     p.add_argument("--masked", action="store_true", help="masked nextn rows (output rows only)")
-    p.add_argument("--ctx", type=int, default=512, help="context size (default 512)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context size (default: min({DEFAULT_CTX}, the model's "
+                   "context_length)); a value above context_length is refused")
     p.add_argument("--batch", type=int, default=512, help="n_batch")
-    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch")
+    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default 2; 1 with --matrix: ggml's spinning worker "
                    "threads make a busy 2-core machine many times slower)")
-    p.add_argument("--kv-type", default="f16", choices=KV_TYPE_NAMES)
-    p.add_argument("--flash-attn", default="auto", choices=FLASH_ATTN_MODES)
+    p.add_argument("--kv-type", default="f16", choices=KV_TYPE_NAMES, help="K/V cache type")
+    p.add_argument("--flash-attn", default="auto", choices=FLASH_ATTN_MODES,
+                   help="flash attention (auto: upstream decides)")
     p.add_argument("--swa-full", default="on", choices=["on", "off"],
-                   help="full-size SWA cache (on: the C API default, mtplib's; off: what "
+                   help="full-size SWA cache (on: the C API's default, mtplib's; off: what "
                    "upstream's llama-server and llama-cli use)")
     p.add_argument("--rs", type=int, default=0, help="n_rs_seq (tail-rollback depth)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p, "the report")
     p.add_argument("--reserve", action="store_true",
                    help="apply the reserve workaround (force_reserve) to every context")
     p.add_argument("--decide", action="store_true",

@@ -13,7 +13,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from mtplib.commands.common import add_json_arg, resolve_ctx
 from mtplib.errors import InputError
+
+#: --ctx when not given, capped by the model's context_length
+DEFAULT_CTX = 1024
 
 
 def _ks(s: str) -> tuple[int, ...]:
@@ -36,6 +40,7 @@ def run(a: argparse.Namespace) -> int:
         if not a.quiet:
             print(f"[compare-upstream] {s}", file=sys.stderr, flush=True)
 
+    resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
     if a.cost_ratio_only:
         return _cost_ratio(a, log)
     if a.sweep:
@@ -51,7 +56,8 @@ def run(a: argparse.Namespace) -> int:
     log(f"upstream tools: {bindir}")
     if a.build_only:
         print(json.dumps({"bin": str(bindir),
-                          "flags": U.check_flags(bindir / "llama-server")}, indent=2))
+                          "flags": U.check_flags(bindir / "llama-server")},
+                         indent=None if a.json else 2))
         return 0
     rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
     settings = replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx,
@@ -72,6 +78,10 @@ def run(a: argparse.Namespace) -> int:
     if out:
         S.save(result, out)
         log(f"results: {out}")
+    if a.json:
+        print(json.dumps({"out": str(out) if out else None, "summary": result["summary"],
+                          "cost_ratio": result.get("cost_ratio")}, default=float))
+        return 0
     import pandas as pd
 
     pd.set_option("display.width", 200)
@@ -92,7 +102,8 @@ def _cost_ratio(a: argparse.Namespace, log) -> int:
               "sidecar": a.mtp, "cost_ratio": r, "host": S.host_info()}
     if a.out:
         S.save(result, a.out)
-    print(json.dumps({k: v for k, v in r.items() if k != "method"}, indent=1))
+    print(json.dumps({k: v for k, v in r.items() if k != "method"},
+                     indent=None if a.json else 1, default=float))
     return 0
 
 
@@ -118,6 +129,11 @@ def _sweep(a: argparse.Namespace, log) -> int:
     if a.out:
         S.save(result, a.out)
         log(f"results: {a.out}")
+    if a.json:
+        print(json.dumps({"out": a.out, "summary": result["summary"],
+                          "break_even": result["break_even"],
+                          "cost_ratio": result.get("cost_ratio")}, default=float))
+        return 0
     import pandas as pd
 
     pd.set_option("display.width", 200)
@@ -138,20 +154,22 @@ def register(sub) -> None:
     p.add_argument("--model", help="trunk GGUF")
     p.add_argument("--mtp", help="its mtp- sidecar GGUF")
     p.add_argument("--k", type=_ks, default=(1, 2, 3),
-                   help="draft lengths (default 1,2,3; 0: plain decoding only)")
+                   help="draft lengths (0: plain decoding only)")
     p.add_argument("--rates", default="0;0.77,0.37;1",
                    help="synthetic rate sets, ';'-separated, each comma-separated "
                    "unconditional per-position probabilities (upstream --spec-synth-rates), "
-                   "padded with the last value / cut to k (default '0;0.77,0.37;1')")
+                   "padded with the last value / cut to k")
     p.add_argument("--no-real-mtp", action="store_true",
                    help="skip the cases with real (non-synthetic) MTP drafts")
     p.add_argument("--runs", type=int, default=5, help="measured runs per engine and case")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine and case")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (both engines; default 2)")
-    p.add_argument("--ctx", type=int, default=1024, help="context size (both engines)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (both engines)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context size, both engines (default: min({DEFAULT_CTX}, the "
+                   "model's context_length)); a value above context_length is refused")
     p.add_argument("--swa-full", default="off", choices=["on", "off"],
-                   help="full-size SWA cache on both sides (default off: llama-server's "
-                   "default; mtplib's own default is on, the C API's)")
+                   help="full-size SWA cache on both sides (off: llama-server's default; "
+                   "mtplib's own default is on, the C API's)")
     p.add_argument("--n", type=int, default=128, help="tokens to generate per run")
     p.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt length")
     p.add_argument("--seed", type=int, default=0, help="synthetic acceptance seed (both)")
@@ -166,12 +184,13 @@ def register(sub) -> None:
                    "one-token decode time ratio (medians over --cost-tokens interleaved "
                    "decodes) and exit")
     p.add_argument("--cost-tokens", type=int, default=300,
-                   help="one-token decodes per side for the cost ratio (default 300)")
+                   help="one-token decodes per side for the cost ratio")
     p.add_argument("--out", help="results JSON (server logs go next to it)")
     p.add_argument("--sdist", help="the pinned llama-cpp-python sdist (default: known "
                    "locations, else pip download)")
     p.add_argument("--jobs", type=int, default=2, help="build parallelism")
     p.add_argument("--rebuild", action="store_true", help="rebuild upstream's tools")
     p.add_argument("--build-only", action="store_true", help="build (or check) and exit")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_json_arg(p, "the result (summary, break-even, cost ratio, paths)")
     p.set_defaults(fn=run)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from mtplib import paths
+from mtplib.commands.common import add_json_arg
 
 
 def run(a: argparse.Namespace) -> int:
@@ -12,6 +14,10 @@ def run(a: argparse.Namespace) -> int:
 
     readme = copy_run(a.run, a.story, a.dest, force=a.force)
     missing = numbers_trace(readme.read_text(), load_raw(readme.parent, a.story))
+    if a.json:
+        print(json.dumps({"evidence_dir": str(readme.parent), "readme": str(readme),
+                          "numbers_not_in_raw": missing}))
+        return 0
     print(f"evidence written: {readme.parent}")
     print(f"README: {readme} (numbers not in the raw metrics: {len(missing)})")
     return 0
@@ -24,8 +30,9 @@ def register(sub) -> None:
                        "raw metrics (every number traced to them). Refuses to overwrite a "
                        "different existing file unless --force.")
     e.add_argument("--run", required=True, help="run directory (outputs/<run-id>)")
-    e.add_argument("--story", default="DGR-066", help="story id (default DGR-066)")
-    e.add_argument("--dest", default=str(paths.EVIDENCE),
-                   help="evidence root (default: the repo's evidence/)")
+    e.add_argument("--story", default="DGR-066", help="story id")
+    e.add_argument("--dest", default=str(paths.EVIDENCE), help="evidence root (the repo's "
+                   "evidence/)")
     e.add_argument("--force", action="store_true", help="overwrite different files")
+    add_json_arg(e, "the paths and the untraced numbers")
     e.set_defaults(fn=run)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from mtplib.commands.common import add_json_arg
+
 
 def run(a: argparse.Namespace) -> int:
     from mtplib.model.fixture import write_fixture
 
     pair = write_fixture(a.out, seed=a.seed, preset=a.preset, force=a.force)
-    print(json.dumps(pair.summary(), indent=2))
+    print(json.dumps(pair.summary(), indent=None if a.json else 2))
     return 0
 
 
@@ -22,9 +24,10 @@ def register(sub) -> None:
                        "sidecar mtp-<name>.gguf in upstream's layout; print a JSON summary "
                        "(paths, sha256, config). Same seed, same bytes.")
     f.add_argument("--out", required=True, help="output directory")
-    f.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    f.add_argument("--seed", type=int, default=0, help="weights seed")
     f.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                   help="configuration preset (default tiny)")
+                   help="configuration preset")
     f.add_argument("--force", action="store_true",
                    help="overwrite existing files with the same names but other contents")
+    add_json_arg(f, "the summary on one line")
     f.set_defaults(fn=run)

@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from mtplib.commands.common import add_log_args, parse_tokens, setup_logging
+from mtplib.commands.common import (
+    add_json_arg,
+    add_log_args,
+    parse_tokens,
+    resolve_ctx,
+    setup_logging,
+)
 from mtplib.errors import InputError
+
+#: --ctx when not given, capped by the model's context_length
+DEFAULT_CTX = 2048
 
 
 def run(a: argparse.Namespace) -> int:
@@ -68,7 +77,7 @@ def _check_args(a: argparse.Namespace) -> None:
     if a.n < 0:
         raise InputError(f"--n must be >= 0, got {a.n}")
     for opt, v in (("--ctx", a.ctx), ("--batch", a.batch), ("--ubatch", a.ubatch)):
-        if v < 1:
+        if v is not None and v < 1:
             raise InputError(f"{opt} must be >= 1, got {v}")
     if a.seed < 0:
         raise InputError(f"--seed must be >= 0, got {a.seed}")
@@ -98,6 +107,7 @@ def _check_args(a: argparse.Namespace) -> None:
         h = read_header_fast(a.model)
         require_deepseek4(h)
         validate_header(h)
+    resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
 
 
 def register(sub) -> None:
@@ -113,21 +123,25 @@ def register(sub) -> None:
     g.add_argument("--draft", type=int, metavar="K", help="draft length with --mtp (default 3)")
     g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
     g.add_argument("--prompt", help="prompt text (tokenized by the model's tokenizer)")
-    g.add_argument("--n", type=int, default=32, help="tokens to generate (default 32)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
-    g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
+    g.add_argument("--n", type=int, default=32, help="tokens to generate")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    g.add_argument("--ctx", type=int, default=None,
+                   help=f"context size (default: min({DEFAULT_CTX}, the model's "
+                   "context_length)); a value above context_length is refused")
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
-    g.add_argument("--ubatch", type=int, default=512, help="n_ubatch")
+    g.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU)")
-    g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
-    g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
+                   help="K/V cache type")
+    g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
+                   help="flash attention (auto: upstream decides)")
     g.add_argument("--swa-full", default="on", choices=["on", "off"],
-                   help="full-size SWA cache (default on, the C API's; llama-server uses off)")
+                   help="full-size SWA cache (on: the C API's default; llama-server uses off)")
     g.add_argument("--hidden-rows", default="auto", choices=["auto", "api", "captured"],
-                   help="source of the trunk's h_nextn rows for MTP: auto (default) checks "
+                   help="source of the trunk's h_nextn rows for MTP: auto checks "
                    "this configuration once and takes upstream's API rows if right, else "
                    "captures them in the eval callback (metrics report which)")
     g.add_argument("--trace", action="store_true",
@@ -142,19 +156,19 @@ def register(sub) -> None:
                    "shard or one per shard (e.g. 100 or 100:50 or 100,0); metrics add waits "
                    "per step and bytes by class")
     g.add_argument("--mtp-placement", default="tail", choices=["tail", "client"],
-                   help="with --plan --mtp: run the MTP block on the tail shard (default) or "
+                   help="with --plan --mtp: run the MTP block on the tail shard or "
                    "in this process next to the sampler (drafts then cost no shard round trip)")
     g.add_argument("--head", default="upstream", choices=["upstream", "client"],
-                   help="where the output head runs: in upstream's graph (default) or here, "
+                   help="where the output head runs: in upstream's graph or here, "
                    "from the trunk's hidden rows (a ranged tail then sends hc*n_embd floats "
                    "per row instead of n_vocab logits, in the same wait)")
     g.add_argument("--shard-threads", type=int, default=1,
-                   help="threads per local shard with --plan (default 1)")
+                   help="threads per local shard with --plan")
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
                    "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
                    "decoding runs under both")
-    g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(g, '{"tokens": [...], "metrics": {...}}')
     add_log_args(g)
     g.set_defaults(fn=run)
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from mtplib.commands.common import add_json_arg
+
+#: --ctx when not given, capped by the model's context_length
+DEFAULT_CTX = 4096
 
 
 def _bytes(n: int) -> str:
@@ -68,11 +74,20 @@ def run(a: argparse.Namespace) -> int:
     from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
 
     inv = inventory_from_paths(a.model, a.mtp)
+    n_train = inv.config.n_ctx_train
+    notes = []
+    if a.ctx is None:
+        a.ctx = min(DEFAULT_CTX, n_train) if n_train > 0 else DEFAULT_CTX
+    elif 0 < n_train < a.ctx:  # sized as asked, but said: upstream refuses such a context
+        notes.append(f"n_ctx {a.ctx} exceeds the model's context_length {n_train}: upstream "
+                     "refuses such a context; its cache bytes are sized for the n_ctx asked")
     params = CacheParams(n_ctx=a.ctx, n_seq=a.seqs, n_ubatch=a.ubatch, type_k=a.kv_type,
                          swa_full=not a.no_swa_full, n_rs_seq=a.rs_seq)
     own = derive(inv, a.plan, params)
+    for n in notes:
+        print(f"mtplib inventory: note: {n}", file=sys.stderr)
     if a.json:
-        print(json.dumps(own.to_json()))
+        print(json.dumps({**own.to_json(), **({"notes": notes} if notes else {})}))
     else:
         print(render(own))
     return 0
@@ -90,14 +105,17 @@ def register(sub) -> None:
     p.add_argument("--mtp", help="the trunk's mtp- sidecar GGUF")
     p.add_argument("--plan", help="shard plan as contiguous layer ranges, e.g. 0-20,21-42 "
                    "(default: one shard)")
-    p.add_argument("--ctx", type=int, default=4096,
-                   help="context size for the cache bytes (llama n_ctx; default 4096)")
-    p.add_argument("--seqs", type=int, default=1, help="sequences (n_seq_max; default 1)")
-    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch (default 512)")
-    p.add_argument("--rs-seq", type=int, default=0, help="n_rs_seq rollback depth (default 0)")
-    p.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"])
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context size for the cache bytes (llama n_ctx; default: "
+                   f"min({DEFAULT_CTX}, the model's context_length); a value above it is "
+                   "sized as asked, with a note)")
+    p.add_argument("--seqs", type=int, default=1, help="sequences (n_seq_max)")
+    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch")
+    p.add_argument("--rs-seq", type=int, default=0, help="n_rs_seq rollback depth")
+    p.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
+                   help="KV cache type (type_k) for the cache bytes")
     p.add_argument("--no-swa-full", action="store_true",
                    help="size SWA caches to the window + ubatch (llama_context_params."
                    "swa_full=false) instead of the C API's default full size")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p, "the derivation (with \"notes\" when there are any)")
     p.set_defaults(fn=run)

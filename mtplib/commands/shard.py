@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import threading
 
-from mtplib.commands.common import add_log_args, setup_logging
+from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
 
 
 def serve(a: argparse.Namespace) -> int:
@@ -53,8 +54,13 @@ def serve(a: argparse.Namespace) -> int:
     if "error" in result:
         raise result["error"]
     # start_server only returns when it could not serve (e.g. the port is taken)
-    print(f"mtplib shard serve: error: upstream could not serve {a.endpoint} "
-          "(port in use or not bindable; see its message above)", file=sys.stderr)
+    msg = (f"upstream could not serve {a.endpoint} (port in use or not bindable; see its "
+           "message above)")
+    if a.json:
+        print(json.dumps({"error": msg, "kind": "upstream", "type": "ServeFailed",
+                          "command": "shard", "exit": 4}), flush=True)
+    else:
+        print(f"mtplib shard serve: error: {msg}", file=sys.stderr)
     return 4
 
 
@@ -69,10 +75,11 @@ def register(sub) -> None:
                       "SIGTERM). Loopback only unless --allow-remote: upstream's RPC has no "
                       "authentication.")
     v.add_argument("--endpoint", required=True, help="HOST:PORT to bind, e.g. 127.0.0.1:50052")
-    v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs (default 1)")
+    v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs")
     v.add_argument("--cache-dir", help="upstream's tensor cache dir (large weights by hash)")
     v.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback endpoint (UNAUTHENTICATED; a warning is printed)")
     v.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    add_json_arg(v, "errors (serving itself prints nothing)")
     add_log_args(v)
     v.set_defaults(fn=serve)
