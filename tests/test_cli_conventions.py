@@ -227,3 +227,14 @@ def test_lane_parameter_typo_refused_before_anything_runs(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert "declares no parameter 'n_token'" in lines[0] and r.stdout == ""
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_library_mtp_runtime_names_the_context_length_not_mtp(short):
+    """The library path too: MTPRuntime with n_ctx above context_length blames n_ctx."""
+    from mtplib.runtime.model import RuntimeInputError
+    from mtplib.runtime.speculative import MTPRuntime
+
+    trunk, side = short
+    with pytest.raises(RuntimeInputError) as e:
+        MTPRuntime(str(trunk), str(side), k=2, n_ctx=1024, n_threads=1)
+    assert str(e.value).startswith("n_ctx 1024 exceeds the model's context_length 512")

@@ -285,6 +285,14 @@ def _copy_floats(p, n: int) -> np.ndarray:
     return np.frombuffer(src, dtype=np.float32).copy()
 
 
+def check_n_ctx(model: Model, n_ctx: int) -> None:
+    """Refuse a context longer than the model was trained for (named as such, before any
+    other check could blame something else, e.g. MTP support)."""
+    if n_ctx > model.n_ctx_train:
+        raise RuntimeInputError(
+            f"n_ctx {n_ctx} exceeds the model's context_length {model.n_ctx_train}")
+
+
 class Context:
     """A llama_context plus one reusable batch; every call validated first."""
 
@@ -296,9 +304,7 @@ class Context:
         llama = self.llama = model.llama
         if cfg.mtp and not model.load_mtp:
             raise RuntimeInputError("an MTP context needs a model loaded with load_mtp")
-        if cfg.n_ctx > model.n_ctx_train:
-            raise RuntimeInputError(
-                f"n_ctx {cfg.n_ctx} exceeds the model's context_length {model.n_ctx_train}")
+        check_n_ctx(model, cfg.n_ctx)
         cp = llama.llama_context_default_params()
         cp.n_ctx = cfg.n_ctx
         cp.n_batch = min(cfg.n_batch, cfg.n_ctx)

@@ -24,7 +24,7 @@ from mtplib.contract.capabilities import Policy
 from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime.drafters import Drafter
-from mtplib.runtime.model import Context, RuntimeInputError
+from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings, RowSource
 
@@ -528,6 +528,7 @@ def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
     ``want`` was checked with the rest of the DecodeSettings."""
     from mtplib.runtime.hidden import CapturedRows, choose_row_source
 
+    check_n_ctx(trunk, tcfg.n_ctx)  # the real reason, not "MTP is unsupported"
     mode = want
     if want == "auto":
         d = choose_row_source(trunk, tcfg, reserve=reserve)
