@@ -10,6 +10,10 @@ from mtplib import paths
 def run(a: argparse.Namespace) -> int:
     from mtplib.records.evidence import copy_run, load_raw, numbers_trace
 
+    if a.tests:  # before the copy: the results file is part of the run's raw metrics
+        from mtplib.records.pytest_results import record_tests
+
+        print(f"criterion tests recorded: {record_tests([(a.run, a.story)])[0]}")
     readme = copy_run(a.run, a.story, a.dest, force=a.force)
     missing = numbers_trace(readme.read_text(), load_raw(readme.parent, a.story))
     print(f"evidence written: {readme.parent}")
@@ -28,4 +32,7 @@ def register(sub) -> None:
     e.add_argument("--dest", default=str(paths.EVIDENCE),
                    help="evidence root (default: the repo's evidence/)")
     e.add_argument("--force", action="store_true", help="overwrite different files")
+    e.add_argument("--tests", action="store_true",
+                   help="first run the story's criterion tests (pytest; slow) and record "
+                   "their results as tests-<story>.json in the run folder")
     e.set_defaults(fn=run)
