@@ -36,10 +36,15 @@ def _ks(s: str) -> tuple[int, ...]:
 def run(a: argparse.Namespace) -> int:
     from mtplib.lab import sidebyside as S
     from mtplib.lab import upstream_tools as U
+    from mtplib.runtime.routing import require_mtp
+
     def log(s: str) -> None:
         if not a.quiet:
             print(f"[compare-upstream] {s}", file=sys.stderr, flush=True)
 
+    if not a.build_only:  # the policy before anything: every mode but plain runs MTP
+        mtp_ks = tuple(a.k) or ((1,) if a.cost_ratio or a.cost_ratio_only else ())
+        a.policy = require_mtp("compare-upstream", mtp_ks, policy=a.policy)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
     if a.cost_ratio_only:
         return _cost_ratio(a, log)
@@ -69,12 +74,13 @@ def run(a: argparse.Namespace) -> int:
     log_dir = (out.parent / (out.stem + "-logs")) if out else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
-    result = S.run_side_by_side(a.model, a.mtp, cfg, log=log, log_dir=log_dir)
+    result = S.run_side_by_side(a.model, a.mtp, cfg, log=log, log_dir=log_dir,
+                                policy=a.policy)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:
         log("cost ratio (MTP step / trunk step)")
         result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
-                                            threads=a.threads)
+                                            threads=a.threads, policy=a.policy)
     if out:
         S.save(result, out)
         log(f"results: {out}")
@@ -97,7 +103,8 @@ def _cost_ratio(a: argparse.Namespace, log) -> int:
     if not a.model or not a.mtp:
         raise InputError("--cost-ratio-only needs --model and --mtp")
     log(f"cost ratio, {a.threads} thread(s), {a.cost_tokens} tokens")
-    r = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx)
+    r = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx,
+                     policy=a.policy)
     result = {"kind": "cost-ratio", "argv": ["mtplib", *sys.argv[1:]], "trunk": a.model,
               "sidecar": a.mtp, "cost_ratio": r, "host": S.host_info()}
     if a.out:
@@ -120,12 +127,12 @@ def _sweep(a: argparse.Namespace, log) -> int:
     cfg = S.SideBySideConfig(
         settings=replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx),
         n_new=a.n, n_prompt=a.prompt_len)
-    result = S.acceptance_sweep(a.model, a.mtp, sw, cfg, log=log)
+    result = S.acceptance_sweep(a.model, a.mtp, sw, cfg, log=log, policy=a.policy)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:
         log("cost ratio (MTP step / trunk step)")
         result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
-                                            threads=a.threads)
+                                            threads=a.threads, policy=a.policy)
     if a.out:
         S.save(result, a.out)
         log(f"results: {a.out}")
@@ -193,4 +200,7 @@ def register(sub) -> None:
     p.add_argument("--build-only", action="store_true", help="build (or check) and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_json_arg(p, "the result (summary, break-even, cost ratio, paths)")
+    p.add_argument("--policy", choices=["alpha", "beta"], default=None,
+                   help="deployment policy (default: $MTPLIB_POLICY, else beta); alpha "
+                   "refuses every mode that runs MTP, before upstream's tools are built")
     p.set_defaults(fn=run)

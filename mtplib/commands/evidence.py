@@ -12,11 +12,18 @@ from mtplib.commands.common import add_json_arg
 def run(a: argparse.Namespace) -> int:
     from mtplib.records.evidence import copy_run, load_raw, numbers_trace
 
+    tests = None
+    if a.tests:  # before the copy: the results file is part of the run's raw metrics
+        from mtplib.records.pytest_results import record_tests
+
+        tests = str(record_tests([(a.run, a.story)])[0])
+        if not a.json:
+            print(f"criterion tests recorded: {tests}")
     readme = copy_run(a.run, a.story, a.dest, force=a.force)
     missing = numbers_trace(readme.read_text(), load_raw(readme.parent, a.story))
     if a.json:
         print(json.dumps({"evidence_dir": str(readme.parent), "readme": str(readme),
-                          "numbers_not_in_raw": missing}))
+                          "numbers_not_in_raw": missing, "tests": tests}))
         return 0
     print(f"evidence written: {readme.parent}")
     print(f"README: {readme} (numbers not in the raw metrics: {len(missing)})")
@@ -35,4 +42,7 @@ def register(sub) -> None:
                    "evidence/)")
     e.add_argument("--force", action="store_true", help="overwrite different files")
     add_json_arg(e, "the paths and the untraced numbers")
+    e.add_argument("--tests", action="store_true",
+                   help="first run the story's criterion tests (pytest; slow) and record "
+                   "their results as tests-<story>.json in the run folder")
     e.set_defaults(fn=run)

@@ -572,17 +572,22 @@ class RangedRuntime:
         return out
 
     # -- contexts and calls -------------------------------------------------------------
-    def context(self, cfg=None, *, mtp: bool = False) -> RemoteContext:
-        """A context on the trunk (or, ``mtp=True``, on the sidecar: an MTP context)."""
+    def context(self, cfg=None, *, mtp: bool = False, policy=None) -> RemoteContext:
+        """A context on the trunk (or, ``mtp=True``, on the sidecar: an MTP context, which
+        ``policy`` must route: default $MTPLIB_POLICY, else beta)."""
         from dataclasses import asdict
 
         from mtplib.runtime.model import ContextConfig
+        from mtplib.runtime.routing import require_mtp
 
         cfg = cfg or ContextConfig()
         if mtp and not cfg.mtp:
             cfg = ContextConfig(**{**asdict(cfg), "mtp": True})
         if cfg.mtp and not self.sidecar:
             raise ShardError("no MTP sidecar was loaded (RangedRuntime(..., sidecar=...))")
+        if cfg.mtp:
+            require_mtp("an MTP context on the shards", policy=policy,
+                        n_shards=len(self.endpoints))
         with self.step("setup"):
             handle, info = self._request(("context", asdict(cfg.validate())))
         for c in info["caches"]:

@@ -19,6 +19,11 @@ Three measurements, each a list of plain rows (dicts) saved as one JSON file:
   with the real MTP block drafting every step; speed-up over MTP off and the break-even
   rate per k.
 
+Policy: each of the three runs MTP, so each first asks `mtplib.runtime.routing.require_mtp`
+(the deployment policy through `negotiate()`, as MTPRuntime does) for every draft length
+it will run, before it loads a model or starts upstream's server; under alpha it raises
+RouteRefused naming the policy (exit 2 from `mtplib compare-upstream`).
+
 `table(path)` renders the side-by-side table from the JSON (a pandas DataFrame) for the
 benchmark notebook; `sweep_table(path)` / `break_even(rows)` the sweep.
 """
@@ -37,10 +42,12 @@ from pathlib import Path
 import numpy as np
 
 from mtplib import paths, pins
+from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError
 from mtplib.lab import sweep
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.sweep import SweepConfig, median_or_none
+from mtplib.runtime.routing import require_mtp
 from mtplib.runtime.settings import DecodeSettings
 
 LOG = Callable[[str], None]
@@ -149,10 +156,13 @@ class _DecodeTimer:
 
 
 def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int = 32,
-               warmup: int = 16, threads: int = 2, n_ctx: int = 1024, seed: int = 0) -> dict:
-    """MTP-step / trunk-step one-token decode time (medians), interleaved, raw decode."""
+               warmup: int = 16, threads: int = 2, n_ctx: int = 1024, seed: int = 0,
+               policy: Policy | str | None = None) -> dict:
+    """MTP-step / trunk-step one-token decode time (medians), interleaved, raw decode.
+    The MTP block runs: refused (RouteRefused) under a policy that disables MTP."""
     from mtplib.runtime.model import Context, ContextConfig, Model
 
+    require_mtp("cost ratio", policy=policy)
     with Model(trunk) as tm, Model(sidecar, load_mtp=True) as sm:
         common = dict(n_ctx=n_ctx, n_threads=threads)
         with Context(tm, ContextConfig(**common, nextn_rows="all")) as tc, \
@@ -236,12 +246,13 @@ class _MtplibSide:
     """One MTPRuntime per case; synthetic cases get a fresh SyntheticDrafter per run (the
     same seed, as upstream reseeds per request) wrapping the real MTP drafter."""
 
-    def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig) -> None:
+    def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig,
+                 policy: Policy | str | None = None) -> None:
         from mtplib.runtime.speculative import MTPRuntime
 
         self.case, self.cfg = case, cfg
         self.rt = MTPRuntime(trunk, sidecar if case.k else None, k=case.k,
-                             settings=cfg.settings)
+                             settings=cfg.settings, policy=policy)
         self.mtp = self.rt.engine.drafter
 
     def run(self, prompt: list[int], ref: list[int] | None) -> dict:
@@ -266,9 +277,11 @@ class _MtplibSide:
 
 class _UpstreamSide:
     def __init__(self, trunk: str, sidecar: str, case: Case, cfg: SideBySideConfig,
-                 log_path: Path | None) -> None:
+                 log_path: Path | None, policy: Policy | str | None = None) -> None:
         from mtplib.lab.upstream_tools import Server, ServerConfig
 
+        if case.k:  # upstream's own MTP loop is an MTP path like ours
+            require_mtp("upstream's MTP loop (llama-server)", (case.k,), policy=policy)
         self.server = Server(ServerConfig(
             model=trunk, mtp=sidecar if case.k else None, k=case.k,
             rates=list(case.rates) if case.rates else None, settings=cfg.settings,
@@ -288,23 +301,27 @@ class _UpstreamSide:
 
 
 def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
-                     log: LOG | None = None, log_dir: Path | None = None) -> dict:
-    """Every case through upstream's llama-server and mtplib, interleaved A/B."""
+                     log: LOG | None = None, log_dir: Path | None = None,
+                     policy: Policy | str | None = None) -> dict:
+    """Every case through upstream's llama-server and mtplib, interleaved A/B. Every MTP
+    case's draft length is routed under ``policy`` before any server starts."""
     from mtplib.model.gguf_header import read_header
 
+    cases = make_cases(cfg.ks, cfg.rate_sets, real_mtp=cfg.real_mtp)
+    pol = require_mtp("side-by-side", sorted({c.k for c in cases if c.k}), policy=policy)
     log = log or (lambda s: None)
     t0 = time.time()
     n_vocab = read_header(trunk).n_vocab
     prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, n_vocab)
-    cases = make_cases(cfg.ks, cfg.rate_sets, real_mtp=cfg.real_mtp)
     rows: list[dict] = []
     ref: list[int] | None = None
     for case in cases:
         log(f"{case.label}: starting upstream server and mtplib runtime")
         la0 = loadavg()
         up = _UpstreamSide(trunk, sidecar, case, cfg,
-                           (log_dir / f"server-{_slug(case.label)}.log") if log_dir else None)
-        mt = _MtplibSide(trunk, sidecar, case, cfg)
+                           (log_dir / f"server-{_slug(case.label)}.log") if log_dir else None,
+                           policy=pol)
+        mt = _MtplibSide(trunk, sidecar, case, cfg, policy=pol)
         try:
             sides = {"upstream": up, "mtplib": mt}
             for rep, engine in ab_order(cfg.runs, cfg.warmup):
@@ -436,14 +453,16 @@ def cost_ratio_table(paths: Sequence[str | Path]):
 
 # -- the acceptance sweep (mtplib only) ---------------------------------------------------
 def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideConfig, *,
-                     log: LOG | None = None) -> dict:
+                     log: LOG | None = None, policy: Policy | str | None = None) -> dict:
     """MTP off, then per k and rate of ``sw`` (same rate at every position) with the MTP
     block drafting every step; runs of the rates interleaved (rep-major) within each k,
     MTP-off runs interleaved with every k's. ``cfg`` gives the context, prompt and length
-    (its own ks, rate_sets and runs are not used)."""
+    (its own ks, rate_sets and runs are not used). Refused under a policy that disables
+    MTP before anything runs."""
     from mtplib.runtime.drafters import SyntheticDrafter
     from mtplib.runtime.speculative import MTPRuntime
 
+    pol = require_mtp("acceptance sweep", sw.ks, policy=policy)
     log = log or (lambda s: None)
     t0 = time.time()
     # mtplib only: cfg's context size and threads, the C API's defaults otherwise (swa_full
@@ -459,13 +478,13 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
         rows.append(r)
         return r
 
-    with MTPRuntime(trunk, None, k=0, settings=ctx) as off:
+    with MTPRuntime(trunk, None, k=0, settings=ctx, policy=pol) as off:
         prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, off.trunk.n_vocab)
         ref, _ = off.generate(prompt, cfg.n_new)
         n_vocab = off.trunk.n_vocab
         for k in sw.ks:
             log(f"sweep k={k}")
-            with MTPRuntime(trunk, sidecar, k=k, settings=ctx) as rt:
+            with MTPRuntime(trunk, sidecar, k=k, settings=ctx, policy=pol) as rt:
                 mtp = rt.engine.drafter
                 for rep in [None] * sw.warmup + list(range(sw.reps)):
                     _, m = off.generate(prompt, cfg.n_new)

@@ -8,6 +8,10 @@ position from the runtime (`MTPRuntime`), and MTP-off vs MTP-on decode speed.
 Rows for the MTP graph come from the eval callback (the ``h_nextn`` node), never unchecked
 from `llama_get_embeddings_nextn`, which can be wrong in some context configurations
 (../shared/reference/upstream-v4-mtp.md §4).
+
+Every function that runs the MTP block asks the deployment policy first
+(`mtplib.runtime.routing.require_mtp`, through `negotiate()`): under alpha it raises
+RouteRefused naming the policy before any model is loaded.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mtplib.errors import InputError
+from mtplib.contract.capabilities import Policy
+from mtplib.errors import InputError, MtplibError
 from mtplib.model.trained import EVIDENCE_DIR, TrainedPair, trained_paths
 from mtplib.runtime.hidden import CapturedRows
+from mtplib.runtime.routing import require_mtp
 
 #: Parity configuration: F32 K/V, flash attention off (flash attention rounds K/V to F16).
 PARITY_CTX = {"kv_type": "f32", "flash_attn": "off"}
@@ -58,8 +64,8 @@ def upstream_trunk(trunk: str | Path, tokens: Sequence[int], *, n_threads: int =
 
 
 def upstream_mtp(sidecar: str | Path, tokens: Sequence[int], rows: np.ndarray, *,
-                 n_threads: int = 2, kv_type: str = "f32", flash_attn: str = "off"
-                 ) -> np.ndarray:
+                 n_threads: int = 2, kv_type: str = "f32", flash_attn: str = "off",
+                 policy: Policy | str | None = None) -> np.ndarray:
     """MTP logits for entries p = 1..T-1: token x_p at position p with the trunk's h_{p-1}.
 
     ``rows`` are the trunk's rows h_0..h_{T-1} (or at least h_0..h_{T-2}). Returns
@@ -67,6 +73,7 @@ def upstream_mtp(sidecar: str | Path, tokens: Sequence[int], rows: np.ndarray, *
     """
     from mtplib.runtime.model import Context, ContextConfig, Model
 
+    require_mtp("upstream_mtp", policy=policy)
     T = len(tokens)
     with Model(sidecar, load_mtp=True) as m:
         cfg = ContextConfig(n_ctx=_ctx_len(T), n_batch=512, n_ubatch=512, n_threads=n_threads,
@@ -83,13 +90,16 @@ def upstream_mtp(sidecar: str | Path, tokens: Sequence[int], rows: np.ndarray, *
 # ---------------------------------------------------------------------------------------
 # parity against the logits stored at export time
 # ---------------------------------------------------------------------------------------
-def check_parity(pair: TrainedPair | None = None, *, n_threads: int = 2) -> dict:
+def check_parity(pair: TrainedPair | None = None, *, n_threads: int = 2,
+                 policy: Policy | str | None = None) -> dict:
     """Run upstream on the stored held-out tokens; compare with the stored torch logits."""
+    pol = require_mtp("check_parity", policy=policy)  # before the trunk runs
     pair = pair or trained_paths()
     ref = np.load(pair.parity)
     tokens = [int(t) for t in ref["tokens"]]
     logits, rows = upstream_trunk(pair.trunk, tokens, n_threads=n_threads, **PARITY_CTX)
-    mtp = upstream_mtp(pair.sidecar, tokens, rows, n_threads=n_threads, **PARITY_CTX)
+    mtp = upstream_mtp(pair.sidecar, tokens, rows, n_threads=n_threads, policy=pol,
+                       **PARITY_CTX)
     tp, mp = ref["trunk_positions"], ref["mtp_positions"]
     d_trunk = np.abs(logits[tp] - ref["trunk_logits"])
     d_mtp = np.abs(mtp[mp - 1] - ref["mtp_logits"])
@@ -146,16 +156,20 @@ def heldout_tokens(trunk: str | Path, modules: list[dict]) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------
 def next_token_accuracy(trunk: str | Path, docs: list[list[int]], *, window: int = 256,
                         n_threads: int = 2, kv_type: str = "f16", flash_attn: str = "auto",
-                        sidecar: str | Path | None = None) -> dict:
+                        sidecar: str | Path | None = None,
+                        policy: Policy | str | None = None) -> dict:
     """Top-1 accuracy of the trunk on every held-out token, in non-overlapping windows of
     ``window`` tokens decoded from position 0 (the training length).
 
     With ``sidecar``: also the MTP graph's top-1 accuracy on the token after next
     (teacher forced: entry p = (x_p, h_{p-1}) predicts x_{p+1}) and its agreement with the
-    trunk's own next-token argmax at p, i.e. the first draft's acceptance on natural text.
+    trunk's own next-token argmax at p, i.e. the first draft's acceptance on natural text;
+    refused under a policy that disables MTP (without ``sidecar`` the trunk alone runs).
     """
     from mtplib.runtime.model import Context, ContextConfig, Model
 
+    if sidecar:
+        require_mtp("next_token_accuracy with a sidecar", policy=policy)
     n = hit = 0
     nll = 0.0
     m_n = m_hit = m_agree = 0
@@ -228,7 +242,8 @@ def prompts_from(docs: list[list[int]], *, n: int, length: int, seed: int = 0
 
 def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]], *,
                ks: Sequence[int] = (1, 2, 3), n_new: int = 128, n_threads: int = 2,
-               kv_type: str = "f16", flash_attn: str = "auto", rows: str = "api") -> dict:
+               kv_type: str = "f16", flash_attn: str = "auto", rows: str = "api",
+               policy: Policy | str | None = None) -> dict:
     """Greedy MTP decoding of every prompt for each k; acceptance per draft position.
 
     rows="api": `MTPRuntime` as shipped (rows from llama_get_embeddings_nextn);
@@ -236,6 +251,7 @@ def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]],
     """
     from mtplib.runtime.speculative import MTPRuntime
 
+    pol = require_mtp("acceptance", ks, policy=policy)
     n_ctx = _ctx_len(max(len(p) for p in prompts) + n_new)
     out = {}
     for k in ks:
@@ -245,7 +261,8 @@ def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]],
         outputs = []
         # "api": MTPRuntime as shipped; "captured": the same runtime, rows from cb_eval
         rt = MTPRuntime(str(trunk), str(sidecar), k=k, n_ctx=n_ctx, n_threads=n_threads,
-                        kv_type=kv_type, flash_attn=flash_attn, hidden_rows=rows)
+                        kv_type=kv_type, flash_attn=flash_attn, hidden_rows=rows,
+                        policy=pol)
         gen, close = rt.generate, rt.close
         try:
             for p in prompts:
@@ -275,16 +292,24 @@ def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]],
 
 def speed(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]], *,
           ks: Sequence[int] = (0, 1, 2, 3), n_new: int = 128, n_threads: int = 2,
-          repeats: int = 3) -> dict:
+          repeats: int = 3, policy: Policy | str | None = None) -> dict:
     """Decode tok/s, MTP off (k=0, no sidecar) vs on, interleaved over ``repeats`` rounds
     (the machine is shared: medians). Same runtime code for both (MTPRuntime)."""
     import os
 
     from mtplib.runtime.speculative import MTPRuntime
 
+    pol = require_mtp("speed", [k for k in ks if k], policy=policy)
     n_ctx = _ctx_len(max(len(p) for p in prompts) + n_new)
-    rts = {k: MTPRuntime(str(trunk), str(sidecar) if k else None, k=k, n_ctx=n_ctx,
-                         n_threads=n_threads) for k in ks}
+    rts = {}
+    try:
+        for k in ks:
+            rts[k] = MTPRuntime(str(trunk), str(sidecar) if k else None, k=k, n_ctx=n_ctx,
+                                n_threads=n_threads, policy=pol)
+    except BaseException:
+        for rt in rts.values():
+            rt.close()
+        raise
     rates: dict[int, list[float]] = {k: [] for k in ks}
     same: dict[int, bool] = {k: True for k in ks}
     try:
@@ -317,7 +342,8 @@ def speed(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]], *,
 
 def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts: int = 32,
                 prompt_len: int = 64, n_new: int = 128, speed_repeats: int = 5,
-                speed_threads: Sequence[int] = (1, 2)) -> dict:
+                speed_threads: Sequence[int] = (1, 2),
+                policy: Policy | str | None = None) -> dict:
     """Accuracy and acceptance (thread count cannot change them: ``n_threads``), then speed
     for each of ``speed_threads`` (on a loaded 2-core machine 2 threads can be slower:
     upstream's threads spin at every graph barrier while the other one is descheduled)."""
@@ -328,6 +354,7 @@ def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts
         print(f"[trained_eval] {msg} (load {os.getloadavg()[0]:.1f})", file=sys.stderr,
               flush=True)
 
+    pol = require_mtp("trained_eval", (1, 2, 3), policy=policy)  # every k measured below
     pair = trained_paths(root)
     mods = heldout_modules(Path(pair.trunk).parent / "split.json")
     docs = heldout_tokens(pair.trunk, mods)
@@ -336,25 +363,26 @@ def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts
            "heldout_tokens": sum(len(d) for d in docs)}
     say(f"{res['heldout_tokens']} held-out tokens: accuracy")
     res["accuracy"] = next_token_accuracy(pair.trunk, docs, n_threads=n_threads,
-                                          sidecar=pair.sidecar)
+                                          sidecar=pair.sidecar, policy=pol)
     prompts = prompts_from(docs, n=n_prompts, length=prompt_len)
     for rows in ("api", "captured"):
         say(f"acceptance, {rows} rows")
         res[f"acceptance_{rows}_rows"] = acceptance(pair.trunk, pair.sidecar, prompts,
                                                     n_new=n_new, n_threads=n_threads,
-                                                    rows=rows)
+                                                    rows=rows, policy=pol)
     res["speed"] = {}
     for nt in speed_threads:
         say(f"speed, {nt} threads")
         res["speed"][f"threads_{nt}"] = speed(pair.trunk, pair.sidecar, prompts[:16],
                                               n_new=n_new, n_threads=nt,
-                                              repeats=speed_repeats)
+                                              repeats=speed_repeats, policy=pol)
     say("done")
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    import sys
 
     ap = argparse.ArgumentParser(prog="python -m mtplib.lab.trained_eval",
                                  description="measure the trained pair on upstream (no torch)")
@@ -365,13 +393,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=128, help="tokens generated per prompt")
     ap.add_argument("--parity-only", action="store_true")
+    ap.add_argument("--policy", choices=["alpha", "beta"], default=None,
+                    help="deployment policy (default: $MTPLIB_POLICY, else beta); alpha "
+                    "refuses: every measurement here runs the MTP block")
     a = ap.parse_args(argv)
     pair = trained_paths(a.dir)
     if not pair.exists():
         raise SystemExit(f"no trained pair in {a.dir}")
-    res = {"parity": check_parity(pair, n_threads=a.threads)}
-    if not a.parity_only:
-        res.update(measure_all(a.dir, n_threads=a.threads, n_prompts=a.prompts, n_new=a.n))
+    try:
+        pol = require_mtp("trained_eval", (1,) if a.parity_only else (1, 2, 3),
+                          policy=a.policy)
+        res = {"parity": check_parity(pair, n_threads=a.threads, policy=pol)}
+        if not a.parity_only:
+            res.update(measure_all(a.dir, n_threads=a.threads, n_prompts=a.prompts,
+                                   n_new=a.n, policy=pol))
+    except MtplibError as e:  # one line, exit 2, as the mtplib CLI says it
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
     text = json.dumps(res, indent=2, sort_keys=True)
     if a.out:
         Path(a.out).write_text(text + "\n")

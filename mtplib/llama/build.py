@@ -18,6 +18,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError
 from mtplib.llama.draft import K_RANGE, MTPDraftModel
 from mtplib.model.fixture import require_weights
@@ -25,6 +26,7 @@ from mtplib.model.gguf_header import GGUFHeader, read_header
 from mtplib.runtime.hidden import CapturedRows, choose_row_source
 from mtplib.runtime.lib import UpstreamError, load
 from mtplib.runtime.model import FLASH_ATTN, KV_TYPES, ContextConfig, Model, check_pair
+from mtplib.runtime.routing import require_mtp
 
 #: Llama arguments `mtp_llama` owns or cannot honour, and why.
 REFUSED = {
@@ -172,8 +174,8 @@ def _replace_context(llm: Any, cfg: ContextConfig, draft: MTPDraftModel,
     ext.llama_set_embeddings_nextn(ctx.ctx, True, False)
 
 
-def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3,
-              **llama_kwargs: Any):
+def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3, *,
+              policy: Policy | str | None = None, **llama_kwargs: Any):
     """A `llama_cpp.Llama` on ``trunk`` that drafts ``draft`` tokens per step with the MTP
     block of ``sidecar`` (its `mtp-` file). ``llama_kwargs`` go to `Llama` (defaults:
     ``verbose=False``; ``logits_all`` is forced on, see below). ``llm.draft_model`` is the
@@ -181,8 +183,11 @@ def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3,
 
     Raises `InputError` for bad input, and when the trunk's rows cannot be trusted for
     this context configuration (row source "unsupported": no MTP rather than wrong drafts).
+    ``policy`` (default $MTPLIB_POLICY, else beta) is negotiated first: RouteRefused under
+    one that disables MTP (alpha).
     """
     th, sh = check_inputs(trunk, sidecar, draft, llama_kwargs)
+    require_mtp("mtp_llama", (draft,), policy=policy)
     load()  # the pinned build, upstream's logs routed through mtplib
     from llama_cpp import Llama
 

@@ -36,8 +36,9 @@ RAW = (OWNERSHIP_JSON, STATE_JSON)
 
 TRACE_RULE = (
     "A number in this README traces to the raw metrics when formatting some numeric value "
-    "of `run_record.json`, `dgr065_ownership.json` or `dgr065_state.json` (or a numeric key "
-    "there) with the same number of decimals gives the same text. Byte counts are written "
+    "of `run_record.json`, `dgr065_ownership.json`, `dgr065_state.json` or "
+    "`tests-DGR-065.json` (or a numeric key there) with the same number of decimals gives "
+    "the same text. Byte counts are written "
     "without thousands separators so that each one is a single number. Not numbers, by "
     "rule: "
     "headings (lines starting with `#`), code spans in backticks (commands, paths, hashes, "
@@ -67,6 +68,8 @@ class Run:
     rec: dict
     own: dict
     st: dict
+    #: ``tests-DGR-065.json``: the criterion tests' results, None where they were not run
+    tests: dict | None = None
 
     @classmethod
     def from_raw(cls, run_dir: Path, raw: dict, link: Links) -> Run:
@@ -81,7 +84,7 @@ class Run:
         if "fixture_reads" not in own or "fixture_checks" not in st:
             raise InputError(f"{run_dir}: {RAW} were written by older notebooks (no "
                              "fixture_reads / fixture_checks); rerun notebooks 01 and 02")
-        return cls(run_dir, link, raw["run_record"], own, st)
+        return cls(run_dir, link, raw["run_record"], own, st, raw.get("tests"))
 
     @property
     def fx(self) -> dict:
@@ -412,9 +415,13 @@ FILES: tuple[tuple[str, str], ...] = (
      "wire rule, capability negotiation and golden fixtures"),
     ("mtplib/lab/contract_checks.py", "the contract checks notebook 02_state_contract runs"),
     ("mtplib/records/dgr065.py", "this README's writer"),
+    ("mtplib/records/pytest_results.py", "the criterion tests' results this README prints "
+     "(`mtplib evidence --tests`)"),
     ("mtplib/records/raw_metrics.py", "the raw metrics files the notebooks write"),
-    ("tools/notebooks_src.py", "the source of notebooks 01_tensor_ownership and "
-     "02_state_contract"),
+    ("notebooks/01_tensor_ownership.py", "the source of notebook 01_tensor_ownership "
+     "(jupytext percent format)"),
+    ("notebooks/02_state_contract.py", "the source of notebook 02_state_contract "
+     "(jupytext percent format)"),
 )
 
 #: The test files that check each criterion (the "Tests" section).
@@ -426,8 +433,9 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Criterion four: contract and the alpha policy",
      ("tests/test_contract_capabilities.py", "tests/test_contract_golden.py",
       "tests/test_contract_seam.py", "tests/test_contract_session.py",
-      "tests/test_contract_types.py", "tests/test_policy.py")),
-    ("This README", ("tests/test_evidence_dgr065.py", "tests/test_evidence_sections.py")),
+      "tests/test_contract_types.py", "tests/test_policy.py", "tests/test_policy_paths.py")),
+    ("This README", ("tests/test_evidence_dgr065.py", "tests/test_evidence_sections.py",
+                     "tests/test_pytest_results.py")),
 )
 
 
@@ -436,7 +444,7 @@ def changed_files(r: Run) -> list[str]:
 
 
 def tests(r: Run) -> list[str]:
-    return tests_section(r.rec, TESTS, (
+    return tests_section(STORY, TESTS, r.tests, r.link, (
         "`tests/test_graph_reads.py` includes negative checks (a derivation wrong by one "
         "tensor, or one leaving out the unread V cache, fails); `tests/test_v4_flash.py` "
         "asserts the derivation time limit; `tests/test_evidence_dgr065.py` runs "
@@ -563,6 +571,7 @@ def render(run_dir: Path, raw: dict, link: Links) -> str:
 
 
 def story_files(run_dir: Path) -> list[Path]:
-    """DGR-065's part of a run: notebooks 01/02, their raw metrics, the run record."""
-    return [Path(n) for n in (*NOTEBOOKS, *RAW, "run_record.json")
+    """DGR-065's part of a run: notebooks 01/02, their raw metrics, the run record and
+    the criterion tests' results where they were recorded."""
+    return [Path(n) for n in (*NOTEBOOKS, *RAW, "run_record.json", f"tests-{STORY}.json")
             if (run_dir / n).is_file()]

@@ -31,9 +31,10 @@ STORY = "DGR-066"
 
 TRACE_RULE = (
     "A number in this README traces to the raw metrics when formatting some numeric value "
-    "of `run_record.json` or of the summary sections of `bench/bench.json` (config, "
-    "reference_s9, backend, wall_s, prompts, summary, sweep, break_even, sampling; the "
-    "per-run rows they are computed from are not cited) or a numeric key there, with the "
+    "of `run_record.json`, of `tests-DGR-066.json` or of the summary sections of "
+    "`bench/bench.json` (config, reference_s9, backend, wall_s, prompts, summary, sweep, "
+    "break_even, sampling; the per-run rows they are computed from are not cited) or a "
+    "numeric key there, with the "
     "same number of decimals, gives the same text; a number written directly before `%` "
     "may also match the raw value times 100 (a fraction shown as a percentage). Not "
     "numbers, by rule: headings (lines starting with `#`), code spans in backticks "
@@ -52,6 +53,8 @@ class Run:
     link: Links
     rec: dict
     bench: dict
+    #: ``tests-DGR-066.json``: the criterion tests' results, None where they were not run
+    tests: dict | None = None
 
     @classmethod
     def from_raw(cls, run_dir: Path, raw: dict, link: Links) -> Run:
@@ -60,7 +63,7 @@ class Run:
         if "bench" not in raw:
             raise InputError(f"{run_dir}: no {BENCH_JSON}: the lane did not run the "
                              "benchmark (notebook 04_benchmark)")
-        return cls(run_dir, link, raw["run_record"], raw["bench"])
+        return cls(run_dir, link, raw["run_record"], raw["bench"], raw.get("tests"))
 
     @property
     def cfg(self) -> dict:
@@ -327,11 +330,16 @@ FILES: tuple[tuple[str, str], ...] = (
     ("mtplib/records/lanes.py", "lanes: validation, the papermill pipeline, the run record"),
     ("mtplib/records/evidence.py", "the evidence dispatch, number tracing and `copy_run`"),
     ("mtplib/records/dgr066.py", "this README's writer"),
+    ("mtplib/records/pytest_results.py", "the criterion tests' results this README prints "
+     "(`mtplib evidence --tests`)"),
     ("mtplib/commands/run.py", "`mtplib run`"),
     ("mtplib/commands/bench.py", "`mtplib bench`"),
     ("mtplib/commands/evidence.py", "`mtplib evidence`"),
     ("params/", "the lanes (`cpu-fixture`, `gpu-fixture`, `v4-flash-h200`, `wan-cpu`)"),
-    ("tools/notebooks_src.py", "the source of notebooks 03_correctness and 04_benchmark"),
+    ("notebooks/03_correctness.py", "the source of notebook 03_correctness (jupytext "
+     "percent format)"),
+    ("notebooks/04_benchmark.py", "the source of notebook 04_benchmark (jupytext percent "
+     "format)"),
 )
 
 #: The test files that check each criterion (the "Tests" section).
@@ -343,8 +351,10 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Criterion three: lanes", ("tests/test_bench.py", "tests/test_lanes.py",
                                 "tests/test_cli_pipeline.py", "tests/test_projection.py")),
     ("Criterion four: evidence", ("tests/test_bench.py", "tests/test_raw_metrics.py",
-                                  "tests/test_evidence_sections.py")),
-    ("The deployment policy on every MTP path", ("tests/test_policy.py",)),
+                                  "tests/test_evidence_sections.py",
+                                  "tests/test_pytest_results.py")),
+    ("The deployment policy on every MTP path",
+     ("tests/test_policy.py", "tests/test_policy_paths.py")),
 )
 
 
@@ -353,7 +363,7 @@ def changed_files(r: Run) -> list[str]:
 
 
 def tests(r: Run) -> list[str]:
-    return tests_section(r.rec, TESTS)
+    return tests_section(STORY, TESTS, r.tests, r.link)
 
 
 def dependency_handoff(r: Run) -> list[str]:

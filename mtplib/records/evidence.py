@@ -7,7 +7,8 @@ sharing `mtplib.records.readme` (tracing rule, formatting, tables, links).
   formatted from the run's raw metrics (``run_record.json`` and the story's own files,
   `STORY_RAW`: ``bench/bench.json`` for DGR-066, ``dgr065_ownership.json`` and
   ``dgr065_state.json`` for DGR-065; each read by its reader in
-  `mtplib.records.raw_metrics`).
+  `mtplib.records.raw_metrics`), and the criterion tests' results where they were
+  recorded (``tests-<story>.json``, `mtplib.records.pytest_results`).
 - `numbers_trace(text, raw)`: the numbers in a README that do not appear in the raw metrics
   (the rule is `TRACE_RULE`, also printed at the end of every README; DGR-065's README
   prints it as `TRACE_RULE_DGR065`, naming its own files).
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
 from mtplib.records import dgr065, dgr066, wan_evidence
+from mtplib.records import pytest_results as pr
 from mtplib.records import raw_metrics as rm
 from mtplib.records.raw_metrics import BENCH_DIR
 from mtplib.records.readme import CITED_BENCH_KEYS, Links, cited, numbers_trace, readme_numbers
@@ -46,9 +48,11 @@ DGR065_RAW = dgr065.RAW
 #: The raw metrics a story's README may cite besides ``run_record.json``: key in the dict
 #: `load_raw` returns -> (file in the run directory, its reader); read when present.
 STORY_RAW: dict[str, dict[str, tuple[str, Callable[[Path], dict]]]] = {
-    "DGR-066": {"bench": (rm.BENCH_JSON, rm.read_bench)},
+    "DGR-066": {"bench": (rm.BENCH_JSON, rm.read_bench),
+                "tests": (pr.results_file("DGR-066"), lambda d: pr.read_results(d, "DGR-066"))},
     "DGR-065": {"ownership": (rm.OWNERSHIP_JSON, rm.read_ownership),
-                "state": (rm.STATE_JSON, rm.read_state)},
+                "state": (rm.STATE_JSON, rm.read_state),
+                "tests": (pr.results_file("DGR-065"), lambda d: pr.read_results(d, "DGR-065"))},
     wan_evidence.STORY: {b: (wan_evidence.raw_file(b), wan_evidence.read_build(b))
                          for b in wan_evidence.BUILDS},
 }

@@ -157,21 +157,52 @@ def changed_files_section(story: str, module: str, files: tuple[tuple[str, str],
             *table(["path", "what it holds"], [[f"`{p}`", what] for p, what in files]), ""]
 
 
-def tests_section(rec: dict, by_criterion: tuple[tuple[str, tuple[str, ...]], ...],
-                  notes: tuple[str, ...] = ()) -> list[str]:
-    """The test files that check each criterion; test results only where the run record
-    holds them (the pipeline does not run pytest, so no pass count is ever written here)."""
-    results = rec.get("tests")
-    said = ("Test results recorded with this run: " + ", ".join(
-        f"`{k}`: {v}" for k, v in results.items()) + "." if isinstance(results, dict) and results
-        else "This run's record holds no test results: the pipeline that made this run does "
-        "not run pytest. The tests run in CI; their results are CI's, not this README's.")
+def tests_section(story: str, by_criterion: tuple[tuple[str, tuple[str, ...]], ...],
+                  results: dict | None, link: Links, notes: tuple[str, ...] = ()
+                  ) -> list[str]:
+    """The test files that check each criterion, with their results where a pytest run of
+    them was recorded beside the run (``results``: ``tests-<story>.json``, written by
+    `mtplib.records.pytest_results.record_tests`); without that file it says "not run"."""
+    name = f"tests-{story}.json"
     files = sorted({f for _, fs in by_criterion for f in fs})
+    how = ("To run them: `.venv/bin/python -m pytest -q " + " ".join(files) + "`; "
+           f"`mtplib evidence --run RUN --story {story} --tests` runs them and records "
+           f"their results in `{name}` beside the run, which this section prints."
+           + ("" if not notes else " " + " ".join(notes)))
+    if not results:
+        return ["## Tests", "",
+                f"Test results: **not run** for this README (no `{name}` beside its run; "
+                "the pipeline that made the run does not run pytest).", "",
+                *table(["criterion", "test files"],
+                       [[c, ", ".join(f"`{f}`" for f in fs)] for c, fs in by_criterion]), "",
+                how, ""]
+    git, pin = results.get("git", {}), results.get("pins", {})
+    code = results.get("exit_code")
+    said = (f"Test results ({link(name)}): `{results.get('command')}`, run at commit "
+            f"`{git.get('commit')}` (uncommitted changes: `{git.get('dirty')}`) from "
+            f"`{results.get('started')}` to `{results.get('ended')}`, Python "
+            f"`{results.get('python')}`, `llama-cpp-python=={pin.get('llama_cpp_python')}`. "
+            f"pytest's exit code: {code} ("
+            + ("every test passed or was skipped" if code == 0 else "**not all passed**")
+            + f"; its last line: `{results.get('summary_line')}`). These are the results "
+            "of that commit, which need not be the run's.")
+    rows = []
+    for c, fs in by_criterion:
+        for f in fs:
+            r = (results.get("files") or {}).get(f)
+            if r is None:
+                rows.append([c, f"`{f}`", "not reported", "", "", "", ""])
+                continue
+            rows.append([c, f"`{f}`", str(r["passed"]),
+                         str(r["failed"]) if not r["failed"] else f"**{r['failed']}**",
+                         str(r["errors"]) if not r["errors"] else f"**{r['errors']}**",
+                         str(r["skipped"]), fmt(r["duration_s"], 1)])
+    bad = [t for r in (results.get("files") or {}).values() if r for t in r["not_passed"]]
     return ["## Tests", "", said, "",
-            *table(["criterion", "test files"],
-                   [[c, ", ".join(f"`{f}`" for f in fs)] for c, fs in by_criterion]), "",
-            "To run them: `.venv/bin/python -m pytest -q " + " ".join(files) + "`."
-            + ("" if not notes else " " + " ".join(notes)), ""]
+            *table(["criterion", "test file", "passed", "failed", "errors", "skipped",
+                    "seconds"], rows), "",
+            *(["Not passed: " + names(bad) + ".", ""] if bad else []),
+            how, ""]
 
 
 def dependency_section(story: str, inputs: tuple[tuple[str, str], ...],

@@ -11,6 +11,10 @@ checks it against the pinned build instead of trusting it:
 * `table_check`: load a weight-less table with no_alloc (metadata only, nothing read or
   allocated) in a child process, to show upstream accepts a real-scale tensor table.
 
+Policy: the MTP graph's decode runs the MTP block, so `observe` (graph "mtp") and
+`check_pair` ask the deployment policy first (`mtplib.runtime.routing.require_mtp`, through
+`negotiate()`); under alpha they raise RouteRefused naming it, before any model is loaded.
+
 Crash traps (reference §3/§4): upstream aborts the process on some bad calls, so every
 input is validated by mtplib.runtime.model.Context first, weight-less files are refused
 before any decode, and the no_alloc load runs in a child process.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError
 from mtplib.model.fixture import require_weights
 from mtplib.model.gguf_header import ModelFileError, read_header_fast, require_deepseek4
@@ -43,6 +48,7 @@ from mtplib.ownership.derivation import (
 from mtplib.runtime import ggml_tensor as gt
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
 from mtplib.runtime.model import Context, ContextConfig, Model, RuntimeInputError
+from mtplib.runtime.routing import require_mtp
 
 CACHE_NAME_RE = re.compile(r"^(cache_[kv]_l\d+|dsv4_(csa|hca|lid)_state_(kv|score)_l\d+)$")
 GGML_TYPE_NAMES = {0: "F32", 1: "F16", 8: "Q8_0", 30: "BF16"}
@@ -155,12 +161,14 @@ def _collector(obs: Observation):
 
 def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
             load_mtp: bool | None = None, n_tokens: int = 8,
-            flash_attn: str = "auto", n_threads: int = 2) -> Observation:
+            flash_attn: str = "auto", n_threads: int = 2,
+            policy: Policy | str | None = None) -> Observation:
     """Run one decode of ``graph`` on ``path`` and record what it reads and allocates.
 
     graph "main": the target graph over PROMPT[:n_tokens]; graph "mtp": an MTP context on
     ``path`` loaded with load_mtp, fed PROMPT tokens with deterministic hidden rows (the
     values do not matter for what is read). Context parameters come from ``params``.
+    The MTP graph is refused (RouteRefused) under a policy that disables MTP.
     """
     if graph not in ("main", "mtp"):
         raise InputError(f"graph must be 'main' or 'mtp', got {graph!r}")
@@ -169,6 +177,8 @@ def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
     load_mtp = (graph == "mtp") if load_mtp is None else load_mtp
     if graph == "mtp" and not load_mtp:
         raise RuntimeInputError("the MTP graph needs a model loaded with load_mtp")
+    if graph == "mtp":
+        require_mtp("the MTP graph check", policy=policy)
     eff = params.effective()
     obs = Observation(graph, str(path), {**asdict(params), **eff, "flash_attn": flash_attn})
     cb = _collector(obs)
@@ -272,15 +282,18 @@ def check_caches(derived: list[CacheTensor], obs: Observation) -> dict:
     }
 
 
-def check_pair(inv: Inventory, params: CacheParams, *, flash_attn: str = "auto") -> dict:
+def check_pair(inv: Inventory, params: CacheParams, *, flash_attn: str = "auto",
+               policy: Policy | str | None = None) -> dict:
     """Main decode on the trunk and MTP decode on the sidecar (or the combined file loaded
-    with load_mtp): reads and caches compared with the derivation. JSON-serialisable."""
+    with load_mtp): reads and caches compared with the derivation. JSON-serialisable.
+    Refused (RouteRefused) under a policy that disables MTP, before the main decode."""
     if not inv.has_mtp:
         raise InputError("check_pair needs a trunk with an MTP block (pair or combined)")
+    pol = require_mtp("check_pair (the MTP graph)", policy=policy)
     trunk = inv.paths["trunk"]
     mtp_path, mtp_file = (inv.paths["mtp"], "mtp") if inv.layout == "pair" else (trunk, "trunk")
     main = observe(trunk, params, graph="main", flash_attn=flash_attn)
-    mtp = observe(mtp_path, params, graph="mtp", flash_attn=flash_attn)
+    mtp = observe(mtp_path, params, graph="mtp", flash_attn=flash_attn, policy=pol)
     reads = [check_reads(inv, main, "trunk"), check_reads(inv, mtp, mtp_file)]
     caches = [check_caches(derived_caches(inv, params, "main"), main),
               check_caches(derived_caches(inv, params, "mtp"), mtp)]

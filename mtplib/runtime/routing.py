@@ -16,11 +16,13 @@ sidecar. They are not looked up in certification records (that hashes whole GGUF
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from mtplib import pins
 from mtplib.contract.capabilities import (
     Decision,
     Policy,
+    RouteRefused,
     ShardAdvert,
     Status,
     policy_named,
@@ -69,6 +71,22 @@ def route(k: int, *, policy: Policy | str | None = None, n_shards: int = 1,
     pol = resolve_policy(policy)
     adverts = run_adverts(n_shards, tail_has_sidecar=has_sidecar, policy=pol)
     return require_route(recipe_for(k), adverts, pol)
+
+
+def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | None = None,
+                n_shards: int = 1, has_sidecar: bool = True) -> Policy:
+    """The gate of a path that runs MTP outside MTPRuntime and RangedMTP (its own MTP
+    context, upstream's C++ loop, a graph check): `route` every draft length it will run,
+    before it loads or starts anything. Returns the resolved policy, for the path to hand
+    on to the runtimes it builds; RouteRefused (an InputError) names ``what`` and the
+    policy. ``ks`` of 1 means "the MTP block runs" (one MTP step is drafting one token)."""
+    pol = resolve_policy(policy)
+    for k in ks:
+        try:
+            route(int(k), policy=pol, n_shards=n_shards, has_sidecar=has_sidecar)
+        except RouteRefused as e:
+            raise RouteRefused(f"{what}: {e}") from None
+    return pol
 
 
 def routing_metrics(decision: Decision, policy: Policy) -> dict:
