@@ -93,8 +93,10 @@ rep.shard_table(own)
 rep.replica_table(own)
 
 # %%
-fig = rep.stacked_bytes_chart({f"fixture, plan {own.plan}": own}, "roles", unit=2**20)
-fig.axes[0].set_ylabel("MiB");
+from mtplib.lab.display import model_name
+
+fig = rep.stacked_bytes_chart({f"plan {own.plan}": own}, "roles", unit=2**20,
+                              title=f"{model_name(trunk)}: bytes held per shard, by tensor role")
 
 # %% [markdown]
 # ## DeepSeek-V4-Flash: the real tensor table, weight-less

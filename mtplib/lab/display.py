@@ -127,6 +127,18 @@ def ax_legend_outside(ax, **kw):
                      fontsize=kw.pop("fontsize", 8), **kw)
 
 
+def as_image(fig, dpi: int = 100):
+    """A Figure as an IPython PNG Image: a notebook shows it the same way in any kernel,
+    whether or not pyplot's inline backend is active (the plot functions use no pyplot)."""
+    import io
+
+    from IPython.display import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return Image(data=buf.getvalue(), format="png")
+
+
 # -- tables -----------------------------------------------------------------------------------
 NA = "n/a"
 
