@@ -176,8 +176,9 @@ def fmt_number(x: float, sig: int = 4) -> str:
     return "0" if s in ("-0", "") else s
 
 
-def fmt_value(v, sig: int = 4) -> str | int | bool:
-    """One table cell: numbers rounded, missing as 'n/a', lists and dicts compact."""
+def fmt_value(v, sig: int = 4, *, nested: bool = False) -> str | int | bool:
+    """One table cell: numbers rounded, missing as 'n/a', lists and dicts compact (a dict
+    inside a list keeps its braces, so '[{len: 12, seed: 0}, {len: 12, seed: 1}]')."""
     import numpy as np
 
     if isinstance(v, bool | np.bool_):
@@ -189,9 +190,10 @@ def fmt_value(v, sig: int = 4) -> str | int | bool:
     if is_missing(v):
         return NA
     if isinstance(v, Mapping):
-        return ", ".join(f"{k}: {fmt_value(x, sig)}" for k, x in v.items()) or "none"
+        body = ", ".join(f"{k}: {fmt_value(x, sig, nested=True)}" for k, x in v.items())
+        return "{" + body + "}" if nested else body or "none"
     if isinstance(v, list | tuple | np.ndarray):
-        return "[" + ", ".join(str(fmt_value(x, sig)) for x in v) + "]"
+        return "[" + ", ".join(str(fmt_value(x, sig, nested=True)) for x in v) + "]"
     return v
 
 
@@ -207,13 +209,10 @@ def show(data, columns: Iterable[str] | None = None, *, sig: int = 4, index=None
     if index is not None:
         df = df.set_index(index)
     out = df.astype(object).map(lambda v: fmt_value(v, sig))
-    out.index = [tuple(fmt_value(x, sig) for x in i) if isinstance(i, tuple)
-                 else fmt_value(i, sig) for i in out.index] \
-        if not isinstance(df.index, pd.RangeIndex) else out.index
-    if isinstance(df.index, pd.MultiIndex):
-        out.index = pd.MultiIndex.from_tuples(out.index, names=df.index.names)
-    else:
-        out.index.name = df.index.name
+    if not isinstance(df.index, pd.RangeIndex):  # a grouped or keyed table: its keys too
+        out.index = df.index.map(lambda i: tuple(fmt_value(x, sig) for x in i)
+                                 if isinstance(i, tuple) else fmt_value(i, sig))
+        out.index.names = df.index.names
     return out
 
 
