@@ -158,7 +158,8 @@ plans = pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
 plans
 
 # %%
-fig = rep.stacked_bytes_chart({f"{n} shards": owns[(n, flash_ctx, True)] for n in flash_shards},
+fig = rep.stacked_bytes_chart({f"{n} shards (even layer split)": owns[(n, flash_ctx, True)]
+                               for n in flash_shards},
                               "roles", title="DeepSeek-V4-Flash: bytes held per shard, by role")
 
 # %%

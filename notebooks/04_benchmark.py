@@ -129,8 +129,7 @@ plot('speedup_curve')
 # Reference numbers, not measured here, and where each is published:
 
 # %%
-display(D.show([{"reference": k, **{f: x for f, x in v.items() if f not in ("title", "url")}}
-                for k, v in data["reference_s9"].items()]),
+display(D.show([{"reference": k, **v} for k, v in data["reference_s9"].items()]),
         D.references_table())
 
 # %% [markdown]

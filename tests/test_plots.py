@@ -141,9 +141,9 @@ def test_bench_plots_without_a_model_or_ranged_plan_say_so(bench):
 
 
 def test_reference_sources_are_public_and_cited():
-    for key, ref in B.REFERENCE_S9.items():
-        assert ref["url"].startswith("https://") and ref["title"], key
-        assert D.REFERENCES[key].cite().endswith(ref["url"])
+    for key in B.REFERENCE_S9:
+        ref = D.REFERENCES[key]
+        assert ref.url.startswith("https://") and ref.title and ref.cite().endswith(ref.url)
     t = D.references_table()
     assert list(t["reference"]) == list(B.REFERENCE_S9) and t["url"].str.startswith(
         "https://").all()
@@ -233,7 +233,7 @@ def test_show_rounds_and_keeps_missing_missing():
     a, b = t.iloc[0], t.iloc[1]
     assert a["tok_s"] == "1469" and b["tok_s"] == "0"  # a measured 0 stays 0
     assert a["rss"] == "n/a" and a["x"] == "n/a" and b["rss"] == "12.35"  # missing: n/a
-    assert a["k"] == 1 and a["ok"] is True and b["ok"] is False
+    assert a["k"] == 1 and not isinstance(a["ok"], str) and a["ok"] and not b["ok"]
     assert a["pos"] == "[0.02222, n/a]" and a["rb"] == "tail: 6" and b["rb"] == "none"
     assert a["prompts"] == "[{len: 12, seed: 0}]"
     # a keyed table (histogram rows: plan and k, never k alone)

@@ -58,8 +58,8 @@ from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import MTPRuntime
 
-#: The published reference numbers (the comparison column; not measured here). Each names
-#: its public source (title, url: `mtplib.lab.display.REFERENCES`), so a reader can open it.
+#: The published reference numbers (the comparison column; not measured here). Their public
+#: sources (title, url) are `mtplib.lab.display.REFERENCES`, under the same keys.
 REFERENCE_S9 = {
     "deepseek_v3": {"source": "DeepSeek-V3 report", "k": 1,
                     "second_token_acceptance_low": 0.85, "second_token_acceptance_high": 0.90,
@@ -68,9 +68,6 @@ REFERENCE_S9 = {
                      "baseline_tok_s": 16.4},
     "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
 }
-for _key, _ref in REFERENCE_S9.items():
-    _ref.update(title=D.REFERENCES[_key].title, url=D.REFERENCES[_key].url)
-
 TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
 LOG = Callable[[str], None]
 
@@ -344,8 +341,8 @@ class BenchResult:
 
     def to_json(self) -> dict:
         return {"config": self.config, "reference_s9": REFERENCE_S9, "backend": self.backend,
-                "wall_s": self.wall_s, "prompts": self.prompts, "model": self.model,
-                "summary": self.summary,
+                "wall_s": self.wall_s, "prompts": self.prompts,
+                **({"model": self.model} if self.model else {}), "summary": self.summary,
                 "sweep": self.sweep, "break_even": self.break_even, "runs": self.runs,
                 "sweep_runs": self.sweep_runs, "sampling": self.sampling}
 
