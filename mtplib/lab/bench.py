@@ -691,7 +691,7 @@ def plot_speed(data: dict):
     axes[0].set_ylabel("decode speed (tokens/s)")
     fig.suptitle(title, fontsize=10)
     D.legend_outside(fig, axes, extra=[
-        (Patch(color=D.data_colour(0), alpha=0.85), "median over runs (bar)"),
+        (Patch(facecolor="white", edgecolor=D.NEUTRAL), "median over runs (bar, colour: k)"),
         (Line2D([], [], color=D.NEUTRAL), "min-max over runs"),
         (Line2D([], [], color=D.NEUTRAL, marker="o", ms=3, ls="none"), "one measured run")])
     return fig
