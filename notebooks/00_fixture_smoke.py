@@ -64,7 +64,9 @@ pd.DataFrame({"file": ["trunk", "sidecar"], "tensors": [len(t), len(s)],
 # ## Greedy decode, twice
 
 # %%
+from mtplib.lab.display import show
+
 runs = [run_greedy(trunk, prompt_tokens, n_tokens, n_threads=threads) for _ in range(2)]
 assert runs[0].tokens == runs[1].tokens, "greedy decoding is not deterministic"
-pd.DataFrame([{"run": i, **r.metrics, "tokens": " ".join(map(str, r.tokens[:16])) + " ..."}
-              for i, r in enumerate(runs)])
+show([{"run": i, **r.metrics, "tokens": " ".join(map(str, r.tokens[:16])) + " ..."}
+      for i, r in enumerate(runs)])

@@ -93,8 +93,10 @@ rep.shard_table(own)
 rep.replica_table(own)
 
 # %%
-fig = rep.stacked_bytes_chart({f"fixture, plan {own.plan}": own}, "roles", unit=2**20)
-fig.axes[0].set_ylabel("MiB");
+from mtplib.lab.display import model_name
+
+fig = rep.stacked_bytes_chart({f"plan {own.plan}": own}, "roles", unit=2**20,
+                              title=f"{model_name(trunk)}: bytes held per shard, by tensor role")
 
 # %% [markdown]
 # ## DeepSeek-V4-Flash: the real tensor table, weight-less
@@ -156,7 +158,8 @@ plans = pd.DataFrame([{"shards": n, "plan": kind, "ranges": str(p),
 plans
 
 # %%
-fig = rep.stacked_bytes_chart({f"{n} shards": owns[(n, flash_ctx, True)] for n in flash_shards},
+fig = rep.stacked_bytes_chart({f"{n} shards (even layer split)": owns[(n, flash_ctx, True)]
+                               for n in flash_shards},
                               "roles", title="DeepSeek-V4-Flash: bytes held per shard, by role")
 
 # %%

@@ -33,10 +33,11 @@ n_new = 32
 plans = ["0-1,2-3", "0-0,1-2,3-3"]
 
 # %%
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from mtplib.lab import correctness as C
+from mtplib.lab import correctness_plots as CP
+from mtplib.lab import display as D
 from mtplib.lab.quality import NOISE_BOUND
 from mtplib.records import raw_metrics as RM
 
@@ -52,38 +53,38 @@ summary = eq.groupby("k").agg(runs=("equal", "size"), equal=("equal", "sum"),
                               near_tie_divergences=("near_tie", "sum"),
                               drafted=("drafted", "sum"), accepted=("accepted", "sum"))
 summary["unexplained_divergences"] = summary.runs - summary.equal - summary.near_tie_divergences
-summary
+D.show(summary)
 
 # %%
-eq[~eq.equal]  # every divergence, with the MTP-off top-2 margin where it happened
+D.show(eq[~eq.equal])  # every divergence, with the MTP-off top-2 margin where it happened
 
 # %% [markdown]
 # ## Forced accept and forced reject: exact accounting
 
 # %%
 fo = pd.DataFrame(C.forced(trunk, ks=ks, n_new=n_new, n_threads=threads))
-fo
+D.show(fo)
 
 # %% [markdown]
 # ## Rollback exactness: next logits vs a fresh context (noise bound 0.005)
 
 # %%
 rb = pd.DataFrame(C.rollback_noise(trunk, n_threads=threads))
-rb
+D.show(rb)
 
 # %% [markdown]
 # ## Interleaved sessions vs each alone
 
 # %%
 se = pd.DataFrame(C.sessions(trunk, sidecar, n_threads=threads))
-se
+D.show(se)
 
 # %% [markdown]
 # ## Sampling: MTP-on vs MTP-off streams per seed (sample-and-match)
 
 # %%
 sa = C.sampling_agreement(trunk, sidecar, n_threads=threads)
-pd.DataFrame([sa])
+D.show([sa])
 
 # %% [markdown]
 # ## Whole vs ranged (DGR-066 part 2)
@@ -95,7 +96,7 @@ pd.DataFrame([sa])
 # %%
 wr = pd.DataFrame(C.whole_vs_ranged(trunk, sidecar, plans=plans, n_threads=threads))
 _ = RM.write_seam_bytes(run_dir, wr)  # the run record carries it, even if a later cell fails
-wr
+D.show(wr)
 
 # %% [markdown]
 # For scale: the contract's minimum per token per seam for DeepSeek-V4-Flash at bf16 (the
@@ -105,26 +106,19 @@ wr
 from mtplib.contract import V4_FLASH_DIMS, DType, seam_bytes_per_token
 
 flash = seam_bytes_per_token(V4_FLASH_DIMS, DType.BF16)
-pd.DataFrame([{"model": "V4-Flash", "dtype": "bf16", **{k: flash[k] for k in
+D.show([{"model": "V4-Flash", "dtype": "bf16", **{k: flash[k] for k in
                ("prefill_token", "decode_token", "verify_k1", "verify_k2", "verify_k3")}}])
 
-# %%
-fig, ax = plt.subplots(figsize=(7, 3))
-cols = [c for c in wr.columns if c.startswith("bytes_per_token_")]
-wr.set_index(wr.plan + " k=" + wr.k.astype(str))[cols].plot.bar(ax=ax, logy=True)
-ax.axhline(wr.contract_min_decode.iloc[0], color="k", ls="--", label="contract min / decode token")
-ax.set_ylabel("bytes per token")
-ax.legend(fontsize=7)
-plt.tight_layout()
+# %% [markdown]
+# Bytes per token on the shard connections by step kind, per plan (log scale). A step kind
+# without a bar did not occur in that run (MTP off drafts nothing) or moved no counted bytes:
+# the table above shows it as n/a, never 0.
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 3))
-ax.bar(rb.index, rb.max_abs_dlogit, color=["C0" if n else "C1" for n in rb.n_rs_seq])
-ax.axhline(NOISE_BOUND, color="k", ls="--", label="noise bound")
-ax.set_xlabel("scenario (blue: tail removal, orange: checkpoint + replay)")
-ax.set_ylabel("max |Δ logit|")
-ax.legend()
-plt.tight_layout()
+D.as_image(CP.plot_seam_traffic(wr, model=D.model_name(trunk)))
+
+# %%
+D.as_image(CP.plot_rollback(rb, noise_bound=NOISE_BOUND, model=D.model_name(trunk)))
 
 # %%
 # raw metrics of this notebook: every table above

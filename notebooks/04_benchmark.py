@@ -22,8 +22,8 @@
 # overall, per draft position and as a histogram; TTFT and decode speed; the time split;
 # memory; seam bytes. Then the synthetic acceptance sweep: the target's own continuation,
 # cut at a length drawn with upstream's `--spec-synth-rates` semantics, gives the speed-up
-# at acceptance 0..100% and the break-even acceptance, with the reference numbers of
-# upstream-v4-mtp.md §9 marked.
+# at acceptance 0..100% and the break-even acceptance, with the published reference numbers
+# marked (their sources, with links, in the table at the end of the sweep section).
 # Everything comes from `mtplib.lab.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
 
 # %% tags=["parameters"]
@@ -39,6 +39,7 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from mtplib.lab import bench as B
+from mtplib.lab import display as D
 from mtplib.records import raw_metrics as RM
 
 assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
@@ -49,15 +50,15 @@ data = RM.read_bench(run_dir)
 summ = pd.DataFrame(data["summary"])
 def plot(name):  # the PNG saved with the raw metrics (bench/plots/), as the evidence shows it
     display(Image(filename=str(paths[f"plot_{name}"])))
-pd.DataFrame([{"bench wall s": round(data["wall_s"], 1), **{k: v for k, v in
-              data["config"].items() if k not in ("sweep", "sampling")}}])
+D.show([{"bench wall s": data["wall_s"], **{k: v for k, v in
+        data["config"].items() if k not in ("sweep", "sampling")}}])
 
 # %% [markdown]
 # ## Speed: MTP off vs on (median over repetitions, warm-up excluded)
 
 # %%
-summ[["plan", "k", "runs", "decode_tok_s_median", "decode_tok_s_min", "decode_tok_s_max",
-      "decode_tok_s_spread_pct", "speedup", "ttft_ms_median"]]
+D.show(summ, ["plan", "k", "runs", "decode_tok_s_median", "decode_tok_s_min",
+             "decode_tok_s_max", "decode_tok_s_spread_pct", "speedup", "ttft_ms_median"])
 
 # %%
 plot('speed_vs_k')
@@ -68,10 +69,12 @@ plot('speed_vs_k')
 # %%
 acc = summ[summ.k > 0][["plan", "k", "drafted", "accepted", "acceptance", "acceptance_pos_1",
                         "acceptance_pos_2", "acceptance_pos_3", "mean_accept_len"]]
-hist = pd.DataFrame([{"k": r["k"], **{f"{a} accepted": n for a, n in
-                                      r["accept_len_hist"].items()}}
-                     for r in data["summary"] if r["k"] > 0]).set_index("k")
-display(acc, hist)
+# accepted-length histogram: runs' verify steps that accepted 0..k drafts, per plan and k
+# (n/a: more than k cannot be accepted)
+hist = pd.DataFrame([{"plan": r["plan"], "k": r["k"],
+                      **{f"{a} accepted": n for a, n in r["accept_len_hist"].items()}}
+                     for r in data["summary"] if r["k"] > 0])
+display(D.show(acc), D.show(hist, index=["plan", "k"]))
 
 # %%
 plot('acceptance_per_position')
@@ -84,14 +87,15 @@ qcols = ["plan", "k", "runs", "equal_to_off_runs", "token_agreement_pct",
          "near_tie_divergences", "unexplained_divergences"]
 qcols += [c for c in ("sampling_equal_streams", "sampling_streams", "sampling_tv_distance")
           if c in summ]
-summ[summ.k > 0][qcols]
+D.show(summ[summ.k > 0], qcols)
 
 # %% [markdown]
 # ## Where the time goes (ms per generated token)
 
 # %%
 parts = ["prefill", "draft", "verify", "feed", "rollback"]
-summ[["plan", "k"] + [f"ms_per_token_{p}" for p in parts] + [f"share_{p}_pct" for p in parts]]
+D.show(summ, ["plan", "k"] + [f"ms_per_token_{p}" for p in parts]
+       + [f"share_{p}_pct" for p in parts])
 
 # %%
 plot('time_split')
@@ -100,8 +104,8 @@ plot('time_split')
 # ## Memory and seam bytes
 
 # %%
-summ[["plan", "k", "rss_peak_mib", "trunk_weights_mib", "mtp_weights_mib",
-      "target_seq_state_kib", "mtp_seq_state_kib", "seam_bytes_per_token"]]
+D.show(summ, ["plan", "k", "rss_peak_mib", "trunk_weights_mib", "mtp_weights_mib",
+             "target_seq_state_kib", "mtp_seq_state_kib", "seam_bytes_per_token"])
 
 # %%
 plot('seam_bytes')
@@ -114,18 +118,19 @@ plot('seam_bytes')
 
 # %%
 sw = pd.DataFrame(data["sweep"])
-display(sw[["k", "rate", "acceptance_pos_1", "acceptance", "decode_tok_s_median", "speedup",
-            "reference_intact_runs", "runs"]] if len(sw) else "sweep off",
-        pd.DataFrame(data["break_even"]))
+display(D.show(sw, ["plan", "k", "rate", "acceptance_pos_1", "acceptance",
+                   "decode_tok_s_median", "speedup", "reference_intact_runs", "runs"])
+        if len(sw) else "sweep off", D.show(data["break_even"]))
 
 # %%
 plot('speedup_curve')
 
 # %% [markdown]
-# Reference numbers (upstream-v4-mtp.md §9), not measured here:
+# Reference numbers, not measured here, and where each is published:
 
 # %%
-pd.DataFrame([{"reference": k, **v} for k, v in data["reference_s9"].items()])
+display(D.show([{"reference": k, **v} for k, v in data["reference_s9"].items()]),
+        D.references_table())
 
 # %% [markdown]
 # ## Real acceptance: the trained tiny V4 (issue 9) next to the anchors
@@ -133,15 +138,16 @@ pd.DataFrame([{"reference": k, **v} for k, v in data["reference_s9"].items()])
 # Random-weight fixtures accept about 1/vocab. The committed trained pair
 # (`evidence/trained-v4/`, MTP head trained jointly with DeepSeek's objective) gives real
 # acceptance per position on held-out text, measured by `python -m mtplib.lab.trained_eval`
-# (greedy, 32 held-out prompts x 128 tokens, 1 thread); the reference anchors are from
-# reference §9 (DeepSeek-V3: 85-90% second-token acceptance, the midpoint shown; vLLM V4).
+# (greedy, 32 held-out prompts x 128 tokens, 1 thread); the reference anchors are the
+# published numbers above (DeepSeek-V3: 85-90% second-token acceptance, the midpoint shown;
+# vLLM V4).
 # At this size MTP on is slower than off (speed-up < 1): a verify step costs more than the
 # tokens it saves. Read these acceptances against the sweep's speed-up curve above.
 
 # %%
 from mtplib.lab.trained_eval import anchor_table
 
-pd.DataFrame(anchor_table())
+D.show(anchor_table())
 
 # %% [markdown]
 # ## Side by side with upstream's C++ MTP loop (issue 7, preset `v4-ratio-cpu`)
@@ -161,14 +167,14 @@ sbs = SBS.evidence_dir(sbs_dir)
 if not sbs.is_dir():
     print(f"no side-by-side results in {sbs}")
 for p in sorted(sbs.glob("sbs-*.json")):
-    display(Markdown(f"**{p.name}**"), SBS.table(p))
+    display(Markdown(f"**{p.name}**"), D.show(SBS.table(p)))
 
 # %% [markdown]
 # Plain decoding repeated (the case whose ratio moves most with the load):
 
 # %%
 reps = sorted(sbs.glob("plain-repeat-*.json"))
-pd.concat([SBS.table(p).assign(file=p.name) for p in reps]) if reps else "none"
+D.show(pd.concat([SBS.table(p).assign(file=p.name) for p in reps])) if reps else "none"
 
 # %% [markdown]
 # ### The preset's cost ratio: one MTP step against one trunk step
@@ -178,7 +184,7 @@ pd.concat([SBS.table(p).assign(file=p.name) for p in reps]) if reps else "none"
 # MTP block is about 1/43 of its active compute; the `tiny` fixture's is about 1/5.
 
 # %%
-SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json')))
+D.show(SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json'))))
 
 # %% [markdown]
 # ### Acceptance -> speed on `v4-ratio-cpu`, break-even acceptance
@@ -188,14 +194,9 @@ SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json')))
 # interleaved with every k. Break-even = where the speed-up crosses 1.
 
 # %%
-import matplotlib.pyplot as plt
-
 sweeps = sorted(sbs.glob("sweep-*.json"))
 for p in sweeps:
     sw, be = SBS.sweep_table(p)
-    display(Markdown(f"**{p.name}**"), sw, be)
+    display(Markdown(f"**{p.name}**"), D.show(sw), D.show(be))
 if sweeps:
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4), squeeze=False)
-    for p, ax in zip(sweeps, axes[0], strict=True):
-        SBS.plot_sweep(p, ax=ax)
-    plt.show()
+    display(D.as_image(SBS.plot_sweeps(sweeps)))

@@ -41,6 +41,7 @@ import pandas as pd
 from IPython.display import display
 
 from mtplib import paths
+from mtplib.lab import display as D
 from mtplib.lab import wan as W
 
 pd.set_option("display.width", 200)
@@ -59,16 +60,9 @@ list(results)
 # without drafting. The speed-up a WAN-bound loop approaches is the tokens per verify step.
 
 # %%
-import matplotlib.pyplot as plt
-
 for build, d in results.items():
     for plan in sorted({s["plan"] for s in d["summary"]}):
-        fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
-        W.plot_rtt(d["summary"], what="tok_s", plan=plan, ax=axes[0])
-        W.plot_rtt(d["summary"], what="speedup", plan=plan, ax=axes[1])
-        fig.suptitle(f"upstream build: {build}")
-        fig.tight_layout()
-        plt.show()
+        display(D.as_image(W.plot_rtt_pair(d["summary"], plan=plan, build=build)))
 
 # %% [markdown]
 # ## The targets at 100 ms (plan 0-1,2-3, k=2)
@@ -79,7 +73,7 @@ for build, d in results.items():
 # %%
 for build, d in results.items():
     print(build)
-    display(pd.DataFrame(d["targets"]))
+    display(D.show(d["targets"]))
 
 # %% [markdown]
 # ## Waits per step kind and bytes per step by class
@@ -89,11 +83,12 @@ for build, d in results.items():
     s = pd.DataFrame(d["summary"])
     top = s[s.rtt_ms == s.rtt_ms.max()]
     print(build)
-    display(top[["plan", "topology", "placement", "k", "tok_s", "speedup", "tokens_per_step",
-                 "waits_per_plain", "waits_per_verify", "waits_per_draft", "waits_per_token",
-                 "cache_bytes_crossing", "identical_to_off"]])
+    display(D.show(top, ["plan", "topology", "placement", "k", "tok_s", "speedup",
+                         "tokens_per_step", "waits_per_plain", "waits_per_verify",
+                         "waits_per_draft", "waits_per_token", "cache_bytes_crossing",
+                         "identical_to_off"]))
     b = pd.DataFrame(d["bytes_by_class"])
-    display(b[b.step.isin(["decode", "verify", "draft", "feed", "rollback"])].round(0))
+    display(D.show(b[b.step.isin(["decode", "verify", "draft", "feed", "rollback"])]))
 
 # %% [markdown]
 # ## The cost model
@@ -103,4 +98,4 @@ for build, d in results.items():
 # %%
 for build, d in results.items():
     print(build)
-    display(pd.DataFrame(d["cost_model"]))
+    display(D.show(d["cost_model"]))

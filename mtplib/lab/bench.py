@@ -30,7 +30,8 @@ Acceptance conventions: ``acceptance`` = accepted / drafted over all draft posit
 ``acceptance_pos_i`` = accepted at draft position i / drafted at position i
 (unconditional: position 2 counts as accepted only when positions 1 and 2 both are).
 The sweep's x axis is the measured position-1 acceptance, the quantity of DeepSeek-V3's
-"second-token acceptance" and of vLLM's first per-position figure (reference §9).
+"second-token acceptance" and of vLLM's first per-position figure (`REFERENCE_S9`, whose
+sources are cited in `mtplib.lab.display.REFERENCES`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
+from mtplib.lab import display as D
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.quality import compare_streams
 from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
@@ -56,7 +58,8 @@ from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import MTPRuntime
 
-#: Reference numbers of upstream-v4-mtp.md §9 (the comparison column; not measured here).
+#: The published reference numbers (the comparison column; not measured here). Their public
+#: sources (title, url) are `mtplib.lab.display.REFERENCES`, under the same keys.
 REFERENCE_S9 = {
     "deepseek_v3": {"source": "DeepSeek-V3 report", "k": 1,
                     "second_token_acceptance_low": 0.85, "second_token_acceptance_high": 0.90,
@@ -65,7 +68,6 @@ REFERENCE_S9 = {
                      "baseline_tok_s": 16.4},
     "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
 }
-
 TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
 LOG = Callable[[str], None]
 
@@ -322,6 +324,8 @@ class BenchResult:
     backend: dict
     wall_s: float
     prompts: list[dict]
+    #: the files measured (names only: paths differ between machines)
+    model: dict = field(default_factory=dict)
 
     @property
     def summary(self) -> list[dict]:
@@ -337,7 +341,8 @@ class BenchResult:
 
     def to_json(self) -> dict:
         return {"config": self.config, "reference_s9": REFERENCE_S9, "backend": self.backend,
-                "wall_s": self.wall_s, "prompts": self.prompts, "summary": self.summary,
+                "wall_s": self.wall_s, "prompts": self.prompts,
+                **({"model": self.model} if self.model else {}), "summary": self.summary,
                 "sweep": self.sweep, "break_even": self.break_even, "runs": self.runs,
                 "sweep_runs": self.sweep_runs, "sampling": self.sampling}
 
@@ -405,7 +410,8 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
     sweep_runs = _sweep(trunk, sidecar, cfg, refs, settings, log) if cfg.sweep else []
     return BenchResult(config=cfg.to_dict(), runs=runs, sweep_runs=sweep_runs,
                        sampling=sampling_rows, backend=backend,
-                       wall_s=time.perf_counter() - t_start, prompts=prompts_info)
+                       wall_s=time.perf_counter() - t_start, prompts=prompts_info,
+                       model={"trunk": Path(trunk).name, "sidecar": Path(sidecar).name})
 
 
 def _quality(ref, toks, margins, n_prompt) -> dict:
@@ -629,116 +635,200 @@ def figures(data: dict) -> dict:
             "seam_bytes": plot_seam_bytes(data)}
 
 
-def _fig(w=6.0, h=3.4):
-    from matplotlib.figure import Figure
+def plan_title(plan: str) -> str:
+    """A plan as a panel title: 'whole' or the layer ranges with their shard count."""
+    if plan == "whole":
+        return "plan: whole model (one process)"
+    return f"plan: ranged {plan} ({plan.count(',') + 1} RPC shards)"
 
-    fig = Figure(figsize=(w, h))
-    return fig, fig.add_subplot()
+
+def model_title(data: dict) -> str:
+    """The model a bench ran on (bench.json's ``model``; older files lack it)."""
+    trunk = (data.get("model") or {}).get("trunk")
+    return D.model_name(trunk) if trunk else "model not recorded"
 
 
-def plot_speed(data: dict):
-    """Decode tok/s per k (0 = MTP off): median bar, min-max whisker, each run a dot."""
-    fig, ax = _fig()
-    summ = [r for r in data["summary"] if r["plan"] == "whole"]
-    for r in summ:
-        x = r["k"]
-        ax.bar(x, r["decode_tok_s_median"], color="C7" if x == 0 else "C0", alpha=0.8)
-        ax.vlines(x, r["decode_tok_s_min"], r["decode_tok_s_max"], color="k")
-    pts = [(r["k"], r["decode_tok_s"]) for r in data["runs"]
-           if not r["warmup"] and r["plan"] == "whole"]
-    if pts:
-        ax.scatter(*zip(*pts, strict=True), s=8, color="k", zorder=3)
-    ax.set_xticks([r["k"] for r in summ], ["off" if r["k"] == 0 else f"k={r['k']}"
-                                          for r in summ])
-    ax.set_ylabel("decode tok/s")
-    ax.set_title("MTP off vs on: decode speed (median, min-max, runs)")
+def _plans(rows: list[dict]) -> list[str]:
+    return sorted({r["plan"] for r in rows}, key=lambda p: (p != "whole", p))
+
+
+def _k_tick(k: int) -> str:
+    return "off" if k == 0 else f"k={k}"
+
+
+def _no_data(fig, ax, title: str, text: str):
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, transform=ax.transAxes)
+    ax.set_axis_off()
+    fig.suptitle(title, fontsize=10)
     return fig
 
 
+def plot_speed(data: dict):
+    """Decode tokens/s per k (off = MTP off), one panel per plan: median bar, min-max
+    whisker, each measured run a dot."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    plans = _plans(data["summary"])
+    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, sharey=False)
+    title = f"Decode speed, MTP off vs on: {model_title(data)}"
+    if not plans:
+        return _no_data(fig, axes[0], title, "no measured runs")
+    for ax, plan in zip(axes, plans, strict=True):
+        summ = [r for r in data["summary"] if r["plan"] == plan]
+        for r in summ:
+            if r["decode_tok_s_median"] is None:
+                continue
+            ax.bar(r["k"], r["decode_tok_s_median"], color=D.data_colour(r["k"]), alpha=0.85)
+            ax.vlines(r["k"], r["decode_tok_s_min"], r["decode_tok_s_max"], color=D.NEUTRAL)
+        pts = [(r["k"], r["decode_tok_s"]) for r in data["runs"]
+               if not r["warmup"] and r["plan"] == plan and r["decode_tok_s"] is not None]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), s=8, color=D.NEUTRAL, zorder=3)
+        ax.set_xticks([r["k"] for r in summ], [_k_tick(r["k"]) for r in summ])
+        ax.set_xlabel("MTP draft length k (tokens)")
+        ax.set_title(plan_title(plan), fontsize=9)
+    axes[0].set_ylabel("decode speed (tokens/s)")
+    fig.suptitle(title, fontsize=10)
+    D.legend_outside(fig, axes, extra=[
+        (Patch(facecolor="white", edgecolor=D.NEUTRAL), "median over runs (bar, colour: k)"),
+        (Line2D([], [], color=D.NEUTRAL), "min-max over runs"),
+        (Line2D([], [], color=D.NEUTRAL, marker="o", ms=3, ls="none"), "one measured run")])
+    return fig
+
+
+def _ref_band_and_vllm(ax) -> None:
+    d, v = REFERENCE_S9["deepseek_v3"], REFERENCE_S9["vllm_v4"]["acceptance_per_position"]
+    ax.plot(range(1, len(v) + 1), v, ls="--", marker="s", color=D.REFERENCE_COLOURS["vllm_v4"],
+            label=D.ref_label("vllm_v4", f"k={len(v)}"))
+    ax.fill_between([0.8, 1.2], d["second_token_acceptance_low"],
+                    d["second_token_acceptance_high"], color=D.REFERENCE_COLOURS["deepseek_v3"],
+                    alpha=0.3, label=D.ref_label("deepseek_v3", "2nd-token acceptance"))
+
+
 def plot_acceptance(data: dict):
-    fig, ax = _fig()
-    for r in data["summary"]:
-        if r["k"] > 0:
-            ys = r["accepted_per_position"]
-            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"MTP k={r['k']}")
-    v = REFERENCE_S9["vllm_v4"]["acceptance_per_position"]
-    ax.plot(range(1, len(v) + 1), v, ls="--", marker="s", color="C3",
-            label="vLLM V4 (ref. §9)")
-    d = REFERENCE_S9["deepseek_v3"]
-    ax.fill_between([0.9, 1.1], d["second_token_acceptance_low"],
-                    d["second_token_acceptance_high"], color="C2", alpha=0.3,
-                    label="DeepSeek-V3 (ref. §9)")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance (unconditional)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks([1, 2, 3])
-    ax.legend(fontsize=7)
-    ax.set_title("Acceptance per draft position")
+    """Acceptance per draft position, one panel per plan, one line per k (offset a little
+    along x so equal lines stay visible), with the published references."""
+    plans = _plans([r for r in data["summary"] if r["k"] > 0])
+    fig, axes = D.new_figure(max(len(plans), 1), w=3.8)
+    title = f"Acceptance per draft position: {model_title(data)}"
+    if not plans:
+        return _no_data(fig, axes[0], title, "no MTP runs")
+    for ax, plan in zip(axes, plans, strict=True):
+        rows = [r for r in data["summary"] if r["plan"] == plan and r["k"] > 0]
+        ks = [r["k"] for r in rows]
+        for j, r in enumerate(rows):
+            dx = (j - (len(rows) - 1) / 2) * 0.06
+            ys = [np.nan if y is None else y for y in r["accepted_per_position"]]
+            ax.plot([i + 1 + dx for i in range(len(ys))], ys, marker="o",
+                    color=D.data_colour(r["k"]), label=D.k_label(r["k"]))
+        _ref_band_and_vllm(ax)
+        ax.set_xlabel("draft position (1 = first drafted token)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xticks(range(1, max(ks + [2]) + 1))
+        ax.set_title(plan_title(plan), fontsize=9)
+    axes[0].set_ylabel("acceptance (fraction of drafts, unconditional)")
+    fig.suptitle(title, fontsize=10)
+    D.legend_outside(fig, axes)
     return fig
 
 
 def plot_time_split(data: dict):
-    fig, ax = _fig()
-    summ = [r for r in data["summary"] if r["plan"] == "whole"]
-    bottom = np.zeros(len(summ))
-    xs = np.arange(len(summ))
-    for j, p in enumerate(TIME_PARTS):
-        v = np.array([r[f"ms_per_token_{p}"] for r in summ])
-        ax.bar(xs, v, bottom=bottom, label=p, color=f"C{j}")
-        bottom += v
-    ax.set_xticks(xs, ["off" if r["k"] == 0 else f"k={r['k']}" for r in summ])
-    ax.set_ylabel("ms per generated token")
-    ax.legend(fontsize=7)
-    ax.set_title("Where the time goes")
+    """Milliseconds per generated token by part (prefill, draft, verify, feed, rollback),
+    one stacked bar per k, one panel per plan."""
+    plans = _plans(data["summary"])
+    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, sharey=False)
+    title = f"Where the decode time goes: {model_title(data)}"
+    if not plans:
+        return _no_data(fig, axes[0], title, "no measured runs")
+    for ax, plan in zip(axes, plans, strict=True):
+        summ = [r for r in data["summary"] if r["plan"] == plan]
+        bottom = np.zeros(len(summ))
+        xs = np.arange(len(summ))
+        for j, p in enumerate(TIME_PARTS):
+            v = np.array([r[f"ms_per_token_{p}"] or 0.0 for r in summ])
+            ax.bar(xs, v, bottom=bottom, label=p, color=D.data_colour(j))
+            bottom += v
+        ax.set_xticks(xs, [_k_tick(r["k"]) for r in summ])
+        ax.set_xlabel("MTP draft length k (tokens)")
+        ax.set_title(plan_title(plan), fontsize=9)
+    axes[0].set_ylabel("time per generated token (ms)")
+    fig.suptitle(title, fontsize=10)
+    D.legend_outside(fig, axes, title="part of the step")
     return fig
 
 
 def plot_speedup_curve(data: dict):
-    fig, ax = _fig(6.5, 3.8)
-    for j, k in enumerate(sorted({r["k"] for r in data["sweep"]})):
-        rs = sorted((r for r in data["sweep"] if r["k"] == k),
-                    key=lambda r: r["acceptance_pos_1"])
-        ax.plot([r["acceptance_pos_1"] for r in rs], [r["speedup"] for r in rs], marker="o",
-                color=f"C{j}", label=f"k={k}")
-        be = [b for b in data["break_even"] if b["k"] == k and b["break_even_acceptance"]]
-        for b in be:
-            ax.plot(b["break_even_acceptance"], 1.0, marker="x", ms=10, color=f"C{j}")
-    ax.axhline(1.0, color="k", lw=0.8)
+    """Speed-up over MTP off against the measured position-1 acceptance of the synthetic
+    sweep, one panel per plan swept, one line per k; break-even and this lane's own MTP
+    marked; the published references in their own colours."""
+    from matplotlib.lines import Line2D
+
+    plans = _plans(data["sweep"])
+    fig, axes = D.new_figure(max(len(plans), 1), w=5.0, h=3.8)
+    title = (f"Acceptance -> speed-up (synthetic drafts, MTP block drafting): "
+             f"{model_title(data)}")
+    if not plans:
+        return _no_data(fig, axes[0], title, "sweep off (bench.sweep not set)")
     d, v = REFERENCE_S9["deepseek_v3"], REFERENCE_S9["vllm_v4"]
-    ax.axvspan(d["second_token_acceptance_low"], d["second_token_acceptance_high"],
-               color="C2", alpha=0.2, label="DeepSeek-V3 2nd-token acc. (ref. §9)")
-    ax.plot([(d["second_token_acceptance_low"] + d["second_token_acceptance_high"]) / 2],
-            [d["speedup"]], marker="*", ms=12, color="C2", ls="none",
-            label=f"DeepSeek-V3 {d['speedup']}x (ref. §9)")
-    ax.axvline(v["acceptance_per_position"][0], color="C3", ls="--",
-               label="vLLM V4 pos-1 acc. (ref. §9)")
-    ax.axhline(REFERENCE_S9["llama_cpp_pr"]["speedup"], color="C4", ls=":",
-               label="llama.cpp PR k=2 speed-up (ref. §9)")
-    colors = {k: f"C{j}" for j, k in enumerate(sorted({r["k"] for r in data["sweep"]}))}
-    for r in data["summary"]:  # where the lane's own MTP sits
-        if r["k"] > 0 and r["acceptance_pos_1"] is not None and r["speedup"]:
-            ax.plot(r["acceptance_pos_1"], r["speedup"], marker="D", ms=6, ls="none",
-                    color=colors.get(r["k"], "k"), markeredgecolor="k")
-    ax.set_xlabel("acceptance at draft position 1 (measured)")
-    ax.set_ylabel("speed-up vs MTP off")
-    ax.set_xlim(-0.02, 1.02)
-    ax.legend(fontsize=6, loc="upper left")
-    ax.set_title("Acceptance -> speed-up (synthetic drafts; x: break-even; "
-                 "diamond: this lane's MTP)", fontsize=8)
+    for ax, plan in zip(axes, plans, strict=True):
+        sweep = [r for r in data["sweep"] if r["plan"] == plan]
+        for k in sorted({r["k"] for r in sweep}):
+            rs = sorted((r for r in sweep if r["k"] == k and r["acceptance_pos_1"] is not None
+                         and r["speedup"] is not None), key=lambda r: r["acceptance_pos_1"])
+            ax.plot([r["acceptance_pos_1"] for r in rs], [r["speedup"] for r in rs],
+                    marker="o", color=D.data_colour(k), label=D.k_label(k))
+            for b in data["break_even"]:
+                if b.get("plan", plan) == plan and b["k"] == k and b["break_even_acceptance"]:
+                    ax.plot(b["break_even_acceptance"], 1.0, marker="x", ms=10,
+                            color=D.data_colour(k))
+        for r in data["summary"]:  # where the lane's own MTP sits
+            if (r["plan"] == plan and r["k"] > 0 and r["acceptance_pos_1"] is not None
+                    and r["speedup"]):
+                ax.plot(r["acceptance_pos_1"], r["speedup"], marker="D", ms=6, ls="none",
+                        color=D.data_colour(r["k"]), markeredgecolor=D.NEUTRAL)
+        ax.axhline(1.0, color=D.NEUTRAL, lw=0.8)
+        ax.axvspan(d["second_token_acceptance_low"], d["second_token_acceptance_high"],
+                   color=D.REFERENCE_COLOURS["deepseek_v3"], alpha=0.15,
+                   label=D.ref_label("deepseek_v3", "2nd-token acceptance"))
+        ax.plot([(d["second_token_acceptance_low"] + d["second_token_acceptance_high"]) / 2],
+                [d["speedup"]], marker="*", ms=12, color=D.REFERENCE_COLOURS["deepseek_v3"],
+                ls="none", label=D.ref_label("deepseek_v3", f"{d['speedup']}x"))
+        ax.axvline(v["acceptance_per_position"][0], color=D.REFERENCE_COLOURS["vllm_v4"],
+                   ls="--", label=D.ref_label("vllm_v4", "position-1 acceptance"))
+        lp = REFERENCE_S9["llama_cpp_pr"]
+        ax.axhline(lp["speedup"], color=D.REFERENCE_COLOURS["llama_cpp_pr"], ls=":",
+                   label=D.ref_label("llama_cpp_pr", f"k={lp['k']} speed-up"))
+        ax.set_xlabel("acceptance at draft position 1 (measured fraction)")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_title(plan_title(plan), fontsize=9)
+    axes[0].set_ylabel("speed-up over MTP off (x)")
+    fig.suptitle(title, fontsize=10)
+    D.legend_outside(fig, axes, fontsize=7, extra=[
+        (Line2D([], [], color=D.NEUTRAL, marker="x", ms=8, ls="none"),
+         "break-even (speed-up 1, per k)"),
+        (Line2D([], [], color="white", marker="D", ms=6, ls="none", markeredgecolor=D.NEUTRAL),
+         "this lane's MTP (real drafts)")])
     return fig
 
 
 def plot_seam_bytes(data: dict):
-    fig, ax = _fig(6.0, 2.6)
+    """Bytes crossing shard seams per generated token, per ranged plan and k (the whole
+    model has no seam: said, not drawn as 0)."""
     rows = [r for r in data["summary"] if r["seam_bytes_per_token"] is not None]
-    if rows:
-        ax.bar([f"{r['plan']} k={r['k']}" for r in rows],
-               [r["seam_bytes_per_token"] for r in rows])
-        ax.set_ylabel("seam bytes per token")
-    else:
-        ax.text(0.5, 0.5, "whole model only: 0 seams, no bytes cross a seam.\n"
-                "Add a ranged plan (e.g. 0-1,2-3) to the lane's bench.plans to measure them.",
-                ha="center", va="center", fontsize=9)
-        ax.set_axis_off()
-    ax.set_title("Seam bytes per token")
+    plans = _plans(rows)
+    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, h=3.0, sharey=False)
+    title = f"Seam bytes per generated token: {model_title(data)}"
+    if not plans:
+        return _no_data(fig, axes[0], title,
+                        "whole model only: no seam, no bytes cross one.\nAdd a ranged plan "
+                        "(e.g. 0-1,2-3) to the lane's bench.plans to measure them.")
+    for ax, plan in zip(axes, plans, strict=True):
+        rs = [r for r in rows if r["plan"] == plan]
+        ax.bar([_k_tick(r["k"]) for r in rs], [r["seam_bytes_per_token"] / 1024 for r in rs],
+               color=[D.data_colour(r["k"]) for r in rs])
+        ax.set_xlabel("MTP draft length k (tokens)")
+        ax.set_title(plan_title(plan), fontsize=9)
+    axes[0].set_ylabel("seam traffic per token (KiB)")
+    fig.suptitle(title, fontsize=10)
     return fig

@@ -45,11 +45,11 @@ from mtplib.ownership.plan import ShardPlan, even_plan, parse_plan
 # -- sourced constants --------------------------------------------------------------------
 #: One H200's memory as NVIDIA states it (141 GB, decimal): the capacity a shard must fit.
 H200_BYTES = 141 * 10**9
-#: Reference §9: llama.cpp's V4 MTP PR, about 1.5x with draft length 2 on a 16.4 tok/s
-#: baseline (hardware not stated there).
+#: llama.cpp's V4 MTP PR (#25784, cited in `mtplib.lab.display.REFERENCES`): about 1.5x
+#: with draft length 2 on a 16.4 tok/s baseline (hardware: a DGX Spark).
 ANCHOR_TOK_S = 16.4
 ANCHOR_SPEEDUP_K2 = 1.5
-#: Reference §9: vLLM's V4 MTP per-position acceptance with 2 drafts.
+#: vLLM's V4 MTP per-position acceptance with 2 drafts (`mtplib.lab.display.REFERENCES`).
 VLLM_ACCEPTANCE = (0.77, 0.37)
 #: Position 3 is not published: assumed to keep position 2's conditional rate
 #: (0.37 / 0.77), i.e. 0.37 * 0.37 / 0.77.
@@ -60,16 +60,17 @@ PLACEMENTS = ("tail", "client")
 STEP_KINDS = ("plain", "verify", "draft", "feed")
 
 DEFAULT_SOURCES: dict[str, str] = {
-    "layer_s": "1 / (16.4 tok/s x 43 layers) = 1.418 ms: the llama.cpp V4 MTP PR's baseline "
-               "(reference §9) spread evenly over the 43 trunk layers; an ASSUMPTION (the "
-               "PR does not state its hardware, and the head's share is folded in)",
-    "acceptance": "vLLM V4 MTP per-position acceptance 0.77 / 0.37 (reference §9); position "
-                  "3 ASSUMED at the same conditional rate (0.178)",
+    "layer_s": "1 / (16.4 tok/s x 43 layers) = 1.418 ms: the baseline of llama.cpp's V4 MTP PR "
+               "(#25784) spread evenly over the 43 trunk layers; an ASSUMPTION (the "
+               "PR measured on a DGX Spark, not an H200, and the head's share is folded in)",
+    "acceptance": "vLLM V4 MTP per-position acceptance 0.77 / 0.37 (cited in "
+                  "mtplib.lab.display.REFERENCES); position 3 ASSUMED at the same "
+                  "conditional rate (0.178)",
     "draft_cost": "memory-bound: bytes one MTP draft reads (block 43 with 6 of 256 routed "
                   "experts, the MTP's hc head and its 129,280 x 4096 output head) over the "
                   "bytes one trunk token reads, both from the weight-less V4-Flash table",
     "verify_token_cost": "calibrated so that the whole model at RTT 0 with k=2 and the vLLM "
-                         "acceptance gives the PR's 1.5x (reference §9)",
+                         "acceptance gives the PR's 1.5x (llama.cpp PR #25784)",
     "bandwidth_bps": "1 Gbit/s per client, shared by all shard links: an ASSUMPTION",
     "client_bw": "50 GB/s of DRAM read bandwidth on the client (CPU head / drafter): an "
                  "ASSUMPTION, not measured",
@@ -857,6 +858,8 @@ def plot_projection(rows: Sequence[dict], ax=None, *, plan: str | None = None,
     the first row's), one line per draft length; the legend sits outside the axes."""
     import matplotlib.pyplot as plt
 
+    from mtplib.lab.display import data_colour
+
     if not rows:
         raise InputError("no rows to plot")
     if metric not in ("tok_s", "speedup"):
@@ -868,15 +871,14 @@ def plot_projection(rows: Sequence[dict], ax=None, *, plan: str | None = None,
         raise InputError(f"no rows for plan {plan!r} and scenario {scenario!r}")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
-    colours = plt.get_cmap("tab10")
     for i, k in enumerate(sorted({r["k"] for r in sel})):
         pts = sorted((r["rtt_ms"], r[metric]) for r in sel if r["k"] == k)
         label = "MTP off" if k == 0 else f"MTP k={k}"
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3,
-                color=colours(i), label=label)
+                color=data_colour(i), label=label)
         if metric == "speedup" and k:
             ideal = next(r["tokens_per_verify"] for r in sel if r["k"] == k)
-            ax.axhline(ideal, color=colours(i), linestyle=":", linewidth=1,
+            ax.axhline(ideal, color=data_colour(i), linestyle=":", linewidth=1,
                        label=f"k={k} ideal ({ideal:.2f} tokens/verify)")
     ax.set_xlabel("round-trip time to each remote shard (ms)")
     ax.set_ylabel("decode speed (tokens/s)" if metric == "tok_s"

@@ -374,33 +374,71 @@ def load(out_dir) -> dict:
     return json.loads(p.read_text())
 
 
-def plot_rtt(summary: list[dict], *, what: str = "tok_s", plan: str | None = None, ax=None):
-    """tokens/s (``what="tok_s"``) or speed-up over MTP off (``"speedup"``) against RTT, one
-    line per topology / placement / k, for one plan."""
-    import matplotlib.pyplot as plt
+#: the model every WAN run measures (mtplib.model.trained: the committed trained pair)
+WAN_MODEL = "trained tiny V4 pair"
 
+
+def _rtt_series(rows: list[dict]) -> list[tuple[str, str, int]]:
+    return sorted({(s["topology"], s["placement"], s["k"]) for s in rows},
+                  key=lambda t: (t[0], t[2] > 0, str(t[1]), t[2]))
+
+
+def _rtt_colour(place: str, k: int, combos: list[tuple[str, int]]) -> str:
+    from mtplib.lab.display import data_colour
+
+    return data_colour(combos.index((place, k)))
+
+
+def plot_rtt(summary: list[dict], *, what: str = "tok_s", plan: str | None = None, ax=None,
+             legend: bool = True):
+    """tokens/s (``what="tok_s"``) or speed-up over MTP off (``"speedup"``) against RTT
+    for one plan: colour = drafter placement and k (MTP off has its own), line style =
+    topology, so no two lines look alike; the legend right of the axes."""
+    from mtplib.lab import display as D
+
+    if what not in ("tok_s", "speedup"):
+        raise InputError(f"what must be 'tok_s' or 'speedup', got {what!r}")
     plan = plan or summary[0]["plan"]
     rows = [s for s in summary if s["plan"] == plan and s[what] is not None]
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+        fig, axes = D.new_figure(1, w=5.5, h=4.0)
+        ax = axes[0]
     styles = {"remote": "-", "tail_local": "--"}
-    keys = sorted({(s["topology"], s["placement"], s["k"]) for s in rows},
-                  key=lambda t: (t[0], str(t[1]), t[2]))
-    for i, (topo, place, k) in enumerate(keys):
+    combos = sorted({(str(s["placement"]), s["k"]) for s in rows},
+                    key=lambda t: (t[1] > 0, t[0] != "tail", t[1]))
+    for topo, place, k in _rtt_series(rows):
         pts = sorted((s["rtt_ms"], s[what]) for s in rows
                      if (s["topology"], s["placement"], s["k"]) == (topo, place, k))
         label = f"{topo}, " + ("MTP off" if k == 0 else f"k={k}, MTP on the {place}")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(topo, "-"), marker="o",
-                color=f"C{i % 10}", label=label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(topo, ":"), marker="o",
+                ms=3, color=_rtt_colour(str(place), k, combos), label=label)
     if what == "speedup":
-        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(1.0, color=D.NEUTRAL, lw=0.8)
     ax.set_xlabel("round-trip time per shard connection (ms)")
-    ax.set_ylabel("decode tokens/s" if what == "tok_s" else "speed-up over MTP off (x)")
-    ax.set_title(f"Trained tiny V4, plan {plan}: "
-                 + ("decode speed" if what == "tok_s" else "MTP speed-up") + " vs RTT")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.figure.tight_layout()
+    ax.set_ylabel("decode speed (tokens/s)" if what == "tok_s"
+                  else "speed-up over MTP off (x)")
+    ax.set_title(f"{WAN_MODEL}, plan {plan}: "
+                 + ("decode speed" if what == "tok_s" else "MTP speed-up") + " vs RTT",
+                 fontsize=9)
+    if legend:
+        D.ax_legend_outside(ax, fontsize=7)
     return ax
+
+
+def plot_rtt_pair(summary: list[dict], *, plan: str, build: str = ""):
+    """Tokens/s and speed-up against RTT side by side for one plan, one shared legend
+    right of both; a Figure titled with the model, the plan and the upstream build."""
+    from mtplib.lab import display as D
+
+    fig, axes = D.new_figure(2, w=5.0, h=4.0, sharey=False)
+    plot_rtt(summary, what="tok_s", plan=plan, ax=axes[0], legend=False)
+    plot_rtt(summary, what="speedup", plan=plan, ax=axes[1], legend=False)
+    for ax in axes:
+        ax.set_title(ax.get_title().split(": ", 1)[1], fontsize=9)
+    fig.suptitle(f"{WAN_MODEL}, plan {plan} ({plan.count(',') + 1} RPC shards)"
+                 + (f", upstream build: {build}" if build else ""), fontsize=10)
+    D.legend_outside(fig, axes, fontsize=7, title="topology, drafter")
+    return fig
 
 
 # ---------------------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def stacked_bytes_chart(owns: dict, what: str = "roles", title: str = "", unit: 
 
     keys = list(ROLES) if what == "roles" else list(CACHE_SUMMARY_KEYS)
     n = len(owns)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1.8, 3.6), squeeze=False,
+                             layout="constrained")
     for ax, (label, own) in zip(axes[0], owns.items(), strict=True):
         bottom = [0.0] * len(own.shards)
         for k in keys:
@@ -127,20 +128,21 @@ def stacked_bytes_chart(owns: dict, what: str = "roles", title: str = "", unit: 
                 ax.bar([s.index for s in own.shards], vals, bottom=bottom, label=k)
                 bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_title(str(label), fontsize=9)
-        ax.set_xlabel("shard")
+        ax.set_xlabel("shard (index in the plan)")
         ax.set_xticks([s.index for s in own.shards])
-    axes[0][0].set_ylabel("GiB" if unit == GIB else "MiB" if unit == 2**20 else "bytes")
+    axes[0][0].set_ylabel("bytes held ("
+                          + ("GiB" if unit == GIB else "MiB" if unit == 2**20 else "B") + ")")
     handles, labels = [], []
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 8), fontsize=8,
-               bbox_to_anchor=(0.5, 1.02))
+    # right of the panels: a legend above them covered the title (issue 16)
+    fig.legend(handles, labels, loc="outside right center", fontsize=8,
+               title="tensor role" if what == "roles" else "cache")
     if title:
-        fig.suptitle(title, y=1.10, fontsize=10)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=10)
     return fig
 
 
