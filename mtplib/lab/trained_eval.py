@@ -424,7 +424,7 @@ if __name__ == "__main__":
 
 def anchor_table(metrics_path: str | None = None) -> list[dict]:
     """Acceptance per position of the committed trained pair next to the reference anchors
-    (reference §9), as rows for the benchmark notebook."""
+    (mtplib.lab.display.REFERENCES), as rows for the benchmark notebook."""
     import json
     from pathlib import Path
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtplib.errors import InputError
+from mtplib.lab.display import REFERENCES
 from mtplib.records.raw_metrics import BENCH_DIR, BENCH_JSON
 from mtplib.records.readme import (
     Links,
@@ -264,8 +265,9 @@ def _sweep(r: Run) -> list[str]:
 def _reference(r: Run) -> list[str]:
     ref = r.bench["reference_s9"]
     d3, lp, vl = ref["deepseek_v3"], ref["llama_cpp_pr"], ref["vllm_v4"]
-    return ["Reference numbers (upstream-v4-mtp.md §9, marked on the plots; not measured "
-            f"here): DeepSeek-V3 second-token acceptance "
+    return ["Reference numbers (marked on the plots; not measured here; sources: "
+            + "; ".join(f"{x.label}: <{x.url}>" for x in REFERENCES.values())
+            + f"): DeepSeek-V3 second-token acceptance "
             f"{pct(d3['second_token_acceptance_low'], 0)}–"
             f"{pct(d3['second_token_acceptance_high'], 0)} with {fmt(d3['speedup'])}× TPS; "
             f"llama.cpp V4 MTP PR about {fmt(lp['speedup'])}× with draft length "
