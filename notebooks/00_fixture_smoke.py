@@ -19,17 +19,18 @@
 #
 # Generates (or takes) a tiny DeepSeek-V4 trunk and its `mtp-` sidecar, shows their
 # configuration, and runs a short greedy decode twice on upstream llama.cpp to show the
-# output is deterministic. Run by `mtplib run` with the lane's parameters.
+# output is deterministic. Run by `mtplib run` with the lane's parameters; opened on its own
+# it writes into a scratch run folder under `outputs/scratch/` (printed below).
 
 # %% tags=["parameters"]
-trunk = None        # path to a trunk GGUF; None: generate the built-in fixture
-sidecar = None      # path to its mtp- sidecar
+trunk = None        # path to a trunk GGUF; None: generate the built-in fixture into run_dir
+sidecar = None      # path to its mtp- sidecar (set both or neither)
 preset = "tiny"
 seed = 0
 prompt_tokens = [1, 2, 3, 4, 5, 6, 7, 8]
 n_tokens = 32
 threads = 2
-run_dir = "."
+run_dir = None      # None: a fresh scratch folder under outputs/scratch/ (a lane passes its own)
 
 # %%
 from pathlib import Path
@@ -37,12 +38,12 @@ from pathlib import Path
 import pandas as pd
 
 from mtplib.model.describe import config_frame, tensor_frame
-from mtplib.model.fixture import sha256_file, write_fixture
+from mtplib.model.fixture import sha256_file
+from mtplib.records.scratch import notebook_run
 from mtplib.runtime.generate import run_greedy
 
-if trunk is None:
-    pair = write_fixture(Path(run_dir) / "models", seed=seed, preset=preset)
-    trunk, sidecar = str(pair.trunk), str(pair.sidecar)
+nb = notebook_run("00_fixture_smoke", run_dir, trunk, sidecar, preset=preset, seed=seed)
+run_dir, trunk, sidecar = nb.run_dir, nb.trunk, nb.sidecar
 pd.DataFrame([{"file": Path(p).name, "bytes": Path(p).stat().st_size,
                "sha256": sha256_file(Path(p))[:16]} for p in (trunk, sidecar)])
 
@@ -59,6 +60,26 @@ config_frame(sidecar)
 t, s = tensor_frame(trunk), tensor_frame(sidecar)
 pd.DataFrame({"file": ["trunk", "sidecar"], "tensors": [len(t), len(s)],
               "bytes": [t.bytes.sum(), s.bytes.sum()]})
+
+# %% [markdown]
+# Where the bytes sit: per transformer block (`blk.N`), and outside any block (embedding,
+# output head, final norms). The sidecar holds the MTP block and its own head.
+
+# %%
+import matplotlib.pyplot as plt
+
+
+def per_block(frame: pd.DataFrame) -> pd.Series:
+    part = frame.block.map(lambda b: "outside blocks" if pd.isna(b) else f"blk.{int(b)}")
+    return frame.groupby(part).bytes.sum() / 2**10
+
+
+fig, ax = plt.subplots(figsize=(7, 3))
+pd.DataFrame({"trunk": per_block(t), "sidecar": per_block(s)}).fillna(0).plot.bar(ax=ax, rot=0)
+ax.set_title(f"Tensor bytes per block ({Path(trunk).name} + {Path(sidecar).name})")
+ax.set_xlabel("tensor group")
+ax.set_ylabel("size (KiB)")
+plt.tight_layout()
 
 # %% [markdown]
 # ## Greedy decode, twice

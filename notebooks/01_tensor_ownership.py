@@ -26,10 +26,10 @@
 # tensor table and dtypes, no weights) for 2, 4 and 8 shards.
 
 # %% tags=["parameters"]
-trunk = None          # trunk GGUF; None: generate the built-in tiny fixture
-sidecar = None        # its mtp- sidecar
+trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
+sidecar = None        # its mtp- sidecar (set both or neither)
 threads = 2
-run_dir = "."
+run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
 plan = "0-1,2-3"      # shard plan for the fixture (contiguous layer ranges)
 ctx = 4096            # context (llama n_ctx) for the cache columns
 flash_dir = None      # where to write the weight-less V4-Flash table; None: run_dir/models/v4-flash
@@ -44,13 +44,13 @@ import pandas as pd
 from mtplib.model.fixture import write_combined, write_fixture
 from mtplib.ownership import report as rep
 from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
+from mtplib.records.scratch import notebook_run
 from mtplib.runtime.graph_reads import check_pair, table_check
 
 pd.set_option("display.width", 220)
 pd.set_option("display.max_columns", 30)
-if trunk is None:
-    pair = write_fixture(Path(run_dir) / "models", seed=0)
-    trunk, sidecar = str(pair.trunk), str(pair.sidecar)
+nb = notebook_run("01_tensor_ownership", run_dir, trunk, sidecar)
+run_dir, trunk, sidecar = nb.run_dir, nb.trunk, nb.sidecar
 inv = inventory_from_paths(trunk, sidecar)
 own = derive(inv, plan, CacheParams(n_ctx=ctx))
 cfg = inv.config

@@ -26,10 +26,10 @@
 # per token of the MTP contract. All caches are shard-local: none crosses a seam.
 
 # %% tags=["parameters"]
-trunk = None
-sidecar = None
+trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
+sidecar = None        # its mtp- sidecar (set both or neither)
 threads = 2
-run_dir = "."
+run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
 plan = "0-1,2-3"
 ctx = 4096
 n_seq = 1
@@ -47,13 +47,13 @@ from mtplib.contract import SHARD_LOCAL, CacheKind, names_cache_state
 from mtplib.model.fixture import write_fixture
 from mtplib.ownership import report as rep
 from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
+from mtplib.records.scratch import notebook_run
 from mtplib.runtime.graph_reads import check_pair
 
 pd.set_option("display.width", 220)
 pd.set_option("display.max_columns", 30)
-if trunk is None:
-    pair = write_fixture(Path(run_dir) / "models", seed=0)
-    trunk, sidecar = str(pair.trunk), str(pair.sidecar)
+nb = notebook_run("02_state_contract", run_dir, trunk, sidecar)
+run_dir, trunk, sidecar = nb.run_dir, nb.trunk, nb.sidecar
 inv = inventory_from_paths(trunk, sidecar)
 own = derive(inv, plan, CacheParams(n_ctx=ctx, n_seq=n_seq))
 rep.cache_table(own)

@@ -25,13 +25,18 @@
 # at acceptance 0..100% and the break-even acceptance, with the published reference numbers
 # marked (their sources, with links, in the table at the end of the sweep section).
 # Everything comes from `mtplib.lab.bench`; raw rows go to `run_dir/bench/` (JSON + CSV).
+# Opened on its own it generates the fixture into a scratch run folder under
+# `outputs/scratch/` and runs a small bench (about a minute); a lane passes its `bench:`.
 
 # %% tags=["parameters"]
-trunk = None
-sidecar = None
+trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
+sidecar = None        # its mtp- sidecar (set both or neither)
 threads = 2
-run_dir = "."
-bench = {}          # the lane's `bench:` section (mtplib.lab.bench.BenchConfig)
+run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
+# the lane's `bench:` section (mtplib.lab.bench.BenchConfig); this default is a small one
+bench = {"ks": [1, 2], "n_new": 16, "reps": 1, "warmup": 1, "threads": 1,
+         "sweep": {"rates": [0.0, 0.5, 1.0], "ks": [1, 2], "reps": 1, "warmup": 0}}
+progress = True       # a tqdm progress bar over the bench's generations
 sbs_dir = "evidence/side-by-side"   # committed side-by-side results (repo-relative)
 
 # %%
@@ -41,10 +46,12 @@ from IPython.display import Image, Markdown, display
 from mtplib.lab import bench as B
 from mtplib.lab import display as D
 from mtplib.records import raw_metrics as RM
+from mtplib.records.scratch import notebook_run
 
-assert trunk and sidecar, "run through `mtplib run` or set trunk/sidecar"
+nb = notebook_run("04_benchmark", run_dir, trunk, sidecar)
+run_dir, trunk, sidecar = nb.run_dir, nb.trunk, nb.sidecar
 cfg = B.BenchConfig.from_dict(bench, threads=threads)
-result = B.run_bench(trunk, sidecar, cfg)
+result = B.run_bench(trunk, sidecar, cfg, progress=progress)
 paths = RM.write_bench(run_dir, result)
 data = RM.read_bench(run_dir)
 summ = pd.DataFrame(data["summary"])

@@ -28,30 +28,34 @@
 # compressor-state restore pinned to its layer's shard), each in its own process.
 
 # %% tags=["parameters"]
-run_dir = ""  # where results go; empty: a scratch folder under outputs/
-wan = {}  # mtplib.lab.wan.WanConfig fields; empty: the defaults (a full sweep)
+run_dir = None  # where results go; None: a fresh scratch folder under outputs/scratch/
+# mtplib.lab.wan.WanConfig fields (a lane passes its `wan:`); {}: the full default sweep.
+# This default is a short run (as the cpu-fixture lane's): 2 shards, 0 and 50 ms, k 0 and 2
+wan = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
+       "placements": ["client"], "n_prompts": 1, "prompt_len": 32, "n_new": 12,
+       "fit_rtts_ms": [0, 50]}
 builds = ["stock", "patched"]
 overrides = {}  # build -> WanConfig fields for that build only (e.g. a smaller stock grid)
 threads = 1
+progress = True  # a tqdm progress bar per build
 
 # %%
-from pathlib import Path
-
 import pandas as pd
 from IPython.display import display
 
-from mtplib import paths
 from mtplib.lab import display as D
 from mtplib.lab import wan as W
+from mtplib.records.scratch import notebook_run
 
 pd.set_option("display.width", 200)
 pd.set_option("display.precision", 3)
-out = Path(run_dir) if run_dir else paths.OUTPUTS / "scratch-05_wan"
+out = notebook_run("05_wan", run_dir, models=False).run_dir  # the trained pair: read in place
 cfg = W.WanConfig.from_dict(wan)
 cfg
 
 # %%
-results = W.run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print)
+results = W.run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print,
+                       progress=progress)
 list(results)
 
 # %% [markdown]

@@ -50,6 +50,7 @@ from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab import display as D
 from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.progress import bar as progress_bar
 from mtplib.lab.quality import compare_streams
 from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
@@ -283,7 +284,8 @@ class CostedSyntheticDrafter(Drafter):
 
 
 def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dict,
-                settings: DecodeSettings) -> list[dict]:
+                settings: DecodeSettings, tick: Callable[[], object] = lambda: None
+                ) -> list[dict]:
     """MTP off / on on a layer-range plan over local RPC shards
     (mtplib.distributed.ranged_mtp): the same rows as the whole-model runs with ``plan``
     set and ``seam_bytes_per_token`` (bytes on all shard connections while generating, per
@@ -300,6 +302,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
                 prompt, ref, margins = refs[i]
                 for rep in range(cfg.warmup + cfg.reps):
                     toks, m = r.generate(prompt, cfg.n_new, opts)
+                    tick()
                     gen_bytes = sum(row["bytes"] for lab, row in m["seam_report"]["steps"].items()
                                     if lab not in ("load", "setup", "other", "prefill"))
                     row = _row(m, rep=rep - cfg.warmup if rep >= cfg.warmup else None,
@@ -347,10 +350,32 @@ class BenchResult:
                 "sweep_runs": self.sweep_runs, "sampling": self.sampling}
 
 
-def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = None
-              ) -> BenchResult:
-    """Measure MTP off vs on (per plan), the synthetic sweep and the sampling check."""
-    log = log or (lambda s: None)
+def n_generations(cfg: BenchConfig) -> int:
+    """How many generations `run_bench` makes for ``cfg`` (its progress bar's total)."""
+    n_p, per = len(cfg.prompts), cfg.warmup + cfg.reps
+    sampled = n_p * cfg.sampling.seeds if cfg.sampling else 0
+    n = 0
+    for plan in cfg.plans:
+        if plan == "whole":  # MTP off: one traced reference pass per prompt, then timed
+            n += n_p * (1 + per) + sampled + len(cfg.ks) * (n_p * per + sampled)
+        else:
+            n += (1 + len(cfg.ks)) * n_p * per
+    if cfg.sweep:
+        sw = cfg.sweep
+        n += len(sw.ks) * len(sw.rates) * n_p * (sw.warmup + sw.reps)
+    return n
+
+
+def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = None,
+              progress: bool = False) -> BenchResult:
+    """Measure MTP off vs on (per plan), the synthetic sweep and the sampling check.
+    ``progress``: a `tqdm.auto` bar over the generations (`n_generations`)."""
+    with progress_bar(n_generations(cfg), "bench", progress) as bar:
+        return _run_bench(trunk, sidecar, cfg, log or (lambda s: None), lambda: bar.update())
+
+
+def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
+               tick: Callable[[], object]) -> BenchResult:
     t_start = time.perf_counter()
     backend = check_requirements(cfg)
     settings = cfg.settings()
@@ -363,6 +388,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
               **extra):
         for rep in range(warmup + reps):
             toks, m = rt.generate(tokens, n_new)
+            tick()
             yield toks, _row(m, rep=rep - warmup if rep >= warmup else None,
                              warmup=rep < warmup, n_new=n_new, **extra)
 
@@ -371,7 +397,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
         if plan != "whole":
             if not refs:
                 raise InputError("ranged plans need 'whole' in plans (the quality reference)")
-            runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, settings))
+            runs.extend(_run_ranged(trunk, sidecar, plan, cfg, refs, settings, tick))
             continue
         common = {"plan": "whole", "seam_bytes_per_token": None, "threads": cfg.threads}
         # MTP off: one traced reference pass per prompt (tokens + top-2 margins), untimed
@@ -382,6 +408,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                 prompt = _prompt_tokens(rt, spec, n_vocab)
                 rt.engine.trace = True
                 ref, ref_m = rt.generate(prompt, cfg.n_new)
+                tick()
                 rt.engine.trace = False
                 refs[i] = (prompt, ref, ref_m["margins"])
                 prompts_info.append({"prompt": _prompt_label(i, spec), "n_prompt": len(prompt),
@@ -392,7 +419,7 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                     row.update(_quality(ref, toks, ref_m["margins"], len(prompt)))
                     runs.append(row)
             if cfg.sampling:
-                off_streams = _sampled(rt, refs, cfg.sampling)
+                off_streams = _sampled(rt, refs, cfg.sampling, tick)
         for k in cfg.ks:
             log(f"MTP on, k={k}")
             with MTPRuntime(trunk, sidecar, k=k, settings=settings, policy=cfg.policy) as rt:
@@ -404,10 +431,10 @@ def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = N
                         row.update(_quality(ref, toks, margins, len(prompt)))
                         runs.append(row)
                 if cfg.sampling:
-                    on_streams = _sampled(rt, refs, cfg.sampling)
+                    on_streams = _sampled(rt, refs, cfg.sampling, tick)
                     sampling_rows.append(_sampling_row(k, off_streams, on_streams,
                                                        cfg.sampling))
-    sweep_runs = _sweep(trunk, sidecar, cfg, refs, settings, log) if cfg.sweep else []
+    sweep_runs = _sweep(trunk, sidecar, cfg, refs, settings, log, tick) if cfg.sweep else []
     return BenchResult(config=cfg.to_dict(), runs=runs, sweep_runs=sweep_runs,
                        sampling=sampling_rows, backend=backend,
                        wall_s=time.perf_counter() - t_start, prompts=prompts_info,
@@ -422,7 +449,8 @@ def _quality(ref, toks, margins, n_prompt) -> dict:
             "margin_at_divergence": cmp["margin_at_divergence"]}
 
 
-def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig) -> dict:
+def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig,
+             tick: Callable[[], object] = lambda: None) -> dict:
     old = rt.engine.sampler
     out = {}
     try:
@@ -430,6 +458,7 @@ def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig) -> dict:
             for seed in range(sc.seeds):
                 rt.engine.sampler = Sampler(sc.temperature, sc.top_p, seed)
                 toks, m = rt.generate(prompt, sc.n_new)
+                tick()
                 out[(i, seed)] = (toks, m)
     finally:
         rt.engine.sampler = old
@@ -450,7 +479,7 @@ def _sampling_row(k: int, off: dict, on: dict, sc: SamplingConfig) -> dict:
 
 
 def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSettings,
-           log: LOG) -> list[dict]:
+           log: LOG, tick: Callable[[], object] = lambda: None) -> list[dict]:
     sc = cfg.sweep
     rows = []
     for k in sc.ks:
@@ -471,6 +500,7 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSetting
                         rt.engine.drafter = CostedSyntheticDrafter(mtp, synth) if use_mtp \
                             else synth
                         toks, m = rt.generate(prompt, cfg.n_new)
+                        tick()
                         rows.append(_row(
                             m, plan="whole", mode="synthetic", k=k, rate=float(rate),
                             draft_cost=sc.draft_cost, prompt=_prompt_label(i, spec),

@@ -444,20 +444,27 @@ def plot_rtt_pair(summary: list[dict], *, plan: str, build: str = ""):
 # ---------------------------------------------------------------------------------------
 # one process per upstream build (the build is chosen before llama_cpp is imported)
 # ---------------------------------------------------------------------------------------
+#: a line the child prints per generation under ``--progress`` ("PREFIX done/total"); the
+#: parent drives its bar with it and keeps it out of run.log
+PROGRESS_PREFIX = "mtplib-wan-progress "
+
+
 def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "patched"),
-               overrides: dict[str, dict] | None = None, log: LOG | None = None
-               ) -> dict[str, dict]:
+               overrides: dict[str, dict] | None = None, log: LOG | None = None,
+               progress: bool = False) -> dict[str, dict]:
     """Run the benchmark once per upstream build, each in its own Python process with
     ``MTPLIB_UPSTREAM`` set, into ``out_dir/<build>/``; returns build -> loaded results.
     ``overrides``: build -> WanConfig fields that differ for that build (e.g. a smaller
     grid for the stock comparison). A build that is not installed (``.upstream/patched``
-    missing) is skipped with a note."""
+    missing) is skipped with a note. ``progress``: a `tqdm.auto` bar per build over its
+    generations, fed by the child's progress lines."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    from mtplib.lab.progress import bar
     from mtplib.runtime import PATCHED_DIR
 
     log = log or (lambda s: None)
@@ -471,10 +478,20 @@ def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "pa
         env = dict(os.environ, MTPLIB_UPSTREAM=build, PYTHONUNBUFFERED="1")
         bcfg = replace(cfg, **(overrides or {}).get(build, {}), upstream=build)
         cmd = [sys.executable, "-m", "mtplib.lab.wan", "--config",
-               json.dumps(bcfg.__dict__), "--out", str(d)]
+               json.dumps(bcfg.__dict__), "--out", str(d)] + (["--progress"] if progress else [])
         log(f"{build}: {' '.join(cmd[:3])} ... --out {d}")
-        with (d / "run.log").open("w") as f:
-            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        with (d / "run.log").open("w") as f, bar(None, f"wan {build}", progress) as pb:
+            child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace")
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.startswith(PROGRESS_PREFIX):
+                    done, total = (int(x) for x in line[len(PROGRESS_PREFIX):].split("/"))
+                    pb.total = total
+                    pb.update(done - pb.n)
+                else:
+                    f.write(line)
+            rc = child.wait()
         if rc != 0:
             tail = (d / "run.log").read_text()[-2000:]
             raise InputError(f"the {build} WAN run failed (exit {rc}); log {d / 'run.log'}:\n"
@@ -492,13 +509,19 @@ def main(argv: list[str] | None = None) -> int:
                                  "pair (one upstream build: MTPLIB_UPSTREAM)")
     ap.add_argument("--config", default="{}", help="WanConfig as JSON (default: all defaults)")
     ap.add_argument("--out", required=True, help="folder for wan.json and wan_summary.csv")
+    ap.add_argument("--progress", action="store_true",
+                    help=f"print '{PROGRESS_PREFIX}DONE/TOTAL' after each generation")
     a = ap.parse_args(argv)
     from mtplib.model.trained import trained_paths
 
     cfg = with_upstream(WanConfig.from_dict(json.loads(a.config)))
     pair = trained_paths()
     prompts = trained_prompts(cfg.n_prompts, cfg.prompt_len)
-    res = run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts, log=print)
+    def tick(done: int, total: int) -> None:
+        print(f"{PROGRESS_PREFIX}{done}/{total}", flush=True)
+
+    res = run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts, log=print,
+                  progress=tick if a.progress else None)
     from mtplib.runtime.lib import upstream_info
 
     res["upstream"] = upstream_info()
