@@ -4,6 +4,7 @@ lane whose notebook fails says which one, where its partial output is, and recor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,27 @@ def test_any_crash_inside_a_run_records_failed(tmp_path, monkeypatch):
         run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
     rec = json.loads((tmp_path / "out" / "r" / "run_record.json").read_text())
     assert rec["status"] == "failed"
+
+
+def test_runner_values_go_only_where_declared(tmp_path, monkeypatch):
+    """Models, threads, run folder and shared parameters reach a notebook only if it declares
+    them: 05 reads the trained pair and gets no trunk (papermill would warn "unknown
+    parameter"); 00 gets the generated models; 01 gets the shared `plan`, 00 does not."""
+    import papermill as pm
+
+    got = {}
+
+    def fake_execute(src, dst, parameters=None, **kw):
+        got[Path(src).name] = parameters
+        open(dst, "w").write("{}")
+
+    monkeypatch.setattr(pm, "execute_notebook", fake_execute)
+    p = _lane(tmp_path, HEAD + "notebooks: [00_fixture_smoke.ipynb, 01_tensor_ownership.ipynb,"
+              " 05_wan.ipynb]\nparameters: {plan: '0-1,2-3'}\n")
+    run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
+    for name, params in got.items():
+        assert set(params) <= set(pm.inspect_notebook(str(L.NOTEBOOKS / name))), name
+    assert "trunk" in got["00_fixture_smoke.ipynb"] and "trunk" not in got["05_wan.ipynb"]
+    assert got["01_tensor_ownership.ipynb"]["plan"] == "0-1,2-3"
+    assert "plan" not in got["00_fixture_smoke.ipynb"]
+    assert all("run_dir" in v for v in got.values())

@@ -459,9 +459,14 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     try:
         for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
             name = item["notebook"]
-            params_in = {**lane.parameters, **(item.get("parameters") or {}), **models,
-                         "threads": lane.threads, "run_dir": str(run_dir)}
             declared = pm.inspect_notebook(str(NOTEBOOKS / name))
+            # shared and runner-made values go where a notebook declares them (05 reads the
+            # trained pair, not the lane's models); the notebook's own were checked at load
+            shared = {**lane.parameters}
+            runner = {**models, "threads": lane.threads, "run_dir": str(run_dir)}
+            params_in = {**{k: v for k, v in shared.items() if k in declared},
+                         **(item.get("parameters") or {}),
+                         **{k: v for k, v in runner.items() if k in declared}}
             for section in ("bench", "wan"):  # only to notebooks that declare it
                 if getattr(lane, section) is not None and section in declared:
                     params_in[section] = getattr(lane, section)
