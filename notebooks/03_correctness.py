@@ -174,6 +174,6 @@ else:
         plain.close()
     llama_eq = pd.DataFrame(rows)
     stats = {k: v for k, v in st.to_dict().items() if k not in ("skipped", "time_s")}
-    display(llama_eq, pd.DataFrame([stats]))
+    display(D.show(llama_eq), D.show(pd.DataFrame([stats])))
     assert llama_eq.equal_to_plain.all(), "mtp_llama's greedy text differs from plain Llama's"
     assert st.accepted > 0, "no draft of the trained MTP block was accepted"
