@@ -71,8 +71,9 @@ def test_bench_round_trips_through_lab_bench(tmp_path):
         pytest.skip(f"{path} not committed")
     data = RM.read_bench(DGR066)
     assert data == json.loads(path.read_text())
-    fields = ("config", "runs", "sweep_runs", "sampling", "backend", "wall_s", "prompts")
-    paths = RM.write_bench(tmp_path, B.BenchResult(**{k: data[k] for k in fields}),
+    fields = ("config", "runs", "sweep_runs", "sampling", "backend", "wall_s", "prompts",
+              "model")  # model: written only when known (absent from older files)
+    paths = RM.write_bench(tmp_path, B.BenchResult(**{k: data[k] for k in fields if k in data}),
                            plots=False)
     assert paths["json"] == tmp_path / RM.BENCH_JSON
     again = RM.read_bench(tmp_path)  # summaries recomputed from the rows
