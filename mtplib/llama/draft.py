@@ -31,6 +31,7 @@ from mtplib.runtime.drafters import MTPDrafter
 from mtplib.runtime.hidden import CapturedRows, RowSourceDecision, read_rows
 from mtplib.runtime.lib import UpstreamError
 from mtplib.runtime.model import Context, ContextConfig, Model
+from mtplib.runtime.speculative import DraftCounts
 
 #: Draft lengths `mtp_llama` accepts (upstream's default is 3; 8 is plenty for one block).
 K_RANGE = range(1, 9)
@@ -39,7 +40,7 @@ _EMPTY = np.zeros(0, dtype=np.intc)
 
 
 @dataclass
-class DraftStats:
+class DraftStats(DraftCounts):
     """What the MTP block proposed and what the Llama kept.
 
     A proposal counts once its verification is seen: the next call of the draft model
@@ -47,42 +48,16 @@ class DraftStats:
     whose outcome never came (the completion stopped first) count as ``unresolved``.
     """
 
-    k: int
     hidden_rows: str = "off"
     proposals: int = 0
-    drafted: int = 0
-    accepted: int = 0
     unresolved: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position_n: list[int] = field(default_factory=list)
-    accept_len_hist: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)  # reason -> calls that drafted nothing
     t_draft: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.drafted_per_position = [0] * self.k
-        self.accepted_per_position_n = [0] * self.k
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def accepted_per_position(self) -> list[float | None]:
-        """P(draft i accepted) per draft position i (the runtime's Metrics name)."""
-        return [a / d if d else None for a, d in
-                zip(self.accepted_per_position_n, self.drafted_per_position, strict=True)]
 
     def to_dict(self) -> dict:
         return {
             "k": self.k, "hidden_rows": self.hidden_rows, "proposals": self.proposals,
-            "drafted": self.drafted, "accepted": self.accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "accepted_per_position": self.accepted_per_position,
-            "accepted_per_position_counts": list(self.accepted_per_position_n),
-            "drafted_per_position": list(self.drafted_per_position),
-            "accept_len_hist": {str(i): self.accept_len_hist.get(i, 0)
-                                for i in range(self.k + 1)},
+            **self.counts_dict(),
             "unresolved": self.unresolved, "skipped": dict(self.skipped),
             "time_s": {"draft": self.t_draft},
         }
@@ -257,15 +232,9 @@ class MTPDraftModel(LlamaDraftModel):
         if not verified:
             self.stats.unresolved += len(drafts)
             return
-        s = self.stats
-        s.drafted += len(drafts)
-        s.accepted += n_acc
-        s.accept_len_hist[n_acc] += 1
+        self.stats.count(len(drafts), n_acc)
         if self.trace is not None:
             self.trace.append({"pos": base, "drafts": list(drafts), "accepted": n_acc})
-        for i in range(len(drafts)):
-            s.drafted_per_position[i] += 1
-            s.accepted_per_position_n[i] += i < n_acc
 
     def _reset_mtp(self) -> None:
         if self.ctx is not None:

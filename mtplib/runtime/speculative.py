@@ -53,15 +53,58 @@ def api_rows(ctx: Context, n: int) -> np.ndarray:
 
 
 @dataclass
-class Metrics:
+class DraftCounts:
+    """Drafted / accepted counts of one run, per draft position and by accepted length:
+    counted in one place for every loop that verifies drafts (the engine's `Metrics`, the
+    llama_cpp adapter's `DraftStats`)."""
+
     k: int
     drafted: int = 0
     accepted: int = 0
-    verify_steps: int = 0
-    plain_steps: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position_n: list[int] = field(default_factory=list)
     accept_len_hist: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.drafted_per_position = [0] * self.k
+        self.accepted_per_position_n = [0] * self.k
+
+    def count(self, n_drafted: int, n_accepted: int) -> None:
+        """One verification: ``n_accepted`` of ``n_drafted`` drafts kept (a prefix)."""
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        self.accept_len_hist[n_accepted] += 1
+        for i in range(n_drafted):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position_n[i] += i < n_accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def accepted_per_position(self) -> list[float | None]:
+        """P(draft i accepted) per draft position i."""
+        return [a / d if d else None for a, d in
+                zip(self.accepted_per_position_n, self.drafted_per_position, strict=True)]
+
+    def counts_dict(self) -> dict:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "accepted_per_position": self.accepted_per_position,
+            "accepted_per_position_counts": list(self.accepted_per_position_n),
+            "drafted_per_position": list(self.drafted_per_position),
+            "accept_len_hist": {str(i): self.accept_len_hist.get(i, 0)
+                                for i in range(self.k + 1)},
+        }
+
+
+@dataclass
+class Metrics(DraftCounts):
+    verify_steps: int = 0
+    plain_steps: int = 0
     rollbacks: Counter = field(default_factory=Counter)
     t_prefill: float = 0.0
     t_draft: float = 0.0
@@ -74,10 +117,6 @@ class Metrics:
     n_prompt: int = 0
     n_generated: int = 0
 
-    def __post_init__(self) -> None:
-        self.drafted_per_position = [0] * self.k
-        self.accepted_per_position_n = [0] * self.k
-
     def to_dict(self) -> dict:
         dec = self.t_end - self.t_first if self.t_first else 0.0
         n_dec = max(self.n_generated - 1, 0)
@@ -85,16 +124,7 @@ class Metrics:
             "k": self.k,
             "n_prompt": self.n_prompt,
             "n_generated": self.n_generated,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            "accepted_per_position": [a / d if d else None for a, d in
-                                      zip(self.accepted_per_position_n,
-                                          self.drafted_per_position, strict=True)],
-            "accepted_per_position_counts": list(self.accepted_per_position_n),
-            "drafted_per_position": list(self.drafted_per_position),
-            "accept_len_hist": {str(i): self.accept_len_hist.get(i, 0)
-                                for i in range(self.k + 1)},
+            **self.counts_dict(),
             "verify_steps": self.verify_steps,
             "plain_steps": self.plain_steps,
             "rollbacks": dict(self.rollbacks),
@@ -315,12 +345,7 @@ class SpecSession:
         else:
             emitted, n_acc, k = list(result.emitted), result.n_accepted, result.n_drafted
             m.verify_steps += 1
-            m.drafted += k
-            m.accepted += n_acc
-            m.accept_len_hist[n_acc] += 1
-            for i in range(k):
-                m.drafted_per_position[i] += 1
-                m.accepted_per_position_n[i] += i < n_acc
+            m.count(k, n_acc)
         last = self.last
         self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
         t0 = time.perf_counter()
