@@ -375,28 +375,24 @@ def kernel_env() -> dict[str, str]:
     Jupyter's search path, so another checkout's ``mtplib`` (or ``python3``) kernel could win
     and import its own mtplib: put ours first, then check the spec found is ours."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    from jupyter_core.paths import jupyter_path
 
     ours = str(Path(sys.prefix) / "share" / "jupyter")
     path = [ours] + [d for d in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
                      if d and d != ours]
-    env = {"JUPYTER_PATH": os.pathsep.join(path)}
-    before = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = env["JUPYTER_PATH"]
+    # the kernel directories papermill searches under that JUPYTER_PATH: ours first
+    mine = str(Path(ours) / "kernels")
+    dirs = [mine] + [d for d in jupyter_path("kernels") if d != mine]
     try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        spec = KernelSpecManager(kernel_dirs=dirs).get_kernel_spec(KERNEL)
     except NoSuchKernel:
         raise LaneError(f"no '{KERNEL}' Jupyter kernel in {ours}: run ./dev.sh setup "
                         "(it installs the kernel for this venv)") from None
-    finally:
-        if before is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = before
     exe = Path(spec.argv[0])
     if not (exe.exists() and exe.parent.resolve() == Path(sys.executable).parent.resolve()):
         raise LaneError(f"the '{KERNEL}' kernel ({spec.resource_dir}) runs {exe}, not this "
                         f"interpreter {sys.executable}: run ./dev.sh setup")
-    return env
+    return {"JUPYTER_PATH": os.pathsep.join(path)}
 
 
 def new_run_id(lane: str) -> str:
