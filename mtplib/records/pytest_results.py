@@ -27,12 +27,12 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 from mtplib import paths, pins
 from mtplib.errors import InputError
 from mtplib.host import git_state
+from mtplib.stamps import now_iso
 
 COUNTS = ("passed", "failed", "errors", "skipped")
 """The outcomes counted per test file (xfail counts as skipped, as JUnit XML has it)."""
@@ -52,10 +52,6 @@ def story_tests(story: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
         raise InputError(f"no criterion tests listed for story {story!r} "
                          f"(known: {sorted(writers)})")
     return writers[story].TESTS
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _file_of(case: ET.Element) -> str:
@@ -99,14 +95,14 @@ def run_pytest(files: Sequence[str], *, python: str = sys.executable,
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
-        started, t0 = _now(), time.perf_counter()
+        started, t0 = now_iso(), time.perf_counter()
         proc = subprocess.run([python, *args, f"--junitxml={junit}", *files], cwd=cwd,
                               capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
         per_file = parse_junit(junit.read_text()) if junit.exists() else {}
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     return {"command": " ".join(["python", *args, *files]), "exit_code": proc.returncode,
-            "started": started, "ended": _now(), "wall_s": round(wall, 1),
+            "started": started, "ended": now_iso(), "wall_s": round(wall, 1),
             "git": git_state(cwd), "python": platform.python_version(),
             "pins": pins.as_dict(), "files": per_file, "summary_line": tail[-1] if tail else ""}
 

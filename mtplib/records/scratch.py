@@ -7,13 +7,13 @@ lane's ``run_dir``/``trunk``/``sidecar`` pass through untouched, so lanes keep w
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtplib import paths
 from mtplib.errors import InputError
+from mtplib.stamps import run_stamp
 
 #: where notebooks run alone write (one folder per execution)
 SCRATCH = paths.OUTPUTS / "scratch"
@@ -31,12 +31,13 @@ class NotebookRun:
 
 
 def scratch_dir(stem: str, *, root: str | Path | None = None) -> Path:
-    """A new, empty ``<root>/<stem>-<YYYYmmdd-HHMMSS>[-N]`` (root: outputs/scratch)."""
+    """A new, empty ``<root>/<stem>-<run stamp>[-N]`` (root: outputs/scratch; the stamp as
+    run folders have it, `mtplib.stamps.run_stamp`)."""
     if not _STEM.match(stem):
         raise InputError(f"notebook stem {stem!r}: letters, digits, '_', '-', '.' only")
     base = Path(root) if root is not None else SCRATCH
     base.mkdir(parents=True, exist_ok=True)
-    name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = f"{stem}-{run_stamp()}"
     for n in range(1000):
         d = base / (name if n == 0 else f"{name}-{n}")
         try:
