@@ -16,6 +16,8 @@ from mtplib.errors import InputError
 
 #: --ctx when not given, capped by the model's context_length
 DEFAULT_CTX = 2048
+#: exit code of a ranged run that finished but moved cache state across a shard connection
+EXIT_CONTRACT = 3
 
 
 def run(a: argparse.Namespace) -> int:
@@ -95,8 +97,9 @@ def _check_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
     if a.endpoints and not a.plan:
         raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
-    if (a.wan or a.mtp_placement != "tail") and not a.plan:
-        raise InputError("--wan and --mtp-placement need --plan (they describe shards)")
+    if (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing) and not a.plan:
+        raise InputError("--wan, --mtp-placement and --allow-cache-crossing need --plan "
+                         "(they describe shards)")
     if a.plan:
         check_threads(a.shard_threads, "--shard-threads")
         # the ranged client reads the trunk's block count before any shard loads it: the
@@ -155,13 +158,19 @@ def register(sub) -> None:
                    "trip in ms (half each way) and optional Mbit/s cap, one value for every "
                    "shard or one per shard (e.g. 100 or 100:50 or 100,0); metrics add waits "
                    "per step and bytes by class")
-    g.add_argument("--mtp-placement", default="tail", choices=["tail", "client"],
+    g.add_argument("--mtp-placement", default="auto", choices=["auto", "tail", "client"],
                    help="with --plan --mtp: run the MTP block on the tail shard or "
-                   "in this process next to the sampler (drafts then cost no shard round trip)")
-    g.add_argument("--head", default="upstream", choices=["upstream", "client"],
+                   "in this process next to the sampler (drafts then cost no shard round "
+                   "trip); auto = client")
+    g.add_argument("--head", default="auto", choices=["auto", "upstream", "client"],
                    help="where the output head runs: in upstream's graph or here, "
                    "from the trunk's hidden rows (a ranged tail then sends hc*n_embd floats "
-                   "per row instead of n_vocab logits, in the same wait)")
+                   "per row instead of n_vocab logits, in the same wait); auto = client for "
+                   "ranged MTP, upstream otherwise")
+    g.add_argument("--allow-cache-crossing", action="store_true",
+                   help="with --plan: run even where V4 cache state would cross a shard "
+                   "connection (the stock build with MTP on); refused by default, and a run "
+                   "that moved cache bytes exits 3")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan")
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
@@ -202,10 +211,13 @@ def _run_ranged(a) -> int:
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
                               endpoints=eps, shard_threads=a.shard_threads, wan=a.wan,
-                              mtp_placement=a.mtp_placement, policy=a.policy)
+                              mtp_placement=a.mtp_placement, policy=a.policy,
+                              allow_cache_crossing=a.allow_cache_crossing)
+    # a contract violation (cache state crossed a seam) is a failed run, output or not
+    rc = EXIT_CONTRACT if out["metrics"]["wire_violations"] else 0
     if a.json:
         print(json.dumps(out))
-        return 0
+        return rc
     m = out["metrics"]
     print("tokens:", " ".join(map(str, out["tokens"])))
     if "text" in out:
@@ -219,4 +231,4 @@ def _run_ranged(a) -> int:
           f"{m['cache_bytes_crossing']}")
     for v in m["wire_violations"]:
         print("contract violation:", v)
-    return 0
+    return rc
