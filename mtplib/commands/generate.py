@@ -88,7 +88,9 @@ def _check_args(a: argparse.Namespace) -> None:
     if not (math.isfinite(a.top_p) and 0 < a.top_p <= 1):
         raise InputError(f"--top-p must be in (0, 1], got {a.top_p}")
     if a.threads is None:
-        a.threads = min(2, max_threads())
+        # shards this process starts share its cores: a second client thread only spins
+        # against them (ggml's barrier), so the client gets one; otherwise up to two
+        a.threads = 1 if a.plan and not a.endpoints else min(2, max_threads())
     check_threads(a.threads, "--threads")
     if a.plan is not None and not a.plan.strip():
         raise InputError("--plan is empty: give layer ranges like 0-1,2-3, or leave --plan "
@@ -136,7 +138,8 @@ def register(sub) -> None:
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
     g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU)")
+                   help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU; 1 "
+                   "with --plan and no --endpoints: the local shards share these cores)")
     g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
                    help="K/V cache type")
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
