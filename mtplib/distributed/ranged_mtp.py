@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from mtplib.contract.capabilities import Policy
 from mtplib.distributed.relay import WanLink, parse_wan
+from mtplib.distributed.tls import TlsConfig
 from mtplib.runtime.routing import resolve_policy, route, routing_metrics
 from mtplib.runtime.speculative import EngineOptions
 
@@ -50,13 +51,16 @@ class RangedMTP:
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
     MTP under alpha raises RouteRefused naming the policy; k = 0 always runs.
-    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s)."""
+    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
+    ``tls`` (a `TlsConfig`): mutual TLS to the shards (local ones then serve through their
+    gateways too); ``insecure_plaintext``: allow non-loopback endpoints without it."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                 allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
+                 insecure_plaintext: bool = False,
+                 wan: str | Sequence[WanLink] | None = None,
                  mtp_placement: str = "tail", policy: Policy | str | None = None,
-                 silence_timeout_s: float | None = None) -> None:
+                 silence_timeout_s: float | None = None, tls: TlsConfig | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
@@ -81,11 +85,11 @@ class RangedMTP:
             self.shards = None
             if endpoints is None:
                 self.shards = self._stack.enter_context(
-                    LocalShards(self.plan.n_shards, shard_threads))
+                    LocalShards(self.plan.n_shards, shard_threads, tls=tls))
             self.rt = self._stack.enter_context(RangedRuntime(
-                trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
-                sidecar=sidecar, wan=links, mtp_placement=mtp_placement,
-                silence_timeout_s=silence_timeout_s))
+                trunk, self.plan, endpoints, shards=self.shards,
+                insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
+                mtp_placement=mtp_placement, silence_timeout_s=silence_timeout_s, tls=tls))
         except BaseException:
             self._stack.close()
             raise
@@ -114,6 +118,7 @@ class RangedMTP:
         metrics["routing"] = routing_metrics(decision, self.policy)
         metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
         metrics["wan"] = [str(r.link) for r in rt.relays.relays]
+        metrics["transport"] = "tls" if rt.tls is not None else "plaintext"
         metrics["head"] = opts.head
         if rt.sidecar:
             metrics["mtp_placement"] = rt.mtp_placement
@@ -145,8 +150,10 @@ class RangedMTP:
 def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan: str,
                     sidecar: str | None = None, opts: EngineOptions | None = None,
                     endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                    allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                    mtp_placement: str = "tail", policy: Policy | str | None = None) -> dict:
+                    insecure_plaintext: bool = False,
+                    wan: str | Sequence[WanLink] | None = None,
+                    mtp_placement: str = "tail", policy: Policy | str | None = None,
+                    tls: TlsConfig | None = None) -> dict:
     """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
     when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy
     that refuses the recipe is refused before any shard starts."""
@@ -157,8 +164,8 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
     route(k, policy=pol)  # the policy gate; each generation negotiates with the shards too
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
                    endpoints=endpoints, shard_threads=shard_threads,
-                   allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement,
-                   policy=pol) as r:
+                   insecure_plaintext=insecure_plaintext, wan=wan,
+                   mtp_placement=mtp_placement, policy=pol, tls=tls) as r:
         tokens, metrics = r.generate(prompt, n_new, opts)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):

@@ -1,0 +1,125 @@
+"""What mutual TLS costs a ranged run: the same generations through TLS and in plaintext.
+
+Two `RangedMTP` sessions on the trained pair (local shards: one pair plain, one pair behind
+their TLS gateways), generations interleaved A/B per prompt and repetition so that drift on
+a shared host hits both alike, at each RTT (the relays' emulated WAN, applied after
+loading). Per transport and RTT: n, median, min and max tokens/s; whether the tokens are
+identical; waits per step of each kind (TLS must not add a round trip: the gateway's status
+line is read before upstream's client sends a byte).
+
+``python -m mtplib.lab.tls_overhead --out DIR [--rtts 0,100 --reps 3 --n-prompts 4]``
+writes DIR/tls_overhead.json and prints the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mtplib.distributed.relay import WanLink
+
+
+def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int = 24,
+        prompt_len: int = 48, k: int = 2, placement: str = "client", head: str = "client",
+        plan: str = "0-1,2-3", log=print) -> dict:
+    from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.distributed.tls import TlsConfig, init_pki
+    from mtplib.lab.wan import trained_prompts
+    from mtplib.model.trained import trained_paths
+    from mtplib.runtime.settings import DecodeSettings
+    from mtplib.runtime.speculative import EngineOptions
+
+    pair = trained_paths()
+    prompts = trained_prompts(n_prompts, prompt_len)
+    opts = EngineOptions(k=k, settings=DecodeSettings(n_ctx=256, n_threads=1), head=head)
+    rows: list[dict] = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="mtplib-tls-") as d:
+        init_pki(d)
+        tls = TlsConfig.load(d)
+        with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
+                       mtp_placement=placement) as plain, \
+                RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
+                          mtp_placement=placement, tls=tls) as secure:
+            runs = {"plaintext": plain, "tls": secure}
+            for r in runs.values():  # warm-up over loopback, not recorded
+                r.generate(list(prompts[0]), n_new, opts)
+            for rtt in rtts_ms:
+                for r in runs.values():
+                    for relay in r.rt.relays.relays:
+                        relay.set_link(WanLink(rtt))
+                for rep in range(reps):
+                    for pi, prompt in enumerate(prompts):
+                        order = list(runs) if (rep + pi) % 2 == 0 else list(runs)[::-1]
+                        for name in order:
+                            toks, m = runs[name].generate(list(prompt), n_new, opts)
+                            rows.append({"transport": name, "rtt_ms": rtt, "prompt": pi,
+                                         "rep": rep, "tokens": toks,
+                                         "decode_tok_s": m["decode_tok_s"],
+                                         "waits_per_step": m["waits_per_step"],
+                                         "seam_bytes": m["seam_bytes"],
+                                         "transport_metric": m["transport"]})
+                log(f"rtt {rtt:g} ms: {summary_line(rows, rtt)}")
+    return {"config": {"rtts_ms": rtts_ms, "reps": reps, "n_prompts": n_prompts,
+                       "n_new": n_new, "prompt_len": prompt_len, "k": k,
+                       "mtp_placement": placement, "head": head, "plan": plan},
+            "rows": rows, "summary": summarize(rows), "wall_s": time.time() - t0}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for rtt in sorted({r["rtt_ms"] for r in rows}):
+        at = [r for r in rows if r["rtt_ms"] == rtt]
+        row: dict = {"rtt_ms": rtt}
+        for name in ("plaintext", "tls"):
+            v = [r["decode_tok_s"] for r in at if r["transport"] == name]
+            row[name] = {"n": len(v), "median_tok_s": statistics.median(v),
+                         "min_tok_s": min(v), "max_tok_s": max(v)}
+        pairs = {(r["prompt"], r["rep"]): {} for r in at}
+        for r in at:
+            pairs[(r["prompt"], r["rep"])][r["transport"]] = r
+        row["tokens_identical"] = all(p["plaintext"]["tokens"] == p["tls"]["tokens"]
+                                      for p in pairs.values())
+        row["waits_per_step_identical"] = all(
+            p["plaintext"]["waits_per_step"] == p["tls"]["waits_per_step"]
+            for p in pairs.values())
+        row["waits_per_step"] = at[0]["waits_per_step"]
+        row["tls_over_plaintext"] = row["tls"]["median_tok_s"] / row["plaintext"]["median_tok_s"]
+        out.append(row)
+    return out
+
+
+def summary_line(rows: list[dict], rtt: float) -> str:
+    s = next(x for x in summarize(rows) if x["rtt_ms"] == rtt)
+    p, t = s["plaintext"], s["tls"]
+    return (f"plaintext median {p['median_tok_s']:.2f} tok/s [{p['min_tok_s']:.2f}, "
+            f"{p['max_tok_s']:.2f}] n={p['n']}; tls {t['median_tok_s']:.2f} "
+            f"[{t['min_tok_s']:.2f}, {t['max_tok_s']:.2f}] n={t['n']}; ratio "
+            f"{s['tls_over_plaintext']:.3f}; tokens identical {s['tokens_identical']}; "
+            f"waits per step identical {s['waits_per_step_identical']} {s['waits_per_step']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mtplib.lab.tls_overhead",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for tls_overhead.json")
+    ap.add_argument("--rtts", default="0,100", help="emulated RTTs in ms, comma-separated")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--n-prompts", type=int, default=4)
+    ap.add_argument("--n-new", type=int, default=24)
+    a = ap.parse_args(argv)
+    res = run([float(x) for x in a.rtts.split(",")], reps=a.reps, n_prompts=a.n_prompts,
+              n_new=a.n_new)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tls_overhead.json").write_text(json.dumps(res, indent=1))
+    print(out / "tls_overhead.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
