@@ -28,7 +28,7 @@ from rpc_fakes import (
     wait_closed,
 )
 
-from mtplib.distributed.gateway import FrameError, Gateway, RequestChecker
+from mtplib.distributed.gateway import FrameError, Gateway, RequestChecker, RpcLimits
 from mtplib.distributed.tls import TlsConfig, TlsStream, connect, init_pki
 from mtplib.runtime.rpc import (
     GRAPH_HEADER,
@@ -278,3 +278,20 @@ def test_tls_stream_one_reader_one_writer_thread(shard, pki):
         t.join(timeout=30)
         assert len(got) == n and all(g == got[0] for g in got)
     assert sum(1 for c, _ in fake.received[0] if c == RPC_SET_TENSOR) == n
+
+
+def test_the_bounds_let_the_largest_v4_flash_tensor_through():
+    """SET_TENSOR's bound is chosen from legit traffic: every V4-Flash tensor a shard
+    holds (token_embd stays on the client) passes, and with room for BF16 experts."""
+    from mtplib.model.arch import ggml_nbytes, sidecar_tensors, trunk_tensors
+    from mtplib.model.presets import get_preset
+
+    cfg = get_preset("v4-flash")
+    specs = [t for t in trunk_tensors(cfg) + sidecar_tensors(cfg) if t.kind != "token_embd"]
+    biggest = max(specs, key=lambda t: t.nbytes)
+    assert biggest.nbytes == 1140850688 and biggest.dtype == "MXFP4"  # routed experts
+    chk = RequestChecker()
+    chk.feed(hello())
+    chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + ggml_nbytes("BF16", biggest.ne))
+    with pytest.raises(FrameError):
+        chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + RpcLimits().max_tensor_bytes + 1)

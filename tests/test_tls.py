@@ -317,3 +317,16 @@ def test_generate_connects_to_running_tls_shards(pair, pki):
                            text=True, timeout=60, cwd=REPO)
         assert r.returncode == 2 and ep in r.stderr, r.stderr
         assert sh.alive() == [True, True]
+
+
+def test_a_lanes_bench_tls_is_checked_before_anything_runs(tmp_path, pki):
+    from mtplib.lab.bench import BenchConfig, BenchConfigError
+
+    cfg = BenchConfig.from_dict({"plans": ["0-1,2-3"], "tls": str(pki.dir)}, threads=1)
+    assert cfg.tls_config().dir == pki.dir
+    with pytest.raises(BenchConfigError, match="bench: tls: .*not a directory"):
+        BenchConfig.from_dict({"plans": ["0-1,2-3"], "tls": str(tmp_path / "nope")})
+    (tmp_path / "client-only").mkdir()
+    (tmp_path / "client-only" / "ca.pem").write_bytes((pki.dir / "ca.pem").read_bytes())
+    with pytest.raises(BenchConfigError, match=r"missing shard\.pem"):
+        BenchConfig.from_dict({"plans": ["0-1,2-3"], "tls": str(tmp_path / "client-only")})

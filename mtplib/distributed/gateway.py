@@ -63,10 +63,11 @@ CHUNK = 1 << 20
 @dataclass(frozen=True)
 class RpcLimits:
     """Bounds on the two variable-size requests. Legit traffic: upstream's client sends a
-    whole tensor per SET_TENSOR (V4-Flash's largest, the routed-expert stacks and the output
-    head, are about 1-4 GiB depending on the quantization), and a graph is 12 bytes plus 8 per
-    node and 296 per tensor (DeepSeek-V4's graph limit of 64 per model tensor gives well under
-    256 MiB). Above either bound the session is closed before the request is forwarded."""
+    whole tensor per SET_TENSOR; V4-Flash's largest tensors on a shard are the routed-expert
+    stacks, 1140850688 bytes each in MXFP4 (``mtplib fixture --preset v4-flash``'s table;
+    4.3 GB if they were BF16; token_embd stays on the client). A graph is 12 bytes plus 8
+    per node and 296 per tensor: DeepSeek-V4's node limit keeps it far below 256 MiB. Above
+    either bound the session is closed before the request is forwarded."""
 
     max_tensor_bytes: int = 16 << 30
     max_graph_bytes: int = 256 << 20

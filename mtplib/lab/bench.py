@@ -185,9 +185,12 @@ class BenchConfig:
             return None
         from mtplib.distributed.tls import TlsConfig
 
-        cfg = TlsConfig.load(self.tls)
-        cfg.server_context()
-        cfg.client_context()
+        try:
+            cfg = TlsConfig.load(self.tls)
+            cfg.server_context()
+            cfg.client_context()
+        except InputError as e:
+            raise BenchConfigError(f"bench: tls: {e}") from None
         return cfg
 
     def to_dict(self) -> dict:
