@@ -8,7 +8,11 @@ identical; waits per step of each kind (TLS must not add a round trip: the gatew
 line is read before upstream's client sends a byte).
 
 ``python -m mtplib.lab.tls_overhead --out DIR [--rtts 0,100 --reps 3 --n-prompts 4]``
-writes DIR/tls_overhead.json and prints the summary.
+writes DIR/tls_overhead.json and prints the summary. ``--micro`` measures the transport
+alone instead (`micro`): the round trip of one small answered request, and the throughput
+of a stream of SET_TENSOR requests, through a relay to a plain RPC peer vs a relay speaking
+TLS to a gateway in front of it (alternating, many times), which a loaded host disturbs less
+than whole generations.
 """
 
 from __future__ import annotations
@@ -70,6 +74,115 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
             "rows": rows, "summary": summarize(rows), "wall_s": time.time() - t0}
 
 
+def _peer():
+    """A minimal RPC peer on loopback: answers HELLO and DEVICE_COUNT like a server and
+    swallows the rest (one connection at a time)."""
+    import socket
+    import struct
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            buf = b""
+            try:
+                while True:
+                    while len(buf) < 9:
+                        d = c.recv(1 << 20)
+                        if not d:
+                            raise ConnectionError
+                        buf += d
+                    cmd, (size,) = buf[0], struct.unpack("<Q", buf[1:9])
+                    buf = buf[9:]
+                    while len(buf) < size:
+                        d = c.recv(1 << 20)
+                        if not d:
+                            raise ConnectionError
+                        buf += d
+                    buf = buf[size:]
+                    if cmd == 14:
+                        c.sendall(struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24))
+                    elif cmd == 15:  # DEVICE_COUNT: one
+                        c.sendall(struct.pack("<QI", 4, 1))
+            except OSError:
+                c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def micro(rounds: int = 7, n_rtt: int = 300, mib: int = 64, log=print) -> dict:
+    """Round trip (HELLO) and SET_TENSOR throughput: relay -> peer vs relay -TLS-> gateway
+    -> peer, ``rounds`` alternating rounds of ``n_rtt`` round trips and ``mib`` MiB each."""
+    import socket
+    import struct
+
+    from mtplib.distributed.gateway import Gateway
+    from mtplib.distributed.relay import CountingRelay
+    from mtplib.distributed.tls import TlsConfig, init_pki
+    from mtplib.runtime.rpc import RPC_CMD_HELLO, RPC_SET_TENSOR, SET_TENSOR_HEADER
+
+    hello = bytes([RPC_CMD_HELLO]) + struct.pack("<Q", 24) + bytes(24)
+    payload = bytes(SET_TENSOR_HEADER + (1 << 20))
+    tensor = bytes([RPC_SET_TENSOR]) + struct.pack("<Q", len(payload)) + payload
+    res: dict = {"plaintext": {"rtt_us": [], "mib_s": []}, "tls": {"rtt_us": [], "mib_s": []}}
+    with tempfile.TemporaryDirectory(prefix="mtplib-tls-") as d:
+        init_pki(d)
+        tls = TlsConfig.load(d)
+        srv = _peer()
+        peer = f"127.0.0.1:{srv.getsockname()[1]}"
+        gw = Gateway(("127.0.0.1", 0), ("127.0.0.1", srv.getsockname()[1]), tls,
+                     log=lambda s: None).start()
+        relays = {"plaintext": CountingRelay(peer), "tls": CountingRelay(gw.endpoint, tls=tls)}
+        try:
+            for rnd in range(rounds):
+                for name in (("plaintext", "tls") if rnd % 2 == 0 else ("tls", "plaintext")):
+                    host, port = relays[name].endpoint.split(":")
+                    with socket.create_connection((host, int(port))) as s:
+                        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        s.sendall(hello)  # the session's first request
+                        _exact(s, 36)
+                        t = time.perf_counter()
+                        for _ in range(n_rtt):
+                            s.sendall(bytes([15]) + struct.pack("<Q", 0))
+                            _exact(s, 12)
+                        res[name]["rtt_us"].append((time.perf_counter() - t) / n_rtt * 1e6)
+                        t = time.perf_counter()
+                        for _ in range(mib):
+                            s.sendall(tensor)
+                        s.sendall(bytes([15]) + struct.pack("<Q", 0))  # answered: all arrived
+                        _exact(s, 12)
+                        res[name]["mib_s"].append(mib / (time.perf_counter() - t))
+                    time.sleep(0.2)  # the gateway closes the session before the next
+            log(f"micro: {res}")
+        finally:
+            for r in relays.values():
+                r.close()
+            gw.close()
+            srv.close()
+    out = {"rounds": rounds, "n_rtt": n_rtt, "mib": mib}
+    for name, v in res.items():
+        out[name] = {k: {"n": len(x), "median": statistics.median(x), "min": min(x),
+                         "max": max(x)} for k, x in v.items()}
+    return out
+
+
+def _exact(s, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        d = s.recv(n - len(buf))
+        if not d:
+            raise ConnectionError("closed")
+        buf += d
+    return buf
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for rtt in sorted({r["rtt_ms"] for r in rows}):
@@ -119,7 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--n-prompts", type=int, default=4)
     ap.add_argument("--n-new", type=int, default=24)
+    ap.add_argument("--micro", action="store_true", help="the transport alone (see above)")
     a = ap.parse_args(argv)
+    if a.micro:
+        res = micro(log=lambda s: None)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tls_micro.json").write_text(json.dumps(res, indent=1))
+        for name in ("plaintext", "tls"):
+            r, m = res[name]["rtt_us"], res[name]["mib_s"]
+            print(f"{name}: round trip median {r['median']:.0f} us [{r['min']:.0f}, "
+                  f"{r['max']:.0f}], SET_TENSOR stream median {m['median']:.0f} MiB/s "
+                  f"[{m['min']:.0f}, {m['max']:.0f}], n={r['n']} rounds")
+        print(out / "tls_micro.json")
+        return 0
     res = run([float(x) for x in a.rtts.split(",")], reps=a.reps, n_prompts=a.n_prompts,
               n_new=a.n_new)
     out = Path(a.out)
