@@ -385,9 +385,9 @@ def init_pki(out: str | os.PathLike, hosts: list[str] | None = None, *,
     files = {CA: (pem(ca), 0o644), CA_KEY: (pem_key(ca_key), 0o600),
              SHARD_CERT: (pem(shard), 0o644), SHARD_KEY: (pem_key(shard_key), 0o600),
              CLIENT_CERT: (pem(client), 0o644), CLIENT_KEY: (pem_key(client_key), 0o600)}
-    d.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     try:
+        d.mkdir(parents=True, exist_ok=True)
         for n, (data, mode) in files.items():
             fd = os.open(d / n, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             written.append(d / n)
