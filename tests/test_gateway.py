@@ -295,3 +295,13 @@ def test_the_bounds_let_the_largest_v4_flash_tensor_through():
     chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + ggml_nbytes("BF16", biggest.ne))
     with pytest.raises(FrameError):
         chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + RpcLimits().max_tensor_bytes + 1)
+
+
+def test_a_flood_does_not_flood_the_log(pki):
+    lines: list[str] = []
+    with FakeShard() as fake, Gateway(("127.0.0.1", 0), fake.addr, pki,
+                                      log=lines.append) as gw:
+        for _ in range(60):
+            send_and_time_close(_addr(gw), b"\x00" * 16)
+        assert gw.stats["handshake_failed"] == 60
+    assert 1 <= len(lines) <= 21

@@ -330,3 +330,8 @@ def test_a_lanes_bench_tls_is_checked_before_anything_runs(tmp_path, pki):
     (tmp_path / "client-only" / "ca.pem").write_bytes((pki.dir / "ca.pem").read_bytes())
     with pytest.raises(BenchConfigError, match=r"missing shard\.pem"):
         BenchConfig.from_dict({"plans": ["0-1,2-3"], "tls": str(tmp_path / "client-only")})
+    r = subprocess.run([*CLI, "bench", "--tls", str(tmp_path / "nope"), "--out",
+                        str(tmp_path / "b"), "--quiet"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "bench: tls:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "b").exists()

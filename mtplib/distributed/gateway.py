@@ -58,6 +58,7 @@ from mtplib.runtime.rpc import (
 #: an unauthenticated peer is closed after this long (the target: within 5 s)
 HANDSHAKE_S = 3.0
 CHUNK = 1 << 20
+LOG_LINES, LOG_WINDOW_S = 20, 10.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,9 @@ class Gateway:
         self.ctx.num_tickets = 0  # no resumption: every session proves its certificate
         self.handshake_timeout_s, self.max_pending = handshake_timeout_s, max_pending
         self.instance = secrets.token_hex(8)
-        self.log = log or (lambda s: print(f"mtplib gateway: {s}", file=sys.stderr, flush=True))
+        self._log = log or (lambda s: print(f"mtplib gateway: {s}", file=sys.stderr,
+                                            flush=True))
+        self._log_window, self._log_lines, self._log_dropped = 0.0, 0, 0
         self.stats = dict.fromkeys(("accepted", "refused_pending", "handshake_failed",
                                     "handshake_timeout", "busy", "sessions", "frame_errors",
                                     "upstream_unreachable"), 0)
@@ -163,6 +166,24 @@ class Gateway:
         self._srv.settimeout(0.2)
         self.endpoint = "{}:{}".format(*self._srv.getsockname()[:2])
         self._thread: threading.Thread | None = None
+
+    def log(self, line: str) -> None:
+        """At most LOG_LINES lines per LOG_WINDOW_S (a flood of strangers must not fill the
+        shard's log), then one line saying how many were dropped."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._log_window > LOG_WINDOW_S:
+                dropped, self._log_dropped = self._log_dropped, 0
+                self._log_window, self._log_lines = now, 0
+            else:
+                dropped = 0
+            self._log_lines += 1
+            if self._log_lines > LOG_LINES:
+                self._log_dropped += 1
+                return
+        if dropped:
+            self._log(f"({dropped} similar lines dropped in the last {LOG_WINDOW_S:g} s)")
+        self._log(line)
 
     def _count(self, key: str) -> None:
         with self._lock:
