@@ -305,3 +305,17 @@ def test_a_flood_does_not_flood_the_log(pki):
             send_and_time_close(_addr(gw), b"\x00" * 16)
         assert gw.stats["handshake_failed"] == 60
     assert 1 <= len(lines) <= 21
+
+
+def test_strangers_cannot_hold_the_shard(shard, pki):
+    """Upstream serves one client and never times out, so one idle connection used to hold
+    a shard: behind the gateway, idle and half-handshaken strangers do not take the slot."""
+    _, gw = shard
+    with socket.create_connection(_addr(gw), timeout=5) as idle, \
+            socket.create_connection(_addr(gw), timeout=5) as half:
+        half.sendall(client_hello()[:20])
+        stream, st = connect(_addr(gw), pki)
+        with stream:
+            assert st.ready
+            assert handshake(stream, gw.endpoint).n_devices == 1
+        assert idle.fileno() >= 0 and half.fileno() >= 0
