@@ -335,3 +335,26 @@ def test_a_lanes_bench_tls_is_checked_before_anything_runs(tmp_path, pki):
                        timeout=120, cwd=REPO)
     assert r.returncode == 2 and "bench: tls:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_a_tls_shard_lost_mid_session_is_named(pair, pki):
+    """The shard process dies behind its gateway: the relay's TLS side sees the close, the
+    session fails with the shard named, within seconds."""
+    from mtplib.distributed.client import RangedRuntime, ShardLostError
+    from mtplib.runtime.generate import greedy, prefill
+    from mtplib.runtime.model import ContextConfig
+
+    cfg = ContextConfig(n_ctx=64, n_batch=64, n_ubatch=64)
+    with LocalShards(2, tls=pki) as sh, \
+            RangedRuntime(pair.trunk, "0-1,2-3", shards=sh, tls=pki) as rt:
+        ctx = rt.context(cfg)
+        want = greedy(ctx, [1, 2, 3, 4], 3).tokens
+        assert len(want) == 3
+        ctx.clear()
+        prefill(ctx, [1, 2, 3, 4])
+        sh.kill(1)
+        t0 = time.monotonic()
+        with pytest.raises(ShardLostError, match=f"shard 1 \\({sh.endpoints[1]}\\)"):
+            for i in range(20):
+                ctx.decode([5], [4 + i], logits=True)
+        assert time.monotonic() - t0 < 10
