@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import time
 from collections.abc import Sequence
 
-from mtplib.distributed.tls import TlsConfig, connect
+from mtplib.distributed.tls import TlsConfig, connect_ready
 from mtplib.ownership.plan import PlanError
 from mtplib.runtime.rpc import ShardError, ShardInfo, handshake, parse_endpoint
-
-#: a gateway still closing an earlier probe's session says busy for a moment
-BUSY_RETRY_S = 3.0
 
 
 def check_distinct(endpoints: Sequence[str], *, allow_remote: bool = False) -> None:
@@ -60,22 +56,16 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
                     raise ShardError(f"shard {ep} unreachable: {e.strerror or e}") from None
                 held.append(s)
             else:
-                end = time.monotonic() + BUSY_RETRY_S
-                while True:
-                    s, status = connect(addr, tls, timeout_s=timeout_s, ctx=ctx)
-                    held.append(s)
-                    if status.ready:
-                        break
-                    if status.instance in instances:
-                        raise PlanError(f"endpoints {instances[status.instance]} and {ep} "
-                                        "are the same shard (gateway instance "
-                                        f"{status.instance}); every plan range needs its "
-                                        "own shard")
-                    if time.monotonic() > end:
-                        raise ShardError(f"shard {ep} is busy with another client (its "
-                                         "gateway serves one at a time)")
-                    time.sleep(0.05)
-                instances[status.instance] = ep
+                def same(instance: str, ep: str = ep) -> None:
+                    if instance in instances:
+                        raise PlanError(f"endpoints {instances[instance]} and {ep} are the "
+                                        f"same shard (gateway instance {instance}); every "
+                                        "plan range needs its own shard")
+
+                s, instance = connect_ready(addr, tls, timeout_s=timeout_s, ctx=ctx,
+                                            on_busy=same)
+                held.append(s)
+                instances[instance] = ep
             try:
                 out.append(handshake(s, ep, timeout_s=timeout_s))
             except TimeoutError:

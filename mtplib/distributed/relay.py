@@ -39,7 +39,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from mtplib.distributed.tls import TlsConfig, connect
+from mtplib.distributed.tls import TlsConfig, connect_ready
 from mtplib.errors import InputError
 from mtplib.runtime.rpc import (
     REPLY_SIZES,
@@ -50,8 +50,6 @@ from mtplib.runtime.rpc import (
 )
 
 CHUNK = 1 << 20
-#: a gateway still closing the previous session (e.g. the probe's) says busy for a moment
-BUSY_RETRY_S = 3.0
 #: the largest GET_TENSOR reply the relay forwards (RpcLimits.max_tensor_bytes)
 MAX_REPLY_BYTES = 16 << 30
 
@@ -381,17 +379,8 @@ class CountingRelay:
             up = socket.create_connection(self._up_addr, timeout=5)
             up.settimeout(None)
             return up
-        end = time.monotonic() + BUSY_RETRY_S
-        while True:
-            stream, status = connect(self._up_addr, self.tls, ctx=self._tls_ctx)
-            self.shard_instance = status.instance
-            if status.ready:
-                return stream
-            with contextlib.suppress(OSError):
-                stream.close()
-            if time.monotonic() > end or self._stop.is_set():
-                raise ShardError(f"shard {self.upstream} is busy with another client")
-            time.sleep(0.05)
+        stream, self.shard_instance = connect_ready(self._up_addr, self.tls, ctx=self._tls_ctx)
+        return stream
 
     def _pump(self, conn: _Conn, i: int, src: socket.socket, dst: socket.socket,
               key: str) -> None:

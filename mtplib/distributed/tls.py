@@ -47,6 +47,8 @@ GATEWAY_MAGIC = b"mtplib-gateway 1 "
 GATEWAY_READY, GATEWAY_BUSY = b"ready", b"busy"
 STATUS_MAX = 128
 RECV_CHUNK = 1 << 20
+#: a gateway still closing the previous session (e.g. a probe's) says busy for a moment
+BUSY_RETRY_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,28 @@ def connect(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
         with contextlib.suppress(OSError):
             stream.close()
         raise
+
+
+def connect_ready(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
+                  ctx: ssl.SSLContext | None = None, retry_s: float = BUSY_RETRY_S,
+                  on_busy=None) -> tuple[TlsStream, str]:
+    """`connect` until the gateway says ready (retrying "busy" for ``retry_s``); returns the
+    stream and the gateway's instance id. ``on_busy(instance)`` may raise on a busy
+    answer (e.g. when that instance is one the caller already holds)."""
+    end = time.monotonic() + retry_s
+    endpoint = f"{addr[0]}:{addr[1]}"
+    while True:
+        stream, status = connect(addr, tls, timeout_s=timeout_s, ctx=ctx)
+        if status.ready:
+            return stream, status.instance
+        with contextlib.suppress(OSError):
+            stream.close()
+        if on_busy is not None:
+            on_busy(status.instance)
+        if time.monotonic() > end:
+            raise ShardError(f"shard {endpoint} is busy with another client (its gateway "
+                             "serves one at a time)")
+        time.sleep(0.05)
 
 
 # -- a quick-start PKI ------------------------------------------------------------------
