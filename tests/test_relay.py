@@ -1,4 +1,7 @@
-"""The counting relay on its own: byte counts per step, RPC framing, close propagation."""
+"""The counting relay on its own: byte counts per step, RPC framing, close propagation.
+
+Relays fed bytes that are not RPC run with ``check_replies=False`` (the reply checks have
+their tests in test_tls.py)."""
 
 import socket
 import struct
@@ -67,7 +70,7 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
 
 def test_counts_per_step_and_both_directions():
     echo = Echo()
-    with CountingRelay(echo.endpoint) as r:
+    with CountingRelay(echo.endpoint, check_replies=False) as r:
         s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
         with r.step("a"):
             s.sendall(b"x" * 1000)
@@ -119,7 +122,7 @@ def test_rpc_framing_is_sorted_into_data_graph_control():
 
 def test_upstream_close_closes_client_and_is_recorded():
     echo = Echo()
-    with CountingRelay(echo.endpoint) as r:
+    with CountingRelay(echo.endpoint, check_replies=False) as r:
         s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
         s.sendall(b"hi")
         recv_exact(s, 2)
@@ -148,7 +151,7 @@ def _round_trip(relay_endpoint: str, payload: bytes) -> float:
 
 def test_wan_delay_adds_one_rtt_per_round_trip():
     echo = Echo()
-    with CountingRelay(echo.endpoint, link=WanLink(80.0)) as r:
+    with CountingRelay(echo.endpoint, check_replies=False, link=WanLink(80.0)) as r:
         dt = _round_trip(r.endpoint, b"x" * 100)
     echo.close()
     assert 0.078 <= dt < 0.3, dt
@@ -157,7 +160,7 @@ def test_wan_delay_adds_one_rtt_per_round_trip():
 def test_wan_back_to_back_chunks_are_pipelined_not_serialised():
     """Ten messages sent at once arrive after about one RTT, not ten."""
     echo = Echo()
-    with CountingRelay(echo.endpoint, link=WanLink(60.0)) as r:
+    with CountingRelay(echo.endpoint, check_replies=False, link=WanLink(60.0)) as r:
         s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         t0 = time.monotonic()
@@ -175,11 +178,11 @@ def test_wan_bandwidth_cap_paces_bytes():
     """1 MB at 80 Mbit/s takes at least 0.1 s to pass the link (the echo streams it back as it
     arrives, so the two directions overlap); uncapped it takes a few ms."""
     echo = Echo()
-    with CountingRelay(echo.endpoint, link=WanLink(0.0, 80.0)) as r:
+    with CountingRelay(echo.endpoint, check_replies=False, link=WanLink(0.0, 80.0)) as r:
         dt = _round_trip(r.endpoint, b"b" * 1_000_000)
     echo.close()
     echo = Echo()
-    with CountingRelay(echo.endpoint) as r:
+    with CountingRelay(echo.endpoint, check_replies=False) as r:
         fast = _round_trip(r.endpoint, b"b" * 1_000_000)
     echo.close()
     assert 0.099 <= dt < 1.0, dt

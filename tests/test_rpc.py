@@ -140,9 +140,9 @@ def test_serve_cli_refuses_remote_and_warns_when_allowed():
             pytest.skip("192.0.2.1 is local here")
         except OSError:
             pass
-    r = subprocess.run([*run, "192.0.2.1:50052", "--allow-remote"], capture_output=True,
+    r = subprocess.run([*run, "192.0.2.1:50052", "--insecure-plaintext"], capture_output=True,
                        text=True, timeout=60)
-    assert "NO authentication" in r.stderr
+    assert "--insecure-plaintext" in r.stderr and "NO authentication" in r.stderr
     assert r.returncode == 4 and "could not serve" in r.stderr
 
 

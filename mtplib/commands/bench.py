@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from mtplib import paths
-from mtplib.commands.common import add_json_arg
+from mtplib.commands.common import add_json_arg, add_tls_args
 
 
 def run(a: argparse.Namespace) -> int:
@@ -44,6 +44,11 @@ def run(a: argparse.Namespace) -> int:
             if plan != "whole":
                 parse_wan(a.wan, plan.count(",") + 1)
         cfg = replace(cfg, wan=a.wan)
+    if a.tls is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, tls=a.tls)
+        cfg.validate()
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
     record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out")
     record["policy"] = cfg.policy
@@ -96,5 +101,8 @@ def register(sub) -> None:
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")
+    add_tls_args(b, "ranged plans: the local shards serve through mutual-TLS gateways with "
+                 "DIR's certificates and the client connects with TLS (see `mtplib tls init`; "
+                 "default: the lane's bench.tls, else plain loopback)", plaintext=False)
     add_json_arg(b, "the paths, summary and break-even rows")
     b.set_defaults(fn=run)

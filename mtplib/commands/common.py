@@ -66,3 +66,34 @@ def resolve_ctx(a: argparse.Namespace, default: int, *models: str | None) -> Non
     elif n_train is not None and a.ctx > n_train:
         raise InputError(f"--ctx {a.ctx} exceeds the model's context_length {n_train}; "
                          f"give --ctx {n_train} or less (or leave --ctx out)")
+
+
+def add_tls_args(p: argparse.ArgumentParser, what: str | None = None, *,
+                 plaintext: bool = True) -> None:
+    """``--tls DIR`` and (``plaintext``) ``--insecure-plaintext``, the same on every verb
+    that talks to shards (generate, bench, shard serve, serve); read them with
+    `tls_from_args`."""
+    p.add_argument("--tls", metavar="DIR", default=None,
+                   help=what or "mutual TLS to the shards with DIR's ca.pem, client.pem and "
+                   "client.key (see `mtplib tls init`; shards serve with `shard serve --tls`); "
+                   "needed for any non-loopback endpoint")
+    if not plaintext:
+        return
+    p.add_argument("--insecure-plaintext", action="store_true",
+                   help="allow non-loopback endpoints WITHOUT TLS: upstream's RPC has no "
+                   "authentication or encryption (anyone on the path can read or write the "
+                   "shard's memory)")
+
+
+def tls_from_args(a: argparse.Namespace):
+    """The `TlsConfig` of ``--tls`` (None without it); refuses it with
+    ``--insecure-plaintext``."""
+    from mtplib.errors import InputError
+
+    if getattr(a, "tls", None) is None:
+        return None
+    if getattr(a, "insecure_plaintext", False):
+        raise InputError("--tls and --insecure-plaintext contradict each other: give one")
+    from mtplib.distributed.tls import TlsConfig
+
+    return TlsConfig.load(a.tls)

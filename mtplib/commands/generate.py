@@ -8,9 +8,11 @@ import json
 from mtplib.commands.common import (
     add_json_arg,
     add_log_args,
+    add_tls_args,
     parse_tokens,
     resolve_ctx,
     setup_logging,
+    tls_from_args,
 )
 from mtplib.errors import InputError
 
@@ -99,8 +101,10 @@ def _check_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
     if a.endpoints and not a.plan:
         raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
-    if (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing) and not a.plan:
-        raise InputError("--wan, --mtp-placement and --allow-cache-crossing need --plan "
+    if (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing or a.tls
+            or a.insecure_plaintext) and not a.plan:
+        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
+                         "--insecure-plaintext need --plan "
                          "(they describe shards)")
     if a.plan:
         check_threads(a.shard_threads, "--shard-threads")
@@ -180,6 +184,7 @@ def register(sub) -> None:
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
                    "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
                    "decoding runs under both")
+    add_tls_args(g)
     add_json_arg(g, '{"tokens": [...], "metrics": {...}}')
     add_log_args(g)
     g.set_defaults(fn=run)
@@ -203,18 +208,20 @@ def _run_ranged(a) -> int:
     from mtplib.runtime.sampling import Sampler
     from mtplib.runtime.speculative import EngineOptions
 
+    tls = tls_from_args(a)
     eps = None
     if a.endpoints:
         eps = [e.strip() for e in a.endpoints.split(",") if e.strip()]
         for e in eps:
-            parse_endpoint(e)
+            parse_endpoint(e, allow_remote=tls is not None or a.insecure_plaintext)
     k = (3 if a.draft is None else a.draft) if a.mtp else 0
     opts = EngineOptions(k=k, settings=_settings(a), sampler=Sampler(a.temp, a.top_p, a.seed),
                          trace=a.trace, head=a.head)
     prompt = a.tokens if a.tokens is not None else a.prompt
     out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
                               endpoints=eps, shard_threads=a.shard_threads, wan=a.wan,
-                              mtp_placement=a.mtp_placement, policy=a.policy,
+                              mtp_placement=a.mtp_placement, policy=a.policy, tls=tls,
+                              insecure_plaintext=a.insecure_plaintext,
                               allow_cache_crossing=a.allow_cache_crossing)
     # a contract violation (cache state crossed a seam) is a failed run, output or not
     rc = EXIT_CONTRACT if out["metrics"]["wire_violations"] else 0

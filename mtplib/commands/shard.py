@@ -1,4 +1,8 @@
-"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU device."""
+"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU device.
+
+With ``--tls DIR`` upstream's server binds a free loopback port and the mutual-TLS gateway
+(mtplib.distributed.gateway) serves ENDPOINT; without it ENDPOINT must be loopback, unless
+``--insecure-plaintext`` exposes upstream's unauthenticated RPC there."""
 
 from __future__ import annotations
 
@@ -9,21 +13,44 @@ import signal
 import sys
 import threading
 
-from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
+from mtplib.commands.common import (
+    add_json_arg,
+    add_log_args,
+    add_tls_args,
+    setup_logging,
+    tls_from_args,
+)
 
 
 def serve(a: argparse.Namespace) -> int:
     setup_logging(a)
+    from mtplib.errors import InputError
     from mtplib.runtime.model import check_threads
     from mtplib.runtime.rpc import parse_endpoint, serve
 
-    parse_endpoint(a.endpoint, allow_remote=a.allow_remote)  # refuse before anything starts
+    if a.allow_remote:
+        raise InputError("--allow-remote is gone: give --tls DIR (mutual TLS, see `mtplib tls "
+                         "init`), or --insecure-plaintext to expose upstream's "
+                         "unauthenticated RPC")
+    tls = tls_from_args(a)
+    remote_ok = tls is not None or a.insecure_plaintext
+    host, port = parse_endpoint(a.endpoint, allow_remote=remote_ok)  # refuse before starting
     check_threads(a.threads, "--threads")
-    host, _ = a.endpoint.split(":")
-    if a.allow_remote and not host.startswith("127."):
-        print(f"mtplib shard serve: WARNING: serving {a.endpoint} beyond loopback. Upstream's "
-              "RPC protocol has NO authentication: anyone who can reach this port can read "
-              "and write this process's memory buffers and run graphs on it.", file=sys.stderr)
+    rpc_endpoint, gateway = a.endpoint, None
+    if tls is not None:
+        from mtplib.distributed.gateway import Gateway
+        from mtplib.distributed.processes import _free_port
+
+        rpc_endpoint = f"127.0.0.1:{_free_port()}"
+        try:
+            gateway = Gateway((host, port), parse_endpoint(rpc_endpoint), tls)
+        except OSError as e:
+            return _cannot_serve(a, f"cannot bind {a.endpoint}: {e.strerror or e}")
+    elif a.insecure_plaintext and not host.startswith("127."):
+        print(f"mtplib shard serve: WARNING: --insecure-plaintext: serving {a.endpoint} beyond "
+              "loopback without TLS. Upstream's RPC protocol has NO authentication and NO "
+              "encryption: anyone who can reach this port can read and write this process's "
+              "memory buffers, run graphs on it, crash it or hold it.", file=sys.stderr)
     if a.parent_pid:  # started by LocalShards: never outlive it
         from mtplib.distributed.processes import die_with_parent
 
@@ -33,8 +60,8 @@ def serve(a: argparse.Namespace) -> int:
 
     def run() -> None:
         try:
-            serve(a.endpoint, threads=a.threads, cache_dir=a.cache_dir,
-                  allow_remote=a.allow_remote)
+            serve(rpc_endpoint, threads=a.threads, cache_dir=a.cache_dir,
+                  allow_remote=a.insecure_plaintext)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             result["error"] = e
         finally:
@@ -49,13 +76,24 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     threading.Thread(target=run, daemon=True, name="rpc-server").start()
+    if gateway is not None:
+        gateway.start()
+        print(f"mtplib shard serve: mutual-TLS gateway on {gateway.endpoint} (instance "
+              f"{gateway.instance}) -> upstream's RPC server on {rpc_endpoint}", file=sys.stderr,
+              flush=True)
     while not done.wait(0.5):
         pass
+    if gateway is not None:
+        gateway.close()
     if "error" in result:
         raise result["error"]
     # start_server only returns when it could not serve (e.g. the port is taken)
-    msg = (f"upstream could not serve {a.endpoint} (port in use or not bindable; see its "
-           "message above)")
+    return _cannot_serve(a, f"upstream could not serve {rpc_endpoint} (port in use or not "
+                         "bindable; see its message above)")
+
+
+def _cannot_serve(a: argparse.Namespace, msg: str) -> int:
+    """Exit 4: the endpoint could not be served (LocalShards then tries another port)."""
     if a.json:
         print(json.dumps({"error": msg, "kind": "upstream", "type": "ServeFailed",
                           "command": "shard", "exit": 4}), flush=True)
@@ -72,13 +110,17 @@ def register(sub) -> None:
     ss = s.add_subparsers(dest="shard_cmd", required=True, metavar="ACTION")
     v = ss.add_parser("serve", help="serve one CPU device over upstream's RPC protocol",
                       description="Serve one CPU device on ENDPOINT until killed (Ctrl-C or "
-                      "SIGTERM). Loopback only unless --allow-remote: upstream's RPC has no "
-                      "authentication.")
+                      "SIGTERM). With --tls DIR: through a mutual-TLS 1.3 gateway on ENDPOINT "
+                      "(any address; upstream's RPC server then listens on loopback only). "
+                      "Without it: upstream's RPC on ENDPOINT, which must be loopback unless "
+                      "--insecure-plaintext (no authentication, no encryption). Exit code 4: "
+                      "ENDPOINT could not be served (e.g. the port is taken).")
     v.add_argument("--endpoint", required=True, help="HOST:PORT to bind, e.g. 127.0.0.1:50052")
     v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs")
     v.add_argument("--cache-dir", help="upstream's tensor cache dir (large weights by hash)")
-    v.add_argument("--allow-remote", action="store_true",
-                   help="allow a non-loopback endpoint (UNAUTHENTICATED; a warning is printed)")
+    add_tls_args(v, "serve ENDPOINT through the mutual-TLS gateway with DIR's ca.pem, "
+                 "shard.pem and shard.key (see `mtplib tls init`)")
+    v.add_argument("--allow-remote", action="store_true", help=argparse.SUPPRESS)
     v.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
     add_json_arg(v, "errors (serving itself prints nothing)")
     add_log_args(v)

@@ -37,12 +37,14 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import LIVE, LocalShards, _kill_group, _spawn, _tail
 from mtplib.distributed.relay import WanLink
+from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan
-from mtplib.runtime.rpc import ShardError, parse_endpoint, probe
+from mtplib.runtime.rpc import ShardError, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
 #: in the client process, next to the sampler (a draft then costs no shard round trip)
@@ -165,15 +167,21 @@ class RangedRuntime:
 
     ``silence_timeout_s`` (default $MTPLIB_SHARD_SILENCE_S, else 15 s): a call fails after
     this long without progress (see the module doc); loading allows ``load_timeout_s``
-    of silence. ``call_timeout_s``: an optional cap on a call's total time (None: none)."""
+    of silence. ``call_timeout_s``: an optional cap on a call's total time (None: none).
+
+    ``tls`` (a `TlsConfig`): the relays speak mutual TLS to the shards' gateways
+    (`mtplib shard serve --tls`); any address is allowed then. Without it endpoints are
+    loopback only, unless ``insecure_plaintext`` (upstream's RPC in the clear). Every shard
+    is probed first (`probe_shards`: answers checked, a shard given twice named)."""
 
     def __init__(self, trunk: str | Path, plan: ShardPlan | str,
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
                  shards: LocalShards | None = None, relay: bool = True,
                  silence_timeout_s: float | None = None,
                  call_timeout_s: float | None = None, load_timeout_s: float = 600.0,
-                 probe_timeout_s: float = 5.0, allow_remote: bool = False,
-                 wan: Sequence[WanLink] | None = None, mtp_placement: str = "tail") -> None:
+                 probe_timeout_s: float = 5.0, insecure_plaintext: bool = False,
+                 wan: Sequence[WanLink] | None = None, mtp_placement: str = "tail",
+                 tls: TlsConfig | None = None) -> None:
         if mtp_placement not in MTP_PLACEMENTS:
             raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
                             f"got {mtp_placement!r}")
@@ -182,6 +190,13 @@ class RangedRuntime:
                 raise PlanError("give endpoints or shards=LocalShards(...)")
             endpoints = shards.endpoints
         self.endpoints = list(endpoints)
+        if tls is not None and shards is not None and shards.tls != tls:
+            raise PlanError("tls= differs from the local shards' TLS directory")
+        if tls is not None and not relay:
+            raise PlanError("TLS runs in the relays (relay=True)")
+        self.tls = tls
+        allow_remote = insecure_plaintext or tls is not None
+        self._allow_remote = allow_remote
         for ep in self.endpoints:
             parse_endpoint(ep, allow_remote=allow_remote)
         if not isinstance(plan, ShardPlan):
@@ -198,8 +213,9 @@ class RangedRuntime:
         if len(self.endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
                             f"{len(self.endpoints)} endpoints were given")
-        for ep in self.endpoints:  # a clear error naming the shard, before anything starts
-            probe(ep, timeout_s=probe_timeout_s, allow_remote=allow_remote)
+        # a clear error naming the shard, before anything starts
+        self.shard_info = probe_shards(self.endpoints, tls=tls, timeout_s=probe_timeout_s,
+                                       allow_remote=allow_remote)
         self.shards = shards
         self.silence_timeout_s = (silence_default() if silence_timeout_s is None
                                   else float(silence_timeout_s))
@@ -217,7 +233,7 @@ class RangedRuntime:
         self.worker_log = Path(self._tmp.name) / "worker.log"
         from mtplib.distributed.relay import CountingRelay, RelaySet
 
-        self.relays = RelaySet([CountingRelay(ep, allow_remote=allow_remote)
+        self.relays = RelaySet([CountingRelay(ep, allow_remote=allow_remote, tls=tls)
                                 for ep in self.endpoints] if relay else [])
         client_eps = [r.endpoint for r in self.relays.relays] if relay else self.endpoints
         self.client_endpoints = client_eps
@@ -228,7 +244,7 @@ class RangedRuntime:
                 info = self._request(("open", dict(
                     trunk=str(trunk), plan=str(self.plan), endpoints=client_eps,
                     sidecar=str(sidecar) if sidecar is not None else None,
-                    allow_remote=allow_remote, mtp_placement=mtp_placement)),
+                    allow_remote=allow_remote and not relay, mtp_placement=mtp_placement)),
                     timeout_s=load_timeout_s)
             back = dict(zip(client_eps, self.endpoints, strict=True))
             for m in (info["trunk"], info["sidecar"]):
@@ -300,6 +316,10 @@ class RangedRuntime:
                 if kind == "ok":
                     return reply[1]
                 if kind == "err":
+                    bad = [f"shard {i} ({self.endpoints[i]}) sent a malformed reply: {r.violation}"
+                           for i, r in enumerate(self.relays.relays) if r.violation]
+                    if bad:  # the relay cut it off; the worker only saw a closed connection
+                        raise ShardError("; ".join(bad) + f" (during {what})") from reply[1]
                     raise reply[1]
                 if kind == "alive":
                     last_beat = now
@@ -410,6 +430,12 @@ class RangedRuntime:
                 note = line.strip()
         how = ("killed by signal " + signal.Signals(-rc).name if rc is not None and rc < 0
                else f"exit code {rc}")
+        bad = [(i, r.violation) for i, r in enumerate(self.relays.relays) if r.violation]
+        if bad:
+            names = "; ".join(f"shard {i} ({self.endpoints[i]}) sent a malformed reply: {v}"
+                              for i, v in bad)
+            self._fail(f"{names}; the relay closed that connection before upstream's client "
+                       f"read the reply (during {what}); session failed", ShardLostError)
         lost = self.lost_shards()
         client_assert = (("GGML_ASSERT" in note or "GGML_ABORT" in note)
                          and "RPC server" not in note)
@@ -444,9 +470,9 @@ class RangedRuntime:
         out = []
         for i, ep in enumerate(self.endpoints):
             try:
-                probe(ep, timeout_s=0.5)
+                probe_shards([ep], tls=self.tls, timeout_s=0.5, allow_remote=self._allow_remote)
             except ShardError as e:  # "busy" is alive: it may still serve the dead worker
-                if "unreachable" in str(e) or "closed the connection" in str(e):
+                if "unreachable" in str(e) or "closed the" in str(e):
                     out.append(i)
         return out
 

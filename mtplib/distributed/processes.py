@@ -23,8 +23,10 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from mtplib.distributed.probe import probe_shards
+from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
-from mtplib.runtime.rpc import ShardError, probe
+from mtplib.runtime.rpc import ShardError
 
 PR_SET_PDEATHSIG = 1
 
@@ -107,15 +109,18 @@ class LocalShards:
     """n local shard processes on free loopback ports; a context manager.
 
     ``endpoints`` lists them in order; ``kill(i)`` / ``restart(i)`` exist for fault
-    handling (restart reuses the endpoint)."""
+    handling (restart reuses the endpoint). With ``tls`` each serves through its mutual-TLS
+    gateway (``shard serve --tls``), its RPC server on another loopback port."""
 
     def __init__(self, n: int, threads: int = 1, *, cache_dir: str | None = None,
-                 start_timeout_s: float = 30.0, log_dir: str | Path | None = None) -> None:
+                 start_timeout_s: float = 30.0, log_dir: str | Path | None = None,
+                 tls: TlsConfig | None = None) -> None:
         if not 1 <= n <= 16:
             raise InputError(f"LocalShards: n must be in 1..16, got {n}")
         if threads < 1:
             raise InputError("LocalShards: threads must be >= 1")
         self.n, self.threads, self.cache_dir = n, threads, cache_dir
+        self.tls = tls
         self.start_timeout_s = start_timeout_s
         self._tmp = None
         if log_dir is None:
@@ -132,6 +137,8 @@ class LocalShards:
                 "--threads", str(self.threads), "--parent-pid", str(os.getpid())]
         if self.cache_dir:
             argv += ["--cache-dir", str(self.cache_dir)]
+        if self.tls is not None:
+            argv += ["--tls", str(self.tls.dir)]
         return argv
 
     def log_path(self, i: int) -> Path:
@@ -178,7 +185,7 @@ class LocalShards:
                 raise ShardError(f"shard {i} ({ep}) exited with code {rc} while starting; "
                                  f"log: {_tail(self.log_path(i), 800)}")
             try:
-                probe(ep, timeout_s=1.0)
+                probe_shards([ep], tls=self.tls, timeout_s=1.0)
                 return True
             except ShardError:
                 if time.monotonic() > deadline:

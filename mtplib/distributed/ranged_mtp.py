@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 
 from mtplib.contract.capabilities import Policy
 from mtplib.distributed.relay import WanLink, parse_wan
+from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
 from mtplib.runtime.routing import RouteRefused, resolve_policy, route, routing_metrics
@@ -182,16 +183,20 @@ class RangedMTP:
     configuration that would move cache state across a seam raises CacheCrossingRefused
     unless ``allow_cache_crossing``.
     ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
+    ``tls`` (a `TlsConfig`): mutual TLS to the shards (local ones then serve through their
+    gateways too); ``insecure_plaintext``: allow non-loopback endpoints without it.
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     so each result's seam counts are its own."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                 allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
+                 insecure_plaintext: bool = False,
+                 wan: str | Sequence[WanLink] | None = None,
                  mtp_placement: str = "auto", policy: Policy | str | None = None,
                  silence_timeout_s: float | None = None, opts: EngineOptions | None = None,
-                 warm: bool = True, allow_cache_crossing: bool = False) -> None:
+                 warm: bool = True, allow_cache_crossing: bool = False,
+                 tls: TlsConfig | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
@@ -230,11 +235,11 @@ class RangedMTP:
             self.shards = None
             if endpoints is None:
                 self.shards = self._stack.enter_context(
-                    LocalShards(self.plan.n_shards, shard_threads))
+                    LocalShards(self.plan.n_shards, shard_threads, tls=tls))
             self.rt = self._stack.enter_context(RangedRuntime(
-                trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
-                sidecar=sidecar, wan=links, mtp_placement=placement,
-                silence_timeout_s=silence_timeout_s))
+                trunk, self.plan, endpoints, shards=self.shards,
+                insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
+                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls))
             self._setup = self._build(load)
         except BaseException:
             self._stack.close()
@@ -338,6 +343,7 @@ class RangedMTP:
             metrics["routing"] = routing_metrics(decision, self.policy)
             metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
             metrics["wan"] = [str(r.link) for r in rt.relays.relays]
+            metrics["transport"] = "tls" if rt.tls is not None else "plaintext"
             metrics["head"] = opts.head
             metrics["upstream"] = build_info()
             metrics["setup"] = setup  # None: this engine was set up for an earlier generation
@@ -371,9 +377,11 @@ class RangedMTP:
 def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan: str,
                     sidecar: str | None = None, opts: EngineOptions | None = None,
                     endpoints: Sequence[str] | None = None, shard_threads: int = 1,
-                    allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
+                    insecure_plaintext: bool = False,
+                    wan: str | Sequence[WanLink] | None = None,
                     mtp_placement: str = "auto", policy: Policy | str | None = None,
-                    allow_cache_crossing: bool = False, warm: bool = True) -> dict:
+                    allow_cache_crossing: bool = False, warm: bool = True,
+                    tls: TlsConfig | None = None) -> dict:
     """One generation with the trunk split over shards by ``plan`` (MTP when a sidecar is
     given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy that refuses the
     recipe, or a configuration that would move cache state (RangedMTP), is refused before any
@@ -385,9 +393,9 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
     route(k, policy=pol)  # the policy gate; each generation negotiates with the shards too
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if k else None,
                    endpoints=endpoints, shard_threads=shard_threads,
-                   allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement,
-                   policy=pol, opts=opts or EngineOptions(k=k), warm=warm,
-                   allow_cache_crossing=allow_cache_crossing) as r:
+                   insecure_plaintext=insecure_plaintext, wan=wan,
+                   mtp_placement=mtp_placement, policy=pol, opts=opts or EngineOptions(k=k),
+                   warm=warm, allow_cache_crossing=allow_cache_crossing, tls=tls) as r:
         tokens, metrics = r.generate(prompt, n_new)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):

@@ -17,6 +17,13 @@ Besides bytes, the relay counts **waits**: requests the client blocks on until t
 answers (upstream's RPC client sends each answered command and waits for its reply on that
 connection: ggml-rpc.cpp `send_rpc_cmd` with an output). Over a WAN each wait costs a
 round trip, so waits per step kind are what a WAN-bound loop pays for.
+
+Checks: every reply a shard sends is checked (`mtplib.runtime.rpc.check_reply`: sizes,
+device count, alignment, memory; a reply nobody asked for) before it is forwarded to
+upstream's client, which would act on it unchecked; a bad one closes the connection and
+is kept in ``violation``. With ``tls=`` (a `TlsConfig`) the relay speaks mutual TLS to the
+shard's gateway (`mtplib.distributed.gateway`), so upstream's client still talks plain TCP,
+on loopback, to the relay.
 """
 
 from __future__ import annotations
@@ -32,10 +39,19 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from mtplib.distributed.tls import TlsConfig, connect_ready
 from mtplib.errors import InputError
-from mtplib.runtime.rpc import parse_endpoint
+from mtplib.runtime.rpc import (
+    REPLY_SIZES,
+    RPC_TENSOR_SIZE,
+    ShardError,
+    check_reply,
+    parse_endpoint,
+)
 
 CHUNK = 1 << 20
+#: the largest GET_TENSOR reply the relay forwards (RpcLimits.max_tensor_bytes)
+MAX_REPLY_BYTES = 16 << 30
 
 # upstream's RPC framing (ggml/src/ggml-rpc/ggml-rpc.cpp at the pin): a request is
 # | cmd (1 byte) | size (8) | payload |, a response | size (8) | payload |; only some
@@ -46,7 +62,6 @@ CHUNK = 1 << 20
 RPC_SET_TENSOR, RPC_GET_TENSOR = 6, 8
 RPC_GRAPH = {10, 16}
 RPC_ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
-RPC_TENSOR_SIZE = 296  # sizeof(rpc_tensor), packed
 RPC_TENSOR_NAME = slice(228, 292)  # rpc_tensor.name
 CATEGORIES = ("data", "graph", "control", "unparsed")
 COUNTERS = ("up", "down", "waits", *CATEGORIES)
@@ -100,11 +115,17 @@ def parse_wan(text: str | None, n_shards: int) -> list[WanLink]:
     return links * n_shards if len(links) == 1 else links
 
 
-class _RpcParser:
-    """Sorts one direction of an RPC byte stream into CATEGORIES (see above)."""
+class ReplyError(Exception):
+    """A shard's reply that upstream's client must not read (see `check_reply`)."""
 
-    def __init__(self, up: bool, expect: deque) -> None:
-        self.up, self.expect = up, expect
+
+class _RpcParser:
+    """Sorts one direction of an RPC byte stream into CATEGORIES (see above); on the way
+    down, checks each reply (ReplyError) before the chunk holding it is forwarded."""
+
+    def __init__(self, up: bool, expect: deque, check: bool = True) -> None:
+        self.up, self.expect, self.check = up, expect, check
+        self.broken = False  # unchecked streams only: a reply nobody asked for
         self.desc = b""
         self.name = ""
         self.hdr_len = 9 if up else 8
@@ -112,7 +133,7 @@ class _RpcParser:
         self.cmd = -1
         self.left = 0  # payload bytes still to come
         self.desc_left = 0  # of those, leading descriptor bytes (control)
-        self.broken = False
+        self.reply = b""  # a fixed-size reply's payload, checked when complete
 
     def feed(self, data: bytes, out: dict, names: dict) -> None:
         """Add this chunk's bytes to ``out`` by category (and the requests the client will
@@ -146,10 +167,25 @@ class _RpcParser:
                     (self.left,) = struct.unpack("<Q", self.hdr)
                     try:
                         self.cmd, self.name = self.expect.popleft()
-                    except IndexError:  # a reply nobody asked for: stop sorting
-                        self.broken = True
+                    except IndexError:
+                        if self.check:
+                            raise ReplyError(f"a reply nobody asked for ({self.left} bytes)"
+                                             ) from None
+                        self.broken = True  # not RPC: stop sorting
                         out["unparsed"] += n - i
                         return
+                    want = REPLY_SIZES.get(self.cmd)
+                    if not self.check:
+                        want = None
+                    elif want is not None and self.left != want:
+                        raise ReplyError(f"a reply of {self.left} bytes to command "
+                                         f"{self.cmd}, expected {want}")
+                    elif self.left > MAX_REPLY_BYTES:
+                        raise ReplyError(f"a reply of {self.left} bytes (more than "
+                                         f"{MAX_REPLY_BYTES})")
+                    self.reply = b""
+                    if want == 0:
+                        self._check_reply()
                 self.hdr = b""
                 continue
             take = min(self.left, n - i)
@@ -172,6 +208,11 @@ class _RpcParser:
                     out["data"] += take - d
                     key = ("up", self.name)
                     names[key] = names.get(key, 0) + take - d
+            elif not self.up and self.check and self.cmd in REPLY_SIZES:
+                self.reply += data[i:i + take]
+                if len(self.reply) == REPLY_SIZES[self.cmd]:
+                    self._check_reply()
+                out["control"] += take
             elif self.cmd == RPC_GET_TENSOR and not self.up:
                 out["data"] += take
                 key = ("down", self.name)
@@ -181,16 +222,21 @@ class _RpcParser:
             self.left -= take
             i += take
 
+    def _check_reply(self) -> None:
+        bad = check_reply(self.cmd, self.reply)
+        if bad:
+            raise ReplyError(bad)
+
 
 class _Conn:
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(self, client: socket.socket, upstream, check: bool = True) -> None:
         self.client, self.upstream = client, upstream
         self.busy = [False, False]
         # delayed forwarding (WAN): per direction, (release time, chunk); None ends it
         self.queues: tuple[deque, deque] = (deque(), deque())
         self.ready = (threading.Condition(), threading.Condition())
         expect: deque = deque()
-        self.parsers = (_RpcParser(True, expect), _RpcParser(False, expect))
+        self.parsers = (_RpcParser(True, expect, check), _RpcParser(False, expect, check))
         self.closed = threading.Event()
         self.closed_by: str | None = None
         self.lock = threading.Lock()
@@ -214,10 +260,18 @@ class CountingRelay:
     "data"/"graph"/"control"/"unparsed": the same bytes by RPC content}``."""
 
     def __init__(self, upstream: str, *, name: str | None = None,
-                 allow_remote: bool = False, link: WanLink | None = None) -> None:
+                 allow_remote: bool = False, link: WanLink | None = None,
+                 tls: TlsConfig | None = None, check_replies: bool = True) -> None:
         self.upstream = upstream
+        self.check_replies = check_replies
         self.link = link or WanLink()
-        self._up_addr = parse_endpoint(upstream, allow_remote=allow_remote)
+        self.tls = tls
+        self._tls_ctx = tls.client_context() if tls is not None else None
+        self._up_addr = parse_endpoint(upstream, allow_remote=allow_remote or tls is not None)
+        #: the first bad reply the shard sent (the connection was closed), else None
+        self.violation: str | None = None
+        #: the gateway's instance id (TLS), once connected
+        self.shard_instance: str | None = None
         self.name = name or upstream
         self.label = "other"
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
@@ -273,7 +327,8 @@ class CountingRelay:
             with self._lock:
                 conns = [c for c in self._conns if not c.closed.is_set()]
             socks = [s for c in conns for s in (c.client, c.upstream)]
-            busy = any(any(c.busy) or c.queues[0] or c.queues[1] for c in conns)
+            busy = any(any(c.busy) or c.queues[0] or c.queues[1] for c in conns) or any(
+                s.pending() for s in socks if hasattr(s, "pending"))
             try:
                 readable = select.select(socks, [], [], 0)[0] if socks else []
             except (OSError, ValueError):  # a socket closed under us: that is calm too
@@ -295,16 +350,15 @@ class CountingRelay:
                 return
             client.settimeout(None)
             try:
-                up = socket.create_connection(self._up_addr, timeout=5)
-                up.settimeout(None)
-            except OSError as e:
+                up = self._connect()
+            except (OSError, ShardError) as e:
                 self._event("upstream_unreachable", error=str(e))
                 with contextlib.suppress(OSError):
                     client.close()
                 continue
             for s in (client, up):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(client, up)
+            conn = _Conn(client, up, self.check_replies)
             with self._lock:
                 self._conns.append(conn)
             self._event("open")
@@ -318,6 +372,16 @@ class CountingRelay:
                 t.start()
                 self._threads.append(t)
 
+    def _connect(self):
+        """The shard connection: plain TCP, or mutual TLS to its gateway (retrying "busy"
+        for BUSY_RETRY_S while the gateway closes the previous session)."""
+        if self.tls is None:
+            up = socket.create_connection(self._up_addr, timeout=5)
+            up.settimeout(None)
+            return up
+        stream, self.shard_instance = connect_ready(self._up_addr, self.tls, ctx=self._tls_ctx)
+        return stream
+
     def _pump(self, conn: _Conn, i: int, src: socket.socket, dst: socket.socket,
               key: str) -> None:
         free_at = 0.0  # when the emulated link finishes sending the previous chunk
@@ -328,10 +392,17 @@ class CountingRelay:
                 if not data:
                     break
                 conn.busy[i] = True
-                with self._lock:
-                    c = self.counts[self.label]
-                    c[key] += len(data)
-                    conn.parsers[i].feed(data, c, self.tensors[self.label])
+                try:
+                    with self._lock:
+                        c = self.counts[self.label]
+                        c[key] += len(data)
+                        conn.parsers[i].feed(data, c, self.tensors[self.label])
+                except ReplyError as e:  # never forwarded: upstream's client would act on it
+                    with self._lock:
+                        self.violation = self.violation or str(e)
+                    self._event("malformed_reply", error=str(e))
+                    conn.close(by="relay")
+                    break
                 link = self.link  # may change between steps (set_link)
                 if not link.active and not q:
                     dst.sendall(data)

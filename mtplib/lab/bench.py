@@ -109,6 +109,9 @@ class BenchConfig:
     #: ranged plans only: the emulated WAN in front of each shard, as `generate --wan`
     #: ("RTT_MS[:MBIT]" for every shard, or one per shard, comma-separated); None: loopback
     wan: str | None = None
+    #: ranged plans only: a TLS directory (`mtplib tls init`): the local shards serve through
+    #: their mutual-TLS gateways and the relays connect with TLS, as `generate --tls`
+    tls: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None, *, threads: int | None = None,
@@ -170,8 +173,25 @@ class BenchConfig:
                 errs.append("sweep.reps must be >= 1 and sweep.warmup >= 0")
             if s.draft_cost not in ("mtp", "none"):
                 errs.append(f"sweep.draft_cost must be mtp or none, got {s.draft_cost!r}")
+        if self.tls is not None and (not isinstance(self.tls, str) or not self.tls):
+            errs.append(f"tls must be a directory (mtplib tls init DIR), got {self.tls!r}")
         if errs:
             raise BenchConfigError("bench: " + "; ".join(errs))
+        self.tls_config()  # a missing file stops the bench before anything runs
+
+    def tls_config(self):
+        """The `TlsConfig` of ``tls`` with both sides' files checked (None without it)."""
+        if self.tls is None:
+            return None
+        from mtplib.distributed.tls import TlsConfig
+
+        try:
+            cfg = TlsConfig.load(self.tls)
+            cfg.server_context()
+            cfg.client_context()
+        except InputError as e:
+            raise BenchConfigError(f"bench: tls: {e}") from None
+        return cfg
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -295,7 +315,8 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     from mtplib.runtime.speculative import EngineOptions
 
     rows = []
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy, wan=cfg.wan) as r:
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy, wan=cfg.wan,
+                   tls=cfg.tls_config()) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)
             for i, spec in enumerate(cfg.prompts):

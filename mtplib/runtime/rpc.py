@@ -18,7 +18,8 @@ src/llama-model.cpp):
 - Layer il of n_layer_all (the output layer is il = n_layer_all) goes to device
   upper_bound(cumsum(split)/sum(split), il / (n_layer_all + 1)); the input layer
   (token_embd) always stays on the client's CPU. Integer weights make the boundaries exact.
-- RPC has no authentication: shards bind loopback unless explicitly allowed otherwise.
+- RPC has no authentication: shards bind loopback; beyond it they serve through
+  mtplib.distributed.gateway (mutual TLS) unless --insecure-plaintext is given.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import ipaddress
 import re
 import socket
 import struct
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtplib.ownership.plan import PlanError, ShardPlan
@@ -44,15 +47,141 @@ RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
 
+# -- upstream's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp at the pin) -----------------
+# request: | cmd (1 byte) | size (8 bytes LE) | payload |; a reply: | size (8) | payload |
+RPC_TENSOR_SIZE = 296  # sizeof(rpc_tensor), packed
+GGML_MAX_SRC = 10
+(RPC_ALLOC_BUFFER, RPC_GET_ALIGNMENT, RPC_GET_MAX_SIZE, RPC_BUFFER_GET_BASE, RPC_FREE_BUFFER,
+ RPC_BUFFER_CLEAR, RPC_SET_TENSOR, RPC_SET_TENSOR_HASH, RPC_GET_TENSOR, RPC_COPY_TENSOR,
+ RPC_GRAPH_COMPUTE, RPC_GET_DEVICE_MEMORY, RPC_INIT_TENSOR, RPC_GET_ALLOC_SIZE, _HELLO,
+ RPC_DEVICE_COUNT, RPC_GRAPH_RECOMPUTE, RPC_MEMSET_TENSOR) = range(18)
+#: commands a client may send (RPC_CMD_NONE = 18 never goes on the wire)
+RPC_N_COMMANDS = 18
+#: request payload size of every fixed-size command (the rpc_msg_*_req structs)
+REQUEST_SIZES = {
+    RPC_ALLOC_BUFFER: 12, RPC_GET_ALIGNMENT: 4, RPC_GET_MAX_SIZE: 4, RPC_BUFFER_GET_BASE: 8,
+    RPC_FREE_BUFFER: 8, RPC_BUFFER_CLEAR: 9, RPC_SET_TENSOR_HASH: RPC_TENSOR_SIZE + 16,
+    RPC_GET_TENSOR: RPC_TENSOR_SIZE + 16, RPC_COPY_TENSOR: 2 * RPC_TENSOR_SIZE,
+    RPC_GET_DEVICE_MEMORY: 4, RPC_INIT_TENSOR: RPC_TENSOR_SIZE,
+    RPC_GET_ALLOC_SIZE: 4 + RPC_TENSOR_SIZE * (1 + GGML_MAX_SRC), RPC_CMD_HELLO: 24,
+    RPC_DEVICE_COUNT: 0, RPC_GRAPH_RECOMPUTE: 4, RPC_MEMSET_TENSOR: RPC_TENSOR_SIZE + 17,
+}
+#: SET_TENSOR: | rpc_tensor | cache_flag (1) | offset (8) | data |
+SET_TENSOR_HEADER = RPC_TENSOR_SIZE + 9
+#: GRAPH_COMPUTE: | device (4) | n_nodes (4) | nodes | n_tensors (4) | tensors |
+GRAPH_HEADER = 12
+#: reply payload size of every answered command except GET_TENSOR (the requested size)
+REPLY_SIZES = {
+    RPC_ALLOC_BUFFER: 16, RPC_GET_ALIGNMENT: 8, RPC_GET_MAX_SIZE: 8, RPC_BUFFER_GET_BASE: 8,
+    RPC_SET_TENSOR_HASH: 1, RPC_COPY_TENSOR: 1, RPC_GET_DEVICE_MEMORY: 16,
+    RPC_GET_ALLOC_SIZE: 8, RPC_CMD_HELLO: 4 + RPC_CONN_CAPS_SIZE, RPC_DEVICE_COUNT: 4,
+}
+#: what a sane shard answers: mtplib shards serve one device; alignments are powers of two
+#: (ggml pads with them); a buffer can be at least 1 MiB; memory below 2**50 bytes (1 PiB)
+MAX_ALIGNMENT = 1 << 16
+MIN_MAX_SIZE = 1 << 20
+MAX_MEMORY = 1 << 50
+
 
 class ShardError(UpstreamError):
     """A shard is unreachable, not an RPC server, or the wrong protocol version."""
 
 
+def check_reply(cmd: int, payload: bytes) -> str | None:
+    """None if ``payload`` is a sane reply to ``cmd``, else why not. Upstream's client
+    acts on these values unchecked (a device count of 67 million makes it build 67 million
+    devices; alignment 0 or max size 0 break its buffer arithmetic), so the probe and the
+    relays check every one before upstream reads it."""
+    want = REPLY_SIZES.get(cmd)
+    if want is not None and len(payload) != want:
+        return f"reply of {len(payload)} bytes to command {cmd}, expected {want}"
+    if cmd == RPC_CMD_HELLO:
+        major, minor, patch = payload[0], payload[1], payload[2]
+        if major != RPC_PROTO_MAJOR or minor > RPC_PROTO_MINOR:
+            return (f"speaks RPC protocol {major}.{minor}.{patch}, this client "
+                    f"{RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}.x")
+        if any(payload[4:]):
+            return "offers a transport upgrade (conn_caps) mtplib does not support"
+    elif cmd == RPC_DEVICE_COUNT:
+        (n,) = struct.unpack("<I", payload)
+        if n != 1:
+            return f"reports {n} devices; mtplib shards serve exactly one"
+    elif cmd == RPC_GET_ALIGNMENT:
+        (a,) = struct.unpack("<Q", payload)
+        if a < 1 or a > MAX_ALIGNMENT or a & (a - 1):
+            return f"reports buffer alignment {a} (want a power of two <= {MAX_ALIGNMENT})"
+    elif cmd == RPC_GET_MAX_SIZE:
+        (m,) = struct.unpack("<Q", payload)
+        if m < MIN_MAX_SIZE:
+            return f"reports a maximum buffer size of {m} bytes (want >= {MIN_MAX_SIZE})"
+    elif cmd == RPC_GET_DEVICE_MEMORY:
+        free, total = struct.unpack("<QQ", payload)
+        if not 0 < total <= MAX_MEMORY or free > total:
+            return f"reports device memory free {free} of total {total} bytes"
+    elif cmd in (RPC_SET_TENSOR_HASH, RPC_COPY_TENSOR) and payload[0] > 1:
+        return f"answers {payload[0]} to a yes/no command {cmd}"
+    return None
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a shard answered in the handshake (checked by `check_reply`)."""
+
+    version: tuple[int, int, int]
+    n_devices: int
+    alignment: int
+    max_size: int
+    memory_free: int
+    memory_total: int
+
+
+def _recv_exact(io, n: int, deadline: float, endpoint: str) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        io.settimeout(left)
+        chunk = io.recv(n - len(buf))
+        if not chunk:
+            raise ShardError(f"shard {endpoint} closed the connection during the "
+                             "handshake (not an RPC server?)")
+        buf += chunk
+    return buf
+
+
+def _ask(io, cmd: int, payload: bytes, deadline: float, endpoint: str) -> bytes:
+    io.sendall(bytes([cmd]) + struct.pack("<Q", len(payload)) + payload)
+    (size,) = struct.unpack("<Q", _recv_exact(io, 8, deadline, endpoint))
+    if size != REPLY_SIZES[cmd]:  # never read a size the shard chose
+        raise ShardError(f"shard {endpoint}: reply of {size} bytes to command {cmd}, "
+                         f"expected {REPLY_SIZES[cmd]}")
+    out = _recv_exact(io, size, deadline, endpoint)
+    bad = check_reply(cmd, out)
+    if bad:
+        raise ShardError(f"shard {endpoint} {bad}")
+    return out
+
+
+def handshake(io, endpoint: str, *, timeout_s: float = 2.0) -> ShardInfo:
+    """Upstream's client handshake in Python, on any connected socket-like ``io``
+    (``sendall``/``recv``/``settimeout``): HELLO, DEVICE_COUNT, then each device's alignment,
+    maximum buffer size and memory, every answer checked, all within ``timeout_s``. A
+    shard answering absurdly raises ShardError here, before upstream's client acts on it."""
+    deadline = time.monotonic() + timeout_s
+    hello = _ask(io, RPC_CMD_HELLO, bytes(RPC_CONN_CAPS_SIZE), deadline, endpoint)
+    (n,) = struct.unpack("<I", _ask(io, RPC_DEVICE_COUNT, b"", deadline, endpoint))
+    dev = struct.pack("<I", 0)
+    (align,) = struct.unpack("<Q", _ask(io, RPC_GET_ALIGNMENT, dev, deadline, endpoint))
+    (max_size,) = struct.unpack("<Q", _ask(io, RPC_GET_MAX_SIZE, dev, deadline, endpoint))
+    free, total = struct.unpack("<QQ", _ask(io, RPC_GET_DEVICE_MEMORY, dev, deadline, endpoint))
+    return ShardInfo((hello[0], hello[1], hello[2]), n, align, max_size, free, total)
+
+
 # -- endpoints --------------------------------------------------------------------------
 def parse_endpoint(endpoint: str, *, allow_remote: bool = False) -> tuple[str, int]:
     """Validate ``HOST:PORT`` (IPv4 literal, as upstream's server needs); loopback only
-    unless ``allow_remote``."""
+    unless ``allow_remote`` (mutual TLS, or the explicit --insecure-plaintext)."""
     if not isinstance(endpoint, str) or endpoint.count(":") != 1:
         raise ShardError(f"endpoint {endpoint!r}: expected HOST:PORT, e.g. 127.0.0.1:50052")
     host, port_s = endpoint.split(":")
@@ -64,45 +193,31 @@ def parse_endpoint(endpoint: str, *, allow_remote: bool = False) -> tuple[str, i
     if not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
         raise ShardError(f"endpoint {endpoint!r}: port must be 1..65535")
     if not addr.is_loopback and not allow_remote:
-        raise ShardError(f"endpoint {endpoint!r} is not loopback; RPC has no authentication, "
-                         "so mtplib serves and connects on 127.0.0.0/8 only unless "
-                         "--allow-remote is given")
-    return host, int(port_s)
+        raise ShardError(f"endpoint {endpoint!r} is not loopback; upstream's RPC has no "
+                         "authentication or encryption: give --tls DIR (mutual TLS, see "
+                         "`mtplib tls init`), or --insecure-plaintext to send it in the clear")
+    return str(addr), int(port_s)
 
 
-def probe(endpoint: str, *, timeout_s: float = 2.0, allow_remote: bool = False) -> tuple:
-    """Do upstream's HELLO handshake in Python: returns the server's (major, minor, patch).
-
-    Raises ShardError instead of letting upstream's client abort the process. A server
-    busy with another client accepts the TCP connection but does not answer: that is a
-    timeout here ("busy or hung")."""
+def probe_info(endpoint: str, *, timeout_s: float = 2.0, allow_remote: bool = False
+               ) -> ShardInfo:
+    """`handshake` with the plain RPC server at ``endpoint``. Raises ShardError instead of
+    letting upstream's client abort the process. A server busy with another client accepts
+    the TCP connection but does not answer: that is a timeout here ("busy or hung")."""
     host, port = parse_endpoint(endpoint, allow_remote=allow_remote)
-    req = bytes([RPC_CMD_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE)
-    want = 4 + RPC_CONN_CAPS_SIZE
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as s:
-            s.settimeout(timeout_s)
-            s.sendall(req)
-            buf = b""
-            while len(buf) < 8 + want:
-                chunk = s.recv(8 + want - len(buf))
-                if not chunk:
-                    raise ShardError(f"shard {endpoint} closed the connection during the "
-                                     "handshake (not an RPC server?)")
-                buf += chunk
+            return handshake(s, endpoint, timeout_s=timeout_s)
     except TimeoutError:
         raise ShardError(f"shard {endpoint} did not answer the handshake within {timeout_s} s "
                          "(busy with another client, or hung)") from None
     except OSError as e:
         raise ShardError(f"shard {endpoint} unreachable: {e.strerror or e}") from None
-    (size,) = struct.unpack("<Q", buf[:8])
-    if size != want:
-        raise ShardError(f"shard {endpoint}: unexpected handshake reply size {size}")
-    major, minor, patch = buf[8], buf[9], buf[10]
-    if major != RPC_PROTO_MAJOR or minor > RPC_PROTO_MINOR:
-        raise ShardError(f"shard {endpoint} speaks RPC protocol {major}.{minor}.{patch}, "
-                         f"this client {RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}.x")
-    return major, minor, patch
+
+
+def probe(endpoint: str, *, timeout_s: float = 2.0, allow_remote: bool = False) -> tuple:
+    """`probe_info`, returning the server's (major, minor, patch)."""
+    return probe_info(endpoint, timeout_s=timeout_s, allow_remote=allow_remote).version
 
 
 # -- the libraries ----------------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""Fake RPC peers on loopback for the TLS, gateway and hostile-shard tests (no upstream).
+
+`FakeShard` speaks upstream's RPC framing well enough for the handshake: it answers
+HELLO, DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE and GET_DEVICE_MEMORY, each answer
+replaceable per connection (a hostile shard), and records every request it received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from mtplib.distributed.gateway import RpcLimits
+from mtplib.runtime.rpc import (
+    GRAPH_HEADER,
+    REQUEST_SIZES,
+    RPC_CMD_HELLO,
+    RPC_DEVICE_COUNT,
+    RPC_GET_ALIGNMENT,
+    RPC_GET_DEVICE_MEMORY,
+    RPC_GET_MAX_SIZE,
+    RPC_GRAPH_COMPUTE,
+    RPC_N_COMMANDS,
+    RPC_SET_TENSOR,
+    SET_TENSOR_HEADER,
+)
+
+
+def reply(payload: bytes) -> bytes:
+    return struct.pack("<Q", len(payload)) + payload
+
+
+SANE = {
+    RPC_CMD_HELLO: reply(bytes([7, 0, 0, 0]) + bytes(24)),
+    RPC_DEVICE_COUNT: reply(struct.pack("<I", 1)),
+    RPC_GET_ALIGNMENT: reply(struct.pack("<Q", 32)),
+    RPC_GET_MAX_SIZE: reply(struct.pack("<Q", 1 << 40)),
+    RPC_GET_DEVICE_MEMORY: reply(struct.pack("<QQ", 1 << 30, 2 << 30)),
+}
+
+
+def request(cmd: int, payload: bytes = b"") -> bytes:
+    return bytes([cmd]) + struct.pack("<Q", len(payload)) + payload
+
+
+def hello() -> bytes:
+    return request(RPC_CMD_HELLO, bytes(24))
+
+
+def recv_exact(s, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed early")
+        buf += chunk
+    return buf
+
+
+class FakeShard:
+    """A loopback RPC server that, like upstream's, serves one connection at a time (the
+    next waits in the listen backlog); ``answer(conn_index, cmd, payload)`` returns the raw
+    reply bytes (None: the sane one, b"": none). ``received[i]``: connection i's requests;
+    ``raw[i]``: every byte it received."""
+
+    def __init__(self, answer: Callable[[int, int, bytes], bytes | None] | None = None,
+                 host: str = "127.0.0.1") -> None:
+        self.answer = answer or (lambda i, cmd, payload: None)
+        self.srv = socket.create_server((host, 0))
+        self.srv.settimeout(0.2)
+        self.endpoint = f"{host}:{self.srv.getsockname()[1]}"
+        self.addr = (host, self.srv.getsockname()[1])
+        self.received: list[list[tuple[int, bytes]]] = []
+        self.raw: list[bytearray] = []
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            i = len(self.received)
+            self.received.append([])
+            self.raw.append(bytearray())
+            self._conns.append(c)
+            self._serve(i, c)
+
+    def _serve(self, i: int, c: socket.socket) -> None:
+        raw = self.raw[i]
+
+        def take(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = c.recv(min(n - len(buf), 1 << 20))
+                if not chunk:
+                    raise ConnectionError("closed")
+                raw.extend(chunk)  # everything that reached this server, as it came
+                buf += chunk
+            return buf
+
+        try:
+            while True:
+                hdr = take(9)
+                (size,) = struct.unpack("<Q", hdr[1:])
+                payload = take(size) if size <= 1 << 24 else b""
+                if size > 1 << 24:  # not a request this fake handles: just keep reading
+                    while c.recv(1 << 20):
+                        pass
+                    return
+                self.received[i].append((hdr[0], payload))
+                out = self.answer(i, hdr[0], payload)
+                if out is None:
+                    out = SANE.get(hdr[0], b"")
+                if out:
+                    c.sendall(out)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                c.close()
+
+    @property
+    def n_connections(self) -> int:
+        return len(self.received)
+
+    def close(self) -> None:
+        self._stop.set()
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.srv.close()
+        self.t.join(timeout=2)
+
+    def __enter__(self) -> FakeShard:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_closed(s, timeout_s: float) -> float:
+    """Seconds until the peer closed ``s`` (reading and dropping what it sends);
+    raises AssertionError if it stays open past ``timeout_s``."""
+    t0 = time.monotonic()
+    s.settimeout(0.1)
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if not s.recv(65536):
+                return time.monotonic() - t0
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - t0
+    raise AssertionError(f"still open after {timeout_s} s")
+
+
+# -- malformed streams, generated (never committed) ---------------------------------------
+def client_hello() -> bytes:
+    """A real TLS 1.3 ClientHello (no certificate involved yet), for truncation/corruption."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    i, o = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(i, o, server_hostname="127.0.0.1")
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return o.read()
+
+
+def corpus(seed: int = 0) -> list[bytes]:
+    """Malformed streams: empty, RPC frames in the clear (every command, wrong and huge
+    sizes), random bytes, TLS records with garbage, truncated and corrupted ClientHellos."""
+    rng = random.Random(seed)
+    ch = client_hello()
+    out = [b"", b"\x00", hello(), hello() + request(RPC_DEVICE_COUNT),
+           b"\x16\x03\x01", b"\x16\x03\x01\xff\xff" + bytes(64), b"\x17\x03\x03\x00\x10" * 50,
+           ch[:5], ch[: len(ch) // 2], ch[:-1], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"]
+    for cmd in range(256):
+        size = rng.choice([0, 1, 24, 296, 1 << 32, (1 << 64) - 1])
+        out.append(bytes([cmd]) + struct.pack("<Q", size) + rng.randbytes(rng.randint(0, 64)))
+    for _ in range(20):
+        out.append(rng.randbytes(rng.randint(1, 8192)))
+    for _ in range(10):  # a ClientHello with a few flipped bytes
+        b = bytearray(ch)
+        for _ in range(3):
+            b[rng.randrange(5, len(b))] ^= 1 << rng.randrange(8)
+        out.append(bytes(b))
+    return out
+
+
+def send_and_time_close(addr, data: bytes) -> float:
+    """Connect, send ``data``, and return the seconds until the peer closed."""
+    with socket.create_connection(addr, timeout=5) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            return 0.0
+        return wait_closed(s, 6.0)
+
+
+def bad_sessions(rng: random.Random) -> list[bytes]:
+    """Byte streams an authenticated client could send that break framing or bounds: the
+    first 25 are fixed (each cut at its header), then 10 random tails after a HELLO."""
+    big = SET_TENSOR_HEADER + RpcLimits().max_tensor_bytes + 1
+    out = [request(RPC_DEVICE_COUNT),  # not HELLO first
+           hello() + hello(),  # HELLO twice
+           request(RPC_CMD_HELLO, bytes(25)),
+           hello() + bytes([RPC_N_COMMANDS]) + struct.pack("<Q", 0),
+           hello() + bytes([255]) + struct.pack("<Q", 0),
+           hello() + bytes([RPC_SET_TENSOR]) + struct.pack("<Q", big),
+           hello() + bytes([RPC_SET_TENSOR]) + struct.pack("<Q", 10),
+           hello() + bytes([RPC_GRAPH_COMPUTE]) + struct.pack("<Q", (1 << 64) - 1),
+           hello() + bytes([RPC_GRAPH_COMPUTE]) + struct.pack("<Q", GRAPH_HEADER - 1)]
+    for cmd, size in REQUEST_SIZES.items():
+        if cmd != RPC_CMD_HELLO:
+            out.append(hello() + bytes([cmd]) + struct.pack("<Q", size + rng.choice([1, 999])))
+    for _ in range(10):
+        out.append(hello() + rng.randbytes(rng.randint(9, 4096)))
+    return out
+
+

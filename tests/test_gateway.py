@@ -1,0 +1,321 @@
+"""The shard's mutual-TLS gateway against hostile peers (loopback only, no upstream).
+
+A corpus of malformed streams is generated here (never committed) and sent to the
+gateway's public port without a client certificate, and with one: without, no connection
+ever reaches the RPC server behind it and each peer is closed within 5 s; with one, only
+well-framed requests within the bounds are forwarded. The gateway keeps serving after all.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from rpc_fakes import (
+    FakeShard,
+    bad_sessions,
+    client_hello,
+    corpus,
+    hello,
+    recv_exact,
+    request,
+    send_and_time_close,
+    wait_closed,
+)
+
+from mtplib.distributed.gateway import FrameError, Gateway, RequestChecker, RpcLimits
+from mtplib.distributed.tls import TlsConfig, TlsStream, connect, init_pki
+from mtplib.runtime.rpc import (
+    GRAPH_HEADER,
+    REQUEST_SIZES,
+    RPC_CMD_HELLO,
+    RPC_DEVICE_COUNT,
+    RPC_GET_ALIGNMENT,
+    RPC_GRAPH_COMPUTE,
+    RPC_SET_TENSOR,
+    SET_TENSOR_HEADER,
+    ShardError,
+    handshake,
+)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> TlsConfig:
+    d = tmp_path_factory.mktemp("pki")
+    init_pki(d, ["127.0.0.1"])
+    return TlsConfig.load(d)
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory) -> TlsConfig:
+    d = tmp_path_factory.mktemp("other-pki")
+    init_pki(d, ["127.0.0.1"])
+    return TlsConfig.load(d)
+
+
+@pytest.fixture
+def shard(pki):
+    """A FakeShard behind a Gateway on 127.0.0.1 (both closed after the test)."""
+    fake = FakeShard()
+    gw = Gateway(("127.0.0.1", 0), fake.addr, pki, log=lambda s: None).start()
+    yield fake, gw
+    gw.close()
+    fake.close()
+
+
+def _addr(gw: Gateway) -> tuple[str, int]:
+    host, port = gw.endpoint.split(":")
+    return host, int(port)
+
+
+def test_strangers_never_reach_the_rpc_server_and_are_closed_within_5_s(shard, pki):
+    fake, gw = shard
+    streams = corpus()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as ex:
+        times = list(ex.map(lambda d: send_and_time_close(_addr(gw), d), streams))
+    assert max(times) < 5.0, max(times)
+    assert fake.n_connections == 0  # not one byte, not one connection reached it
+    st = gw.stats
+    assert st["sessions"] == 0
+    assert st["handshake_failed"] + st["handshake_timeout"] + st["refused_pending"] \
+        == len(streams)
+    # and it still serves an authenticated client
+    stream, status = connect(_addr(gw), pki)
+    with stream:
+        assert status.ready and status.instance == gw.instance
+        assert handshake(stream, gw.endpoint).n_devices == 1
+    assert fake.n_connections == 1
+    assert time.monotonic() - t0 < 60
+
+
+def test_idle_and_slow_peers_are_closed_by_the_handshake_deadline(shard):
+    _, gw = shard
+    with socket.create_connection(_addr(gw), timeout=5) as idle, \
+            socket.create_connection(_addr(gw), timeout=5) as slow:
+        ch = client_hello()
+        slow.sendall(ch[:10])  # then nothing: a slowloris ClientHello
+        t_idle, t_slow = wait_closed(idle, 6.0), wait_closed(slow, 6.0)
+    assert t_idle < 5.0 and t_slow < 5.0
+    assert gw.stats["handshake_timeout"] == 2
+
+
+def test_a_certificate_from_another_ca_is_refused_both_ways(shard, pki, other_pki, tmp_path):
+    fake, gw = shard
+    # a client that trusts the shard but holds a certificate of another CA
+    (tmp_path / "ca.pem").write_bytes((pki.dir / "ca.pem").read_bytes())
+    for n in ("client.pem", "client.key"):
+        (tmp_path / n).write_bytes((other_pki.dir / n).read_bytes())
+    with pytest.raises(ShardError, match="refused this client's certificate"):
+        connect(_addr(gw), TlsConfig.load(tmp_path))
+    assert fake.n_connections == 0 and gw.stats["handshake_failed"] == 1
+    # and a client that does not know the shard's CA refuses the shard
+    other = Gateway(("127.0.0.1", 0), fake.addr, other_pki, log=lambda s: None).start()
+    try:
+        with pytest.raises(ShardError, match="does not verify"):
+            connect(_addr(other), pki)
+    finally:
+        other.close()
+    assert fake.n_connections == 0
+
+
+def test_no_client_certificate_is_refused(shard, pki):
+    fake, gw = shard
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(pki.dir / "ca.pem"))
+    with socket.create_connection(_addr(gw), timeout=5) as raw:
+        s = TlsStream(raw, ctx, server_side=False, server_hostname="127.0.0.1")
+        s.handshake(5)  # TLS 1.3: the client finishes first, the server then refuses
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            data = s.recv(100)
+            if not data:
+                raise ConnectionError("closed")
+    assert fake.n_connections == 0
+
+
+def test_a_second_client_is_told_busy_at_once(shard, pki):
+    fake, gw = shard
+    first, st1 = connect(_addr(gw), pki)
+    with first:
+        assert st1.ready
+        t0 = time.monotonic()
+        second, st2 = connect(_addr(gw), pki)
+        with second:
+            assert not st2.ready and st2.instance == gw.instance
+            assert wait_closed(second, 5.0) < 5.0
+        assert time.monotonic() - t0 < 2.0
+        assert handshake(first, gw.endpoint).n_devices == 1  # the first is unaffected
+    assert fake.n_connections == 1
+    # once the first is gone the next one is served
+    deadline = time.monotonic() + 3
+    while True:
+        third, st3 = connect(_addr(gw), pki)
+        with third:
+            if st3.ready:
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_authenticated_malformed_requests_are_cut_before_forwarding(shard, pki):
+    fake, gw = shard
+    rng = random.Random(1)
+    sessions = bad_sessions(rng)
+    forwarded_before = 0
+    for data in sessions:
+        end = time.monotonic() + 3
+        while True:
+            stream, st = connect(_addr(gw), pki)
+            if st.ready:
+                break
+            stream.close()
+            assert time.monotonic() < end, "gateway stayed busy"
+            time.sleep(0.02)
+        with stream:
+            try:
+                stream.sendall(data)
+                while stream.recv(65536):  # the fake answers HELLO; then the cut
+                    pass
+            except OSError:
+                pass
+        forwarded_before += 1
+    deadline = time.monotonic() + 3
+    while fake.n_connections < len(sessions) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gw.stats["frame_errors"] >= len(sessions) - 10  # random tails may frame by chance
+    for raw in fake.raw:  # whatever reached the RPC server is well-framed and in bounds
+        RequestChecker().feed(bytes(raw))
+    # still serving
+    stream, st = connect(_addr(gw), pki)
+    with stream:
+        assert st.ready and handshake(stream, gw.endpoint).alignment == 32
+
+
+def test_request_checker_passes_legit_streams_in_any_chunking():
+    rng = random.Random(2)
+    frames = [hello(), request(RPC_DEVICE_COUNT), request(RPC_GET_ALIGNMENT, bytes(4)),
+              request(RPC_SET_TENSOR, rng.randbytes(SET_TENSOR_HEADER + 1000)),
+              request(RPC_GRAPH_COMPUTE, rng.randbytes(GRAPH_HEADER + 296 * 3))]
+    frames += [request(c, bytes(n)) for c, n in REQUEST_SIZES.items() if c != RPC_CMD_HELLO]
+    stream = b"".join(frames)
+    for _ in range(50):
+        chk = RequestChecker()
+        out, i = b"", 0
+        while i < len(stream):
+            n = rng.randint(1, 700)
+            out += chk.feed(stream[i:i + n])
+            i += n
+        assert out == stream
+    with pytest.raises(FrameError, match="HELLO"):
+        RequestChecker().feed(request(RPC_DEVICE_COUNT))
+    chk = RequestChecker()
+    assert chk.feed(hello()[:5]) == b""  # a header is held back until complete and checked
+    with pytest.raises(FrameError, match="second HELLO"):
+        chk.feed(hello()[5:] + hello())
+
+
+def test_gateway_survives_a_flood_of_connections(shard, pki):
+    """More simultaneous strangers than it runs handshakes for: the extra ones are closed
+    at once, and an authenticated client still gets through afterwards."""
+    _, gw = shard
+    socks = [socket.create_connection(_addr(gw), timeout=5) for _ in range(gw.max_pending + 8)]
+    try:
+        time.sleep(0.3)
+        closed = 0
+        for s in socks:
+            s.settimeout(0.01)
+            try:
+                if s.recv(1) == b"":
+                    closed += 1
+            except TimeoutError:
+                pass
+            except OSError:
+                closed += 1
+        assert closed >= 8
+    finally:
+        for s in socks:
+            s.close()
+    end = time.monotonic() + 6
+    while True:  # the held handshakes time out, then the slots are free again
+        try:
+            stream, st = connect(_addr(gw), pki, timeout_s=2)
+            with stream:
+                if st.ready:
+                    break
+        except ShardError:
+            pass
+        assert time.monotonic() < end
+        time.sleep(0.1)
+
+
+def test_tls_stream_one_reader_one_writer_thread(shard, pki):
+    """Full duplex through one TlsStream from two threads (as the relays pump): a large
+    SET_TENSOR-like stream up while replies come down, nothing lost or reordered."""
+    fake, gw = shard
+    stream, st = connect(_addr(gw), pki)
+    with stream:
+        assert st.ready
+        stream.sendall(hello())
+        assert len(recv_exact(stream, 8 + 28)) == 36
+        n = 200
+        got = []
+
+        def read() -> None:
+            for _ in range(n):
+                got.append(recv_exact(stream, 8 + 4))
+
+        t = threading.Thread(target=read)
+        t.start()
+        blob = request(RPC_SET_TENSOR, bytes(SET_TENSOR_HEADER + 100_000))
+        for _ in range(n):
+            stream.sendall(request(RPC_DEVICE_COUNT))
+            stream.sendall(blob)
+        t.join(timeout=30)
+        assert len(got) == n and all(g == got[0] for g in got)
+    assert sum(1 for c, _ in fake.received[0] if c == RPC_SET_TENSOR) == n
+
+
+def test_the_bounds_let_the_largest_v4_flash_tensor_through():
+    """SET_TENSOR's bound is chosen from legit traffic: every V4-Flash tensor a shard
+    holds (token_embd stays on the client) passes, and with room for BF16 experts."""
+    from mtplib.model.arch import ggml_nbytes, sidecar_tensors, trunk_tensors
+    from mtplib.model.presets import get_preset
+
+    cfg = get_preset("v4-flash")
+    specs = [t for t in trunk_tensors(cfg) + sidecar_tensors(cfg) if t.kind != "token_embd"]
+    biggest = max(specs, key=lambda t: t.nbytes)
+    assert biggest.nbytes == 1140850688 and biggest.dtype == "MXFP4"  # routed experts
+    chk = RequestChecker()
+    chk.feed(hello())
+    chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + ggml_nbytes("BF16", biggest.ne))
+    with pytest.raises(FrameError):
+        chk.check(RPC_SET_TENSOR, SET_TENSOR_HEADER + RpcLimits().max_tensor_bytes + 1)
+
+
+def test_a_flood_does_not_flood_the_log(pki):
+    lines: list[str] = []
+    with FakeShard() as fake, Gateway(("127.0.0.1", 0), fake.addr, pki,
+                                      log=lines.append) as gw:
+        for _ in range(60):
+            send_and_time_close(_addr(gw), b"\x00" * 16)
+        assert gw.stats["handshake_failed"] == 60
+    assert 1 <= len(lines) <= 21
+
+
+def test_strangers_cannot_hold_the_shard(shard, pki):
+    """Upstream serves one client and never times out, so one idle connection used to hold
+    a shard: behind the gateway, idle and half-handshaken strangers do not take the slot."""
+    _, gw = shard
+    with socket.create_connection(_addr(gw), timeout=5) as idle, \
+            socket.create_connection(_addr(gw), timeout=5) as half:
+        half.sendall(client_hello()[:20])
+        stream, st = connect(_addr(gw), pki)
+        with stream:
+            assert st.ready
+            assert handshake(stream, gw.endpoint).n_devices == 1
+        assert idle.fileno() >= 0 and half.fileno() >= 0
