@@ -3,5 +3,5 @@
 Adding a command = adding a module here and its name to COMMANDS (order = --help order).
 """
 
-COMMANDS = ["fixture", "inventory", "generate", "shard", "run", "bench", "evidence", "info",
-            "check-hidden", "compare-upstream"]
+COMMANDS = ["fixture", "inventory", "generate", "serve", "shard", "run", "bench", "evidence",
+            "info", "check-hidden", "compare-upstream"]

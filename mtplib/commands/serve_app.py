@@ -322,13 +322,18 @@ class GenerationWorker:
                     job.post("tokens", chunk, be.detokenize(chunk))
                 if finish == "stop":
                     break
-            metrics = getattr(gen, "metrics", None) if finish == "length" else None
+            metrics = None
+            if finish == "length":  # exhausted: the library's own metrics
+                with contextlib.suppress(MtplibError):
+                    metrics = gen.metrics
         if finish == "abort":
             return
         if not metrics:  # stopped early: the timings from this side's clock
             metrics = {"n_prompt": len(toks), "n_generated": len(out),
                        "ttft_s": (t_first - t0) if t_first else None,
                        "decode_s": (t_last - t_first) if t_first else 0.0}
+        for v in metrics.get("wire_violations") or []:  # only with --allow-cache-crossing
+            self.log(f"contract violation in this request: {v}")
         job.post("done", finish, out, metrics)
 
 
@@ -416,6 +421,11 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return ApiError(e.status_code, str(e.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _bug(_req: Request, e: Exception) -> JSONResponse:
+        log_line(f"internal error: {type(e).__name__}: {e}")
+        return _error_of(e).response()
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
@@ -599,8 +609,8 @@ async def _sse(request: Request, job: Job, req: _Request, shape: Shape, n_prompt
     try:
         if shape.chat:
             yield _sse_line(shape.chunk(None, first=True))
-        while True:
-            ev = await _next_event(request, job)
+        while True:  # a client that leaves cancels this generator (Starlette watches)
+            ev = await job.events.get()
             if ev[0] == "tokens":
                 yield _sse_line(shape.chunk(ev[2]))
             elif ev[0] == "error":
