@@ -26,6 +26,10 @@
 #
 # It runs once per upstream build: `stock` and `patched` (patches/*.patch: the V4
 # compressor-state restore pinned to its layer's shard), each in its own process.
+#
+# Two measurements: the RTT sweep (`wan`) and the target cell (`target`: many prompts at
+# one RTT), each in `warm` mode (one loaded `RangedMTP`, the object `mtplib serve` holds)
+# and/or `cold` mode (one `mtplib generate` process per generation with default options).
 
 # %% tags=["parameters"]
 run_dir = None  # where results go; None: a fresh scratch folder under outputs/scratch/
@@ -34,6 +38,8 @@ run_dir = None  # where results go; None: a fresh scratch folder under outputs/s
 wan = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
        "placements": ["client"], "n_prompts": 1, "prompt_len": 32, "n_new": 12,
        "fit_rtts_ms": [0, 50]}
+# the target cell (None: skip): WanConfig fields, e.g. many prompts at 100 ms, cold + warm
+target = None
 builds = ["stock", "patched"]
 overrides = {}  # build -> WanConfig fields for that build only (e.g. a smaller stock grid)
 threads = 1
@@ -56,7 +62,28 @@ cfg
 # %%
 results = W.run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print,
                        progress=progress)
-list(results)
+targets = {}
+if target is not None:
+    targets = W.run_builds(W.WanConfig.from_dict(target), out / "wan-target", builds=builds,
+                           overrides=overrides, log=print, progress=progress)
+list(results), list(targets)
+
+# %% [markdown]
+# ## The path users take (target cell)
+# Cold (a fresh CLI process per run, default options) and warm (one loaded runtime): n runs,
+# medians with their range, the paired speed-up, waits per verify vs plain step.
+
+# %%
+for build, d in targets.items():
+    print(build)
+    display(D.show(d["targets"]))
+    display(D.show(pd.DataFrame(d["summary"]), ["mode", "topology", "placement", "k", "runs",
+                                                "tok_s", "tok_s_min", "tok_s_max",
+                                                "speedup_paired_median", "speedup_paired_min",
+                                                "speedup_paired_max", "tokens_per_step",
+                                                "ttft_s", "setup_s", "process_wall_s",
+                                                "waits_per_verify", "waits_per_plain",
+                                                "cache_bytes_crossing", "identical_to_off"]))
 
 # %% [markdown]
 # ## Tokens/s and speed-up against RTT
@@ -64,9 +91,13 @@ list(results)
 # without drafting. The speed-up a WAN-bound loop approaches is the tokens per verify step.
 
 # %%
-for build, d in results.items():
-    for plan in sorted({s["plan"] for s in d["summary"]}):
-        display(D.as_image(W.plot_rtt_pair(d["summary"], plan=plan, build=build)))
+from IPython.display import Image
+
+from mtplib.records.wan_evidence import save_plots
+
+for p in save_plots(results, out):  # stock and patched on the same axes, saved as PNGs
+    print(p.relative_to(out))
+    display(Image(filename=str(p)))
 
 # %% [markdown]
 # ## The targets at 100 ms (plan 0-1,2-3, k=2)

@@ -32,7 +32,7 @@ from mtplib.runtime.lib import upstream_info
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions
 trunk, rs = sys.argv[1], int(sys.argv[2])
-with RangedMTP(trunk, plan="0-1,2-3") as r:
+with RangedMTP(trunk, plan="0-1,2-3", allow_cache_crossing=True) as r:
     opts = EngineOptions(k=0, n_rs_seq=rs, settings=DecodeSettings(n_ctx=256, n_threads=1))
     r.generate(list(range(100, 132)), 4, opts)
     toks, m = r.generate(list(range(100, 132)), 6, opts)

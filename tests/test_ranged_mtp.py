@@ -21,7 +21,9 @@ def whole(pair):
 
 @pytest.mark.parametrize("plan", ["0-1,2-3", "0-0,1-2,3-3"])
 def test_ranged_equals_whole_mtp_off_and_on(pair, whole, plan):
-    with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar)) as r:
+    # the MTP block on the tail shard, explicitly (the default is the client)
+    with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
+                   mtp_placement="tail") as r:
         tail = r.rt.endpoints[-1]
         for k in (0, 1, 2, 3):
             toks, m = r.generate(PROMPT, N_NEW, EngineOptions(k=k))

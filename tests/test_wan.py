@@ -17,7 +17,8 @@ needs_pair = pytest.mark.skipif(not PAIR.exists(), reason="evidence/trained-v4 n
 def test_config_validation():
     for bad, msg in [({"topologies": ["moon"]}, "unknown topology"), ({"ks": [9]}, "0..8"),
                      ({"rtts_ms": [-1]}, "0..10000"), ({"n_new": 0}, "n_new"),
-                     ({"prompt_len": 300}, "do not fit"), ({"colour": 1}, "unknown keys")]:
+                     ({"prompt_len": 300, "n_ctx": 256}, "do not fit"),
+                     ({"colour": 1}, "unknown keys")]:
         with pytest.raises(InputError, match=msg):
             W.WanConfig.from_dict(bad)
 

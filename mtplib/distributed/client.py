@@ -327,28 +327,40 @@ class RangedRuntime:
             return []
         return [None if p is None else _proc_cpu_state(p.pid) for p in self.shards.procs]
 
+    def _worker_cpu(self) -> tuple[int, str] | None:
+        return _proc_cpu_state(self._worker.pid) if self._worker is not None else None
+
     def _moved(self, seen: dict, now: float) -> bool:
-        """True if shard bytes flowed, or a local shard computed, since the last check.
+        """True if shard bytes flowed, a local shard computed, or the worker computed with
+        no shard request pending, since the last check.
 
         Computing means CPU use of at least 5% of the time since the last progress (a
-        shard's idle watchdog thread stays far below); with relays, only shards holding an
-        unanswered request count (all shards if none does)."""
+        shard's idle watchdog thread and the worker's heartbeat stay far below); with
+        relays, only shards holding an unanswered request count (all shards if none does).
+        The worker's own work (building contexts, checking the row source, the client's
+        head) counts only while no shard holds a request: a worker blocked on a silent
+        shard uses no CPU."""
         flow = self._flows()
         moved = [f[:2] for f in flow] != [f[:2] for f in seen["flow"]]
         seen["flow"] = flow
-        if not moved:
-            cpu = self._shard_cpu()
-            pending = {i for i, f in enumerate(flow) if f[2] > 0} or set(range(len(cpu)))
-            span = max(now - seen["t"], 1e-3)
-            for i, (c, p) in enumerate(zip(cpu, seen["cpu"], strict=False)):
-                if i in pending and c and p and c[0] - p[0] >= 2 \
-                        and (c[0] - p[0]) / _CLK_TCK >= 0.05 * span:
-                    moved = True
-        return moved
+        if moved:
+            return True
+        span = max(now - seen["t"], 1e-3)
+
+        def busy(c, p) -> bool:
+            return bool(c and p and c[0] - p[0] >= 2 and (c[0] - p[0]) / _CLK_TCK >= 0.05 * span)
+
+        cpu = self._shard_cpu()
+        waiting = {i for i, f in enumerate(flow) if f[2] > 0}
+        pending = waiting or set(range(len(cpu)))
+        if any(i in pending and busy(c, p)
+               for i, (c, p) in enumerate(zip(cpu, seen["cpu"], strict=False))):
+            return True
+        return not waiting and busy(self._worker_cpu(), seen.get("worker"))
 
     def _mark(self, seen: dict, now: float) -> None:
         """Progress now: CPU use is measured from here."""
-        seen["cpu"], seen["t"] = self._shard_cpu(), now
+        seen["cpu"], seen["worker"], seen["t"] = self._shard_cpu(), self._worker_cpu(), now
 
     def _fail_hung(self, what: str, silence: float, since_beat: float):
         """No progress for ``silence`` s: name the shard that holds a request unanswered

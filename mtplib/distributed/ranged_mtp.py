@@ -1,71 +1,205 @@
-"""Ranged MTP: the speculative loop with the trunk's layers on RPC shards, MTP on the tail.
+"""Ranged MTP: the speculative loop with the trunk's layers on RPC shards.
 
 The loop runs inside the ranged runtime's client worker (upstream's RPC client aborts its
 process when a shard is lost, so it never runs in the caller's process). Each step kind
 is labelled (prefill, draft, verify, decode, feed, rollback) so the counting relays in
 front of the shards attribute every byte on every shard connection to it.
+
+The worker keeps its engines (contexts on the shards plus the drafter) between
+generations and warms each one at build (`mtplib.runtime.speculative.warm_up`), so no
+generation pays upstream's first-use graph allocation on the shards: that is setup, paid
+once per process (or per `mtplib serve`), reported apart from TTFT.
+
+Defaults are the contract-safe fast path: the MTP block and the output head run in the
+client next to the sampler (placement and head ``auto``), and a build that would move V4
+cache state across a seam is refused before the first token (`check_cache_locality`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from dataclasses import replace
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, replace
 
 from mtplib.contract.capabilities import Policy
 from mtplib.distributed.relay import WanLink, parse_wan
-from mtplib.runtime.routing import resolve_policy, route, routing_metrics
-from mtplib.runtime.speculative import EngineOptions
+from mtplib.errors import InputError
+from mtplib.runtime import build_info
+from mtplib.runtime.routing import RouteRefused, resolve_policy, route, routing_metrics
+from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.speculative import EngineOptions, Generation
+
+#: where the MTP block runs; ``auto`` = the client when a sidecar is given
+PLACEMENT_CHOICES = ("auto", "tail", "client")
+#: engines a worker keeps warm at once (one per distinct engine configuration)
+MAX_ENGINES = 4
 
 
-def _worker_generate(models, opts: EngineOptions, prompt: list[int], n_new: int) -> tuple:
-    """Runs in the worker (`RangedRuntime.call`): build the Engine on the ranged models."""
+class CacheCrossingRefused(InputError):
+    """This configuration would move V4 cache state across a shard connection."""
+
+
+def resolve_placement(placement: str, *, has_sidecar: bool) -> str:
+    """``auto``: the MTP block in the client, next to the sampler (the contract allows it:
+    its input is ``sampler_hidden``, which the client holds), so a draft costs no round
+    trip; ``tail`` stays available explicitly."""
+    if placement not in PLACEMENT_CHOICES:
+        raise InputError(f"mtp_placement must be one of {', '.join(PLACEMENT_CHOICES)}, "
+                         f"got {placement!r}")
+    if placement != "auto":
+        return placement
+    return "client" if has_sidecar else "tail"
+
+
+def check_cache_locality(opts: EngineOptions, n_shards: int, *, allow: bool) -> None:
+    """Refuse, before anything runs, what would move cache state over a seam: the stock
+    build with ``n_rs_seq > 0`` (MTP's tail rollback) on more than one shard places a
+    compressor-state restore next to the previous layer (patches/0001 fixes it)."""
+    n_rs = opts.k if opts.n_rs_seq is None else opts.n_rs_seq
+    build = build_info()["build"]
+    if allow or n_shards < 2 or n_rs <= 0 or build != "stock":
+        return
+    raise CacheCrossingRefused(
+        f"the stock upstream build with n_rs_seq={n_rs} (MTP k={opts.k}) on {n_shards} "
+        "shards moves V4 compressor state across a shard connection every step, which the "
+        "contract forbids (caches are shard-local). Remedy: build the patched upstream "
+        "(./dev.sh setup; it is then the default, or set MTPLIB_UPSTREAM=patched), or run "
+        "MTP off; to measure the stock behaviour anyway, opt in with --allow-cache-crossing "
+        "(allow_cache_crossing=True)")
+
+
+def _engine_key(opts: EngineOptions) -> tuple:
+    """What makes two generations need different engines (sampler and trace do not)."""
+    d = asdict(replace(opts, sampler=None, trace=False))
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+# -- the worker side (run through RangedRuntime.call) -----------------------------------
+def _worker_engine(models, opts: EngineOptions, warm: bool) -> dict | None:
+    """The worker's engine for ``opts`` (built and warmed once; at most MAX_ENGINES kept);
+    returns the setup report when it was built by this call."""
     from mtplib.distributed.worker import worker_step
-    from mtplib.runtime.speculative import build_engine, run_generation
+    from mtplib.runtime.speculative import build_engine, no_phase, warm_up
 
-    engine, owned = build_engine(models.trunk, models.sidecar if opts.k else None, opts,
-                                 phase=worker_step)
-    try:
-        llama = models.trunk.llama
-
-        def memory(seq: int) -> dict:
-            mem = {"trunk_weights_bytes": models.trunk.size_bytes,
-                   "target_seq_state_bytes": int(llama.llama_state_seq_get_size(
-                       engine.target.ptr, seq))}
-            if len(owned) > 1:
-                mem["mtp_weights_bytes"] = models.sidecar.size_bytes
-            return mem
-
-        return run_generation(engine, prompt, n_new, memory=memory)
-    finally:
+    cache: OrderedDict = models.__dict__.setdefault("engines", OrderedDict())
+    key = _engine_key(opts)
+    if key in cache:
+        cache.move_to_end(key)
+        return None
+    while len(cache) >= MAX_ENGINES:
+        _, (_, owned, _) = cache.popitem(last=False)
         for c in reversed(owned):
             c.close()
+    with worker_step("setup"):
+        engine, owned = build_engine(models.trunk, models.sidecar if opts.k else None, opts,
+                                     phase=no_phase)
+        try:
+            report = warm_up(engine) if warm else {"setup_s": 0.0, "widths": []}
+        except BaseException:
+            for c in reversed(owned):
+                c.close()
+            raise
+    engine.phase = worker_step
+    cache[key] = (engine, owned, report)
+    return report
 
 
+def _worker_memory(models, engine, owned):
+    llama = models.trunk.llama
+
+    def memory(seq: int) -> dict:
+        mem = {"trunk_weights_bytes": models.trunk.size_bytes,
+               "target_seq_state_bytes": int(llama.llama_state_seq_get_size(
+                   engine.target.ptr, seq))}
+        if len(owned) > 1:
+            mem["mtp_weights_bytes"] = models.sidecar.size_bytes
+        return mem
+
+    return memory
+
+
+def _worker_begin(models, opts: EngineOptions, warm: bool, prompt: list[int], n_new: int
+                  ) -> tuple[dict | None, list[int] | None]:
+    """Start a generation (the engine for ``opts``, built if needed); returns (setup report
+    if the engine was built now, the prefill's tokens, or None when there are none)."""
+    from mtplib.runtime.speculative import generation_steps
+
+    setup = _worker_engine(models, opts, warm)
+    engine, owned, _ = models.engines[_engine_key(opts)]
+    engine.sampler = opts.sampler or Sampler()
+    engine.trace = opts.trace
+    result: dict = {}
+    steps = generation_steps(engine, prompt, n_new, memory=_worker_memory(models, engine,
+                                                                           owned),
+                             result=result)
+    models.generation = (steps, result)
+    return setup, _worker_next(models)
+
+
+def _worker_next(models) -> list[int] | None:
+    """The next step's tokens; None once the generation is over."""
+    steps, _ = models.generation
+    try:
+        return next(steps)
+    except StopIteration:
+        return None
+
+
+def _worker_run(models) -> None:
+    """Every remaining step, here (no round trip to the parent per step)."""
+    steps, _ = models.generation
+    for _ in steps:
+        pass
+
+
+def _worker_end(models) -> tuple[list[int], dict] | None:
+    """Close the generation (its session); its (tokens, metrics) if it finished."""
+    gen = models.__dict__.pop("generation", None)
+    if gen is None:
+        return None
+    steps, result = gen
+    steps.close()
+    return (result["tokens"], result["metrics"]) if "metrics" in result else None
+
+
+# -- the caller's side -------------------------------------------------------------------
 class RangedMTP:
-    """A trunk on RPC shards by ``plan`` (+ the sidecar on the tail shard) for several
-    measured generations; local shards are started and stopped when no endpoints are
-    given. ``generate`` returns (tokens, metrics) with that run's seam bytes.
+    """A trunk on RPC shards by ``plan`` (+ the sidecar in the client or on the tail) for
+    several measured generations; local shards are started and stopped when no endpoints
+    are given. ``generate`` returns (tokens, metrics) with that run's seam bytes; ``stream``
+    yields the tokens step by step.
+
+    ``opts``: the generations' default EngineOptions (default: k=3 with a sidecar, else 0);
+    its engine is built and warmed here, at load (``warm``), and reported as ``setup`` in
+    the first generation's metrics. Another configuration passed to ``generate`` builds and
+    warms its own engine then (also reported as setup).
 
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
-    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs.
-    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s)."""
+    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs. A
+    configuration that would move cache state across a seam raises CacheCrossingRefused
+    unless ``allow_cache_crossing``.
+    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
+
+    Thread-safe by serializing: one generation at a time per object (a second caller waits),
+    so each result's seam counts are its own."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                  allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                 mtp_placement: str = "tail", policy: Policy | str | None = None,
-                 silence_timeout_s: float | None = None) -> None:
+                 mtp_placement: str = "auto", policy: Policy | str | None = None,
+                 silence_timeout_s: float | None = None, opts: EngineOptions | None = None,
+                 warm: bool = True, allow_cache_crossing: bool = False) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header
+        from mtplib.model.validate import validate_header
         from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
 
         self.policy = resolve_policy(policy)
-        from mtplib.model.validate import validate_header
-
         h = read_header(trunk)
         validate_header(h)  # before anything reads a key or upstream loads the file
         if sidecar is not None:
@@ -76,6 +210,21 @@ class RangedMTP:
                             f"{len(endpoints)} endpoints were given")
         links = wan if wan is None or not isinstance(wan, str) else parse_wan(wan,
                                                                              self.plan.n_shards)
+        self.has_sidecar = sidecar is not None
+        self.warm, self.allow_cache_crossing = warm, allow_cache_crossing
+        #: what `generate` runs without options (routed and checked per generation)
+        self.opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
+        load = self.opts
+        if load.k and not self.has_sidecar:
+            load = replace(load, k=0)
+        if load.k:
+            try:  # a policy that disables MTP (alpha) gets the plain engine at load
+                route(load.k, policy=self.policy, n_shards=self.plan.n_shards)
+            except RouteRefused:
+                load = replace(load, k=0)
+        load = self._resolve(load)  # refuses a cache-moving default before any shard starts
+        self._lock = threading.RLock()
+        placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
         self._stack = contextlib.ExitStack()
         try:
             self.shards = None
@@ -84,41 +233,118 @@ class RangedMTP:
                     LocalShards(self.plan.n_shards, shard_threads))
             self.rt = self._stack.enter_context(RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards, allow_remote=allow_remote,
-                sidecar=sidecar, wan=links, mtp_placement=mtp_placement,
+                sidecar=sidecar, wan=links, mtp_placement=placement,
                 silence_timeout_s=silence_timeout_s))
+            self._setup = self._build(load)
         except BaseException:
             self._stack.close()
             raise
-        self.has_sidecar = sidecar is not None
 
-    def generate(self, prompt: Sequence[int] | str, n_new: int,
-                 opts: EngineOptions | None = None) -> tuple[list[int], dict]:
+    def _resolve(self, opts: EngineOptions) -> EngineOptions:
+        """The options a ranged generation really runs with, checked before anything runs:
+        MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
+        a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
+        opts = replace(opts, k=opts.k if self.has_sidecar else 0, checkpoints="replay")
+        opts = opts.resolved(ranged=True)
+        check_cache_locality(opts, self.plan.n_shards, allow=self.allow_cache_crossing)
+        return opts
+
+    def _build(self, opts: EngineOptions) -> dict | None:
+        """Build (and warm) the worker's engine for ``opts`` unless it has one; returns the
+        setup report, or None when it was already set up. Labelled "setup" in the worker."""
+        route(opts.k, policy=self.policy, n_shards=self.plan.n_shards,
+              has_sidecar=self.mtp_on_tail)
+        return self.rt.call(_worker_engine, opts, self.warm)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.opts.settings.n_ctx
+
+    def tokenize(self, text: str) -> list[int]:
         from mtplib.distributed.worker import tokenize
 
-        opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
+        with self._lock:
+            return self.rt.call(tokenize, text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        from mtplib.distributed.worker import detokenize
+
+        with self._lock:
+            return self.rt.call(detokenize, list(tokens))
+
+    def stream(self, prompt: Sequence[int] | str, n_new: int,
+               opts: EngineOptions | None = None, *, sampler: Sampler | None = None
+               ) -> Generation:
+        """A `Generation` yielding each step's tokens as the worker emits them (one local
+        pipe round trip per step; no extra shard traffic). ``sampler`` replaces the options'
+        for this generation only."""
+        result: dict = {}
+        return Generation(self._steps(prompt, n_new, opts, sampler, result, stream=True),
+                          result)
+
+    def generate(self, prompt: Sequence[int] | str, n_new: int,
+                 opts: EngineOptions | None = None, *, sampler: Sampler | None = None
+                 ) -> tuple[list[int], dict]:
+        result: dict = {}
+        for _ in self._steps(prompt, n_new, opts, sampler, result, stream=False):
+            pass
+        return result["tokens"], result["metrics"]
+
+    def _steps(self, prompt, n_new, opts, sampler, result: dict, *, stream: bool
+               ) -> Iterator[list[int]]:
+        from mtplib.distributed.worker import tokenize
+
+        opts = self.opts if opts is None else opts
         if not self.has_sidecar:
             opts = replace(opts, k=0)
-        # caches are shard-local: a rollback beyond n_rs_seq replays, it never moves state
-        opts = replace(opts, checkpoints="replay")
-        rt = self.rt
+        # the policy first (its refusal names it), then what the options would move
         decision = route(opts.k, policy=self.policy, n_shards=self.plan.n_shards,
                          has_sidecar=self.mtp_on_tail)
-        toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
-        rt.reset_counts()
-        tokens, metrics = rt.call(_worker_generate, opts, toks, n_new)
-        metrics.update(rt.seam_metrics())
-        metrics["seam_report"] = rt.seam_report()
-        metrics["plan"] = str(self.plan)
-        metrics["endpoints"] = list(rt.endpoints)
-        metrics["local_shards"] = self.shards is not None
-        metrics["routing"] = routing_metrics(decision, self.policy)
-        metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
-        metrics["wan"] = [str(r.link) for r in rt.relays.relays]
-        metrics["head"] = opts.head
-        if rt.sidecar:
-            metrics["mtp_placement"] = rt.mtp_placement
-            metrics["mtp_endpoints"] = sorted(set(rt.sidecar["placement"].values()))
-        return tokens, metrics
+        opts = self._resolve(opts)
+        if sampler is not None:
+            opts = replace(opts, sampler=sampler)
+        with self._lock:
+            rt = self.rt
+            toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
+            built = self._build(opts)  # before counting: setup is not the generation's
+            # the load-time setup is reported by the first generation; later ones report a
+            # setup only when their configuration needed an engine of its own
+            setup = self._setup if self._setup is not None else built
+            self._setup = None
+            rt.reset_counts()
+            finished = False
+            try:
+                _, first = rt.call(_worker_begin, opts, self.warm, toks, n_new)
+                if stream:
+                    chunk = first
+                    while chunk is not None:
+                        yield chunk
+                        chunk = rt.call(_worker_next)
+                else:
+                    yield first
+                    rt.call(_worker_run)
+                done = rt.call(_worker_end)
+                finished = True
+            finally:
+                if not finished and not rt.failed:
+                    with contextlib.suppress(Exception):
+                        rt.call(_worker_end)
+            tokens, metrics = done
+            metrics.update(rt.seam_metrics())
+            metrics["seam_report"] = rt.seam_report()
+            metrics["plan"] = str(self.plan)
+            metrics["endpoints"] = list(rt.endpoints)
+            metrics["local_shards"] = self.shards is not None
+            metrics["routing"] = routing_metrics(decision, self.policy)
+            metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
+            metrics["wan"] = [str(r.link) for r in rt.relays.relays]
+            metrics["head"] = opts.head
+            metrics["upstream"] = build_info()
+            metrics["setup"] = setup  # None: this engine was set up for an earlier generation
+            if rt.sidecar:
+                metrics["mtp_placement"] = rt.mtp_placement
+                metrics["mtp_endpoints"] = sorted(set(rt.sidecar["placement"].values()))
+            result["tokens"], result["metrics"] = tokens, metrics
 
     @property
     def mtp_on_tail(self) -> bool:
@@ -146,20 +372,23 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                     sidecar: str | None = None, opts: EngineOptions | None = None,
                     endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                     allow_remote: bool = False, wan: str | Sequence[WanLink] | None = None,
-                    mtp_placement: str = "tail", policy: Policy | str | None = None) -> dict:
-    """One generation with the trunk split over shards by ``plan`` (MTP on the tail shard
-    when a sidecar is given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy
-    that refuses the recipe is refused before any shard starts."""
+                    mtp_placement: str = "auto", policy: Policy | str | None = None,
+                    allow_cache_crossing: bool = False, warm: bool = True) -> dict:
+    """One generation with the trunk split over shards by ``plan`` (MTP when a sidecar is
+    given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy that refuses the
+    recipe, or a configuration that would move cache state (RangedMTP), is refused before any
+    shard starts; the engine is built and warmed at load (metrics["setup"])."""
     from mtplib.distributed.worker import detokenize
 
     pol = resolve_policy(policy)
     k = 0 if sidecar is None else (3 if opts is None else opts.k)
     route(k, policy=pol)  # the policy gate; each generation negotiates with the shards too
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar if (opts is None or opts.k) else None,
+    with RangedMTP(trunk, plan=plan, sidecar=sidecar if k else None,
                    endpoints=endpoints, shard_threads=shard_threads,
                    allow_remote=allow_remote, wan=wan, mtp_placement=mtp_placement,
-                   policy=pol) as r:
-        tokens, metrics = r.generate(prompt, n_new, opts)
+                   policy=pol, opts=opts or EngineOptions(k=k), warm=warm,
+                   allow_cache_crossing=allow_cache_crossing) as r:
+        tokens, metrics = r.generate(prompt, n_new)
         out = {"tokens": tokens, "metrics": metrics}
         if isinstance(prompt, str):
             out["text"] = r.rt.call(detokenize, tokens)

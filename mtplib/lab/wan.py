@@ -7,6 +7,12 @@ no delay). Two drafter placements: the MTP block on the tail shard or in the cli
 each (plan, topology, placement) one set of shards and one loaded model serve every RTT and
 draft length; MTP off is measured on the same connections.
 
+Two modes. ``warm``: one `RangedMTP` (the object `mtplib serve` holds) serves every
+generation of a configuration; its engines are warmed at load, never on a measured prompt.
+``cold``: one `mtplib generate --json` process per generation with the CLI's default options
+(drafter and head placement, upstream build, context size), as a user runs it; only
+``--plan``, ``--mtp/--draft`` and ``--wan`` are given.
+
 Each run records tokens/s, tokens per verify step, waits (synchronous round trips) per step
 kind, data bytes per step kind by class (`mtplib.contract.wire`) and the cache bytes that
 crossed a shard connection (must be 0: the contract's shard-local rule). The cost model
@@ -26,6 +32,7 @@ from mtplib.errors import InputError
 from mtplib.lab.sweep import median_or_none
 
 TOPOLOGIES = ("remote", "tail_local")
+MODES = ("warm", "cold")
 #: the step kinds of the decoding phase (after the prompt), whose waits a token pays
 DECODE_PHASES = ("decode", "verify", "draft", "feed", "rollback")
 PLACEMENTS = ("tail", "client")
@@ -41,15 +48,20 @@ class WanConfig:
     plans: list[str] = field(default_factory=lambda: ["0-1,2-3", "0-0,1-2,3-3"])
     topologies: list[str] = field(default_factory=lambda: list(TOPOLOGIES))
     placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))
-    head: str = "client"  # where the output head runs (EngineOptions.head)
+    head: str = "auto"  # where the output head runs (EngineOptions.head; auto: client)
     n_prompts: int = 4  # held-out prompts of the trained pair (prompts_from, seed 0)
     prompt_len: int = 48
     n_new: int = 24
     reps: int = 1
-    #: untimed generations per draft length before the sweep: the first generation on a
-    #: connection pays one-time buffer allocations on the shards (answered commands)
-    warmup: int = 1
-    n_ctx: int = 256
+    #: untimed warm-mode generations per draft length before the sweep, on a held-out
+    #: prompt that is not measured (engines are warmed at load anyway: default 0)
+    warmup: int = 0
+    #: None: the CLI's default (min(2048, the model's context_length)), in both modes
+    n_ctx: int | None = None
+    modes: list[str] = field(default_factory=lambda: ["warm"])
+    #: the cold mode's grid (one CLI process per generation costs seconds of start-up each)
+    cold_rtts_ms: list[float] = field(default_factory=lambda: [100])
+    cold_ks: list[int] = field(default_factory=lambda: [0, 2])
     threads: int = 1  # client threads (the shards get shard_threads)
     shard_threads: int = 1
     fit_rtts_ms: list[float] = field(default_factory=lambda: [0, 10, 25, 50])
@@ -60,20 +72,22 @@ class WanConfig:
     def __post_init__(self) -> None:
         bad = [t for t in self.topologies if t not in TOPOLOGIES]
         bad += [p for p in self.placements if p not in PLACEMENTS]
+        bad += [m for m in self.modes if m not in MODES]
         if bad:
-            raise InputError(f"wan: unknown topology/placement {bad}; topologies "
-                             f"{TOPOLOGIES}, placements {PLACEMENTS}")
-        if any(k < 0 or k > 8 for k in self.ks):
-            raise InputError(f"wan: ks must be in 0..8, got {self.ks}")
-        if any(not 0 <= r <= 10_000 for r in self.rtts_ms):
-            raise InputError(f"wan: rtts_ms must be in 0..10000, got {self.rtts_ms}")
+            raise InputError(f"wan: unknown topology/placement/mode {bad}; topologies "
+                             f"{TOPOLOGIES}, placements {PLACEMENTS}, modes {MODES}")
+        if any(k < 0 or k > 8 for k in [*self.ks, *self.cold_ks]):
+            raise InputError(f"wan: ks and cold_ks must be in 0..8, got {self.ks}, "
+                             f"{self.cold_ks}")
+        if any(not 0 <= r <= 10_000 for r in [*self.rtts_ms, *self.cold_rtts_ms]):
+            raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..10000, got "
+                             f"{self.rtts_ms}, {self.cold_rtts_ms}")
         if self.warmup < 0:
             raise InputError(f"wan: warmup must be >= 0, got {self.warmup}")
-        for name in ("n_prompts", "prompt_len", "n_new", "reps", "n_ctx", "threads",
-                     "shard_threads"):
+        for name in ("n_prompts", "prompt_len", "n_new", "reps", "threads", "shard_threads"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"wan: {name} must be >= 1, got {getattr(self, name)}")
-        if self.prompt_len + self.n_new + 8 > self.n_ctx:
+        if self.n_ctx is not None and self.prompt_len + self.n_new + 8 > self.n_ctx:
             raise InputError(f"wan: prompt_len + n_new ({self.prompt_len + self.n_new}) do not "
                              f"fit n_ctx {self.n_ctx}")
 
@@ -95,6 +109,11 @@ def links_for(topology: str, n_shards: int, rtt_ms: float) -> list:
     return [WanLink(rtt_ms)] * (n_shards - 1) + [WanLink()]
 
 
+def wan_arg(topology: str, n_shards: int, rtt_ms: float) -> str:
+    """The ``--wan`` value of `mtplib generate` for a topology (one RTT per shard)."""
+    return ",".join(f"{w.rtt_ms:g}" for w in links_for(topology, n_shards, rtt_ms))
+
+
 def trained_prompts(n: int, length: int) -> list[list[int]]:
     """``n`` held-out prompts of the committed trained pair (the stdlib modules it never
     saw in training), as `mtplib.lab.trained_eval` measures acceptance on."""
@@ -108,7 +127,9 @@ def trained_prompts(n: int, length: int) -> list[list[int]]:
 
 def _row(m: dict, tokens: list[int], **kw) -> dict:
     steps = (m.get("verify_steps") or 0) + (m.get("plain_steps") or 0)
-    return {**kw,
+    up = m.get("upstream") or {}
+    return {**kw, "build": up.get("build"), "patches": up.get("patches", []),
+            "setup_s": (m.get("setup") or {}).get("setup_s"),
             "decode_tok_s": m["decode_tok_s"], "ttft_s": m["ttft_s"],
             "n_generated": m["n_generated"], "drafted": m.get("drafted", 0),
             "accepted": m.get("accepted", 0), "steps": steps,
@@ -133,91 +154,232 @@ def _decode_waits(m: dict) -> float | None:
     return tot / n if n > 0 else None
 
 
-def run_wan(trunk: str, sidecar: str, cfg: WanConfig, prompts: Sequence[Sequence[int]], *,
-            log: LOG | None = None, progress: Callable[[int, int], None] | None = None
-            ) -> dict:
-    """Measure every configuration of ``cfg``; returns {"config", "rows", "wall_s"}."""
-    from mtplib.distributed.ranged_mtp import RangedMTP
+def _settings(cfg: WanConfig, trunk: str):
     from mtplib.runtime.settings import DecodeSettings
-    from mtplib.runtime.speculative import EngineOptions
 
+    return DecodeSettings(n_ctx=cfg.n_ctx or default_ctx(trunk), n_threads=cfg.threads)
+
+
+def default_ctx(trunk: str) -> int:
+    """The context size `mtplib generate` uses without --ctx, so both modes run alike."""
+    from mtplib.model.gguf_header import read_header_fast
+
+    ctx_len = int(read_header_fast(trunk).kv.get("deepseek4.context_length", 2048))
+    return min(2048, ctx_len)
+
+
+def _n_runs(cfg: WanConfig, n_prompts: int) -> int:
+    groups = len(cfg.plans) * len(cfg.topologies)
+    n = 0
+    if "warm" in cfg.modes:
+        ks_on = sum(1 for k in cfg.ks if k) * len(cfg.placements)
+        n += (ks_on + sum(1 for k in cfg.ks if not k)) * len(cfg.rtts_ms) * groups
+    if "cold" in cfg.modes:
+        n += len(cfg.cold_ks) * len(cfg.cold_rtts_ms) * groups
+    return n * n_prompts * cfg.reps
+
+
+def run_wan(trunk: str, sidecar: str, cfg: WanConfig, prompts: Sequence[Sequence[int]], *,
+            log: LOG | None = None, progress: Callable[[int, int], None] | None = None,
+            warm_prompt: Sequence[int] | None = None) -> dict:
+    """Measure every configuration of ``cfg`` in each of its modes; returns {"config",
+    "rows", "wall_s"}. ``warm_prompt``: the held-out prompt of ``cfg.warmup``'s untimed
+    generations (never one that is measured)."""
     log = log or (lambda s: None)
     t0 = time.time()
-    settings = DecodeSettings(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
     rows: list[dict] = []
-    groups = [(plan, topo, place) for plan in cfg.plans for topo in cfg.topologies
-              for place in cfg.placements]
-    n_off = sum(1 for k in cfg.ks if k == 0)  # MTP off: measured in one placement only
-    per_rtt = (len(cfg.ks) - n_off) * len(groups) + n_off * len(groups) // len(cfg.placements)
-    total = per_rtt * len(cfg.rtts_ms) * len(prompts) * cfg.reps
-    done = 0
-    for plan, topo, place in groups:
-        log(f"plan {plan}, {topo}, MTP on the {place}")
-        with RangedMTP(trunk, plan=plan, sidecar=sidecar, shard_threads=cfg.shard_threads,
-                       mtp_placement=place) as r:
-            relays = r.rt.relays.relays
-            for k in cfg.ks:  # warm-up over loopback, not recorded
-                opts = EngineOptions(k=k, settings=settings, head=cfg.head)
-                for _ in range(cfg.warmup):
-                    r.generate(list(prompts[0]), cfg.n_new, opts)
-            for rtt in cfg.rtts_ms:
-                for relay, link in zip(relays, links_for(topo, len(relays), rtt), strict=True):
-                    relay.set_link(link)
-                for k in cfg.ks:
-                    if k == 0 and place != cfg.placements[0]:
-                        continue  # MTP off does not depend on the drafter's placement
-                    opts = EngineOptions(k=k, settings=settings, head=cfg.head)
+    total = _n_runs(cfg, len(prompts))
+    count = {"done": 0}
+
+    def tick() -> None:
+        count["done"] += 1
+        if progress:
+            progress(count["done"], total)
+
+    if "warm" in cfg.modes:
+        _run_warm(trunk, sidecar, cfg, prompts, rows, log, tick, warm_prompt)
+    if "cold" in cfg.modes:
+        _run_cold(trunk, sidecar, cfg, prompts, rows, log, tick)
+    return {"config": asdict(cfg), "rows": rows, "wall_s": time.time() - t0}
+
+
+def _run_warm(trunk, sidecar, cfg, prompts, rows, log, tick, warm_prompt) -> None:
+    """One RangedMTP per (plan, topology, placement), every RTT and k on it."""
+    from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.runtime import selected_upstream
+    from mtplib.runtime.speculative import EngineOptions
+
+    settings = _settings(cfg, trunk)
+    # the stock build moves cache state with MTP on: measured deliberately, for comparison
+    crossing = selected_upstream() == "stock"
+    for plan in cfg.plans:
+        for topo in cfg.topologies:
+            for place in cfg.placements:
+                log(f"warm: plan {plan}, {topo}, MTP on the {place}")
+                first = EngineOptions(k=max(cfg.ks), settings=settings, head=cfg.head)
+                with RangedMTP(trunk, plan=plan, sidecar=sidecar, mtp_placement=place,
+                               shard_threads=cfg.shard_threads, opts=first,
+                               allow_cache_crossing=crossing) as r:
+                    relays = r.rt.relays.relays
+                    if warm_prompt is not None:
+                        for k in cfg.ks:  # untimed, on a prompt that is not measured
+                            opts = EngineOptions(k=k, settings=settings, head=cfg.head)
+                            for _ in range(cfg.warmup):
+                                r.generate(list(warm_prompt), cfg.n_new, opts)
+                    for rtt in cfg.rtts_ms:
+                        for relay, link in zip(relays, links_for(topo, len(relays), rtt),
+                                               strict=True):
+                            relay.set_link(link)
+                        for k in cfg.ks:
+                            if k == 0 and place != cfg.placements[0]:
+                                continue  # MTP off does not depend on the drafter's place
+                            opts = EngineOptions(k=k, settings=settings, head=cfg.head)
+                            for pi, prompt in enumerate(prompts):
+                                for rep in range(cfg.reps):
+                                    toks, m = r.generate(list(prompt), cfg.n_new, opts)
+                                    rows.append(_row(m, toks, mode="warm", plan=plan,
+                                                     topology=topo,
+                                                     placement=place if k else "-",
+                                                     rtt_ms=rtt, k=k, prompt=pi, rep=rep))
+                                    tick()
+                            _log_cell(log, rows, len(prompts) * cfg.reps, rtt, k)
+
+
+def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: Sequence[int],
+                 n_new: int, wan: str, n_ctx: int | None = None) -> list[str]:
+    """The `mtplib generate` command line of one cold run: the CLI's defaults except the
+    model, the plan, MTP and the emulated WAN (and --ctx only if the config fixes one)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("mtplib")
+    cmd = [str(exe)] if exe.is_file() else (
+        [shutil.which("mtplib")] if shutil.which("mtplib") else
+        [sys.executable, "-m", "mtplib.cli"])
+    cmd += ["generate", "--model", trunk, "--plan", plan, "--tokens",
+            ",".join(str(int(t)) for t in tokens), "--n", str(n_new), "--wan", wan, "--json"]
+    if k:
+        cmd += ["--mtp", str(sidecar), "--draft", str(k)]
+    if n_ctx is not None:
+        cmd += ["--ctx", str(n_ctx)]
+    return cmd
+
+
+def _run_cold(trunk, sidecar, cfg, prompts, rows, log, tick) -> None:
+    """One fresh `mtplib generate` process per generation (shards started by it, as a user
+    without --endpoints gets them); its wall time is recorded beside its own metrics."""
+    import json
+    import subprocess
+
+    from mtplib.runtime import selected_upstream
+
+    ks = cfg.cold_ks
+    if selected_upstream() == "stock" and any(ks):
+        # the CLI refuses MTP on the stock build by default (cache state would cross a
+        # seam): a user gets exit 2, not a measurement
+        log("cold: the stock build refuses ranged MTP by default; MTP off only")
+        ks = [k for k in ks if not k]
+    for plan in cfg.plans:
+        n_shards = plan.count(",") + 1
+        for topo in cfg.topologies:
+            for rtt in cfg.cold_rtts_ms:
+                wan = wan_arg(topo, n_shards, rtt)
+                for k in ks:
+                    log(f"cold: plan {plan}, {topo}, rtt {rtt:g} ms, k={k}")
                     for pi, prompt in enumerate(prompts):
                         for rep in range(cfg.reps):
-                            toks, m = r.generate(list(prompt), cfg.n_new, opts)
-                            rows.append(_row(m, toks, plan=plan, topology=topo,
-                                             placement=place if k else "-", rtt_ms=rtt, k=k,
-                                             prompt=pi, rep=rep))
-                            done += 1
-                            if progress:
-                                progress(done, total)
-                    med = median_or_none(x["decode_tok_s"]
-                                         for x in rows[-len(prompts) * cfg.reps:])
-                    log(f"  rtt {rtt:g} ms k={k}: "
-                        + ("n/a" if med is None else f"{med:.2f}") + " tok/s")
-    return {"config": asdict(cfg), "rows": rows, "wall_s": time.time() - t0}
+                            cmd = cli_generate(trunk, sidecar, plan=plan, k=k, tokens=prompt,
+                                               n_new=cfg.n_new, wan=wan, n_ctx=cfg.n_ctx)
+                            t0 = time.time()
+                            p = subprocess.run(cmd, capture_output=True, text=True,
+                                               timeout=900)
+                            wall = time.time() - t0
+                            try:
+                                out = json.loads(p.stdout.strip().splitlines()[-1])
+                            except (json.JSONDecodeError, IndexError):
+                                out = {"error": (p.stderr or p.stdout)[-600:]}
+                            if "error" in out or p.returncode not in (0, 3):
+                                raise InputError(f"cold run failed (exit {p.returncode}): "
+                                                 f"{' '.join(cmd[:12])} ...: "
+                                                 f"{out.get('error')}")
+                            m = out["metrics"]
+                            rows.append(_row(m, out["tokens"], mode="cold", plan=plan,
+                                             topology=topo,
+                                             placement=m.get("mtp_placement", "-") if k
+                                             else "-", rtt_ms=rtt, k=k, prompt=pi, rep=rep,
+                                             process_wall_s=wall, exit=p.returncode))
+                            tick()
+                    _log_cell(log, rows, len(prompts) * cfg.reps, rtt, k)
+
+
+def _log_cell(log, rows, n, rtt, k) -> None:
+    med = median_or_none(x["decode_tok_s"] for x in rows[-n:])
+    log(f"  rtt {rtt:g} ms k={k}: " + ("n/a" if med is None else f"{med:.2f}") + " tok/s")
 
 
 # ---------------------------------------------------------------------------------------
 # summaries
 # ---------------------------------------------------------------------------------------
 def _key(r: dict) -> tuple:
-    return (r["plan"], r["topology"], r["placement"], r["k"])
+    return (r.get("mode", "warm"), r["plan"], r["topology"], r["placement"], r["k"])
+
+
+def _spread(xs) -> dict:
+    """n, median, min, max and the interquartile range of the values that are not None."""
+    v = [float(x) for x in xs if x is not None]
+    if not v:
+        return {"n": 0, "median": None, "min": None, "max": None, "p25": None, "p75": None}
+    q = np.percentile(v, [25, 50, 75])
+    return {"n": len(v), "median": float(q[1]), "min": min(v), "max": max(v),
+            "p25": float(q[0]), "p75": float(q[2])}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (plan, topology, placement, k, RTT): median tok/s, the speed-up over MTP off of
-    the same plan/topology/RTT, tokens per verify step, waits per token, identical tokens."""
-    off = {}
+    """Per (mode, plan, topology, placement, k, RTT): n runs, tok/s (median and spread), the
+    speed-up over MTP off of the same mode/plan/topology/RTT (ratio of medians, and the
+    spread of the per-prompt paired ratios), tokens per verify step, waits per token, cache
+    bytes crossing summed over every run, identical tokens."""
+    off: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["k"] == 0:
-            off.setdefault((r["plan"], r["topology"], r["rtt_ms"]), []).append(r)
+            off.setdefault((r.get("mode", "warm"), r["plan"], r["topology"], r["rtt_ms"]),
+                           []).append(r)
     out = []
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((*_key(r), r["rtt_ms"]), []).append(r)
-    for (plan, topo, place, k, rtt), rs in sorted(groups.items(), key=lambda kv: (
-            kv[0][0], kv[0][1], str(kv[0][2]), kv[0][3], kv[0][4])):
-        ref = off.get((plan, topo, rtt), [])
-        tok_s = median_or_none(x["decode_tok_s"] for x in rs)
+    for (mode, plan, topo, place, k, rtt), rs in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], kv[0][2], str(kv[0][3]), kv[0][4], kv[0][5])):
+        ref = off.get((mode, plan, topo, rtt), [])
+        sp = _spread(x["decode_tok_s"] for x in rs)
+        tok_s = sp["median"]
         off_tok_s = median_or_none(x["decode_tok_s"] for x in ref)
         tps = median_or_none(x["tokens_per_step"] for x in rs)
-        same = [x["tokens"] == y["tokens"] for x in rs for y in ref
-                if (x["prompt"], x["rep"]) == (y["prompt"], y["rep"])]
+        by_run = {(y["prompt"], y["rep"]): y for y in ref}
+        pairs = [(x, by_run[(x["prompt"], x["rep"])]) for x in rs
+                 if (x["prompt"], x["rep"]) in by_run]
+        same = [x["tokens"] == y["tokens"] for x, y in pairs]
+        paired = _spread(x["decode_tok_s"] / y["decode_tok_s"] for x, y in pairs
+                         if x["decode_tok_s"] and y["decode_tok_s"])
         out.append({
-            "plan": plan, "topology": topo, "placement": place, "k": k, "rtt_ms": rtt,
-            "runs": len(rs), "tok_s": tok_s, "off_tok_s": off_tok_s,
+            "mode": mode, "plan": plan, "topology": topo, "placement": place, "k": k,
+            "rtt_ms": rtt, "runs": len(rs),
+            "builds": ",".join(sorted({str(x.get("build")) for x in rs})),
+            "tok_s": tok_s, "tok_s_min": sp["min"], "tok_s_max": sp["max"],
+            "tok_s_p25": sp["p25"], "tok_s_p75": sp["p75"], "off_tok_s": off_tok_s,
             "speedup": tok_s / off_tok_s if tok_s and off_tok_s else None,
+            "speedup_paired_median": paired["median"] if k else None,
+            "speedup_paired_min": paired["min"] if k else None,
+            "speedup_paired_max": paired["max"] if k else None,
             "tokens_per_step": tps,
             "speedup_over_ideal": (tok_s / off_tok_s / tps) if tok_s and off_tok_s and tps
             else None,
             "acceptance": (sum(x["accepted"] for x in rs) / sum(x["drafted"] for x in rs)
                            if sum(x["drafted"] for x in rs) else None),
+            "ttft_s": median_or_none(x.get("ttft_s") for x in rs),
+            "setup_s": median_or_none(x.get("setup_s") for x in rs),
+            "process_wall_s": median_or_none(x.get("process_wall_s") for x in rs),
             "waits_per_token": median_or_none(x["waits_decode_phase"] for x in rs),
             "waits_per_verify": median_or_none(x["waits_per_step"].get("verify") for x in rs),
             "waits_per_plain": median_or_none(x["waits_per_step"].get("decode") for x in rs),
@@ -246,8 +408,9 @@ def bytes_by_class(rows: list[dict]) -> list[dict]:
                 for c, b in x["wire_bytes_by_class"].get(label, {}).items():
                     agg[c] = agg.get(c, 0) + b
             n_tok = sum(max(x["n_generated"] - 1, 0) for x in same)
-            out.append({"plan": key[0], "topology": key[1], "placement": key[2], "k": key[3],
-                        "step": label, **{c: v / max(n_tok, 1) for c, v in agg.items()}})
+            out.append({"mode": key[0], "plan": key[1], "topology": key[2],
+                        "placement": key[3], "k": key[4], "step": label,
+                        **{c: v / max(n_tok, 1) for c, v in agg.items()}})
     return out
 
 
@@ -258,11 +421,12 @@ def fit_cost_model(summary: list[dict], fit_rtts: Sequence[float]) -> list[dict]
     by: dict[tuple, list[dict]] = {}
     for s in summary:
         if s["tok_s"]:
-            by.setdefault((s["plan"], s["topology"], s["placement"], s["k"]), []).append(s)
+            by.setdefault((s.get("mode", "warm"), s["plan"], s["topology"], s["placement"],
+                           s["k"]), []).append(s)
     out = []
     fit_set = {float(x) for x in fit_rtts}
-    for key, ss in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]),
-                                                       kv[0][3])):
+    for key, ss in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                       str(kv[0][3]), kv[0][4])):
         fit = [s for s in ss if float(s["rtt_ms"]) in fit_set]
         test = [s for s in ss if float(s["rtt_ms"]) not in fit_set]
         if len(fit) < 2:
@@ -273,7 +437,8 @@ def fit_cost_model(summary: list[dict], fit_rtts: Sequence[float]) -> list[dict]
         for s in test:
             pred = c + w * s["rtt_ms"] / 1000
             meas = 1 / s["tok_s"]
-            out.append({"plan": key[0], "topology": key[1], "placement": key[2], "k": key[3],
+            out.append({"mode": key[0], "plan": key[1], "topology": key[2],
+                        "placement": key[3], "k": key[4],
                         "rtt_ms": s["rtt_ms"], "compute_s_per_token": float(c),
                         "fitted_waits_per_token": float(w),
                         "measured_waits_per_token": s["waits_per_token"],
@@ -284,24 +449,31 @@ def fit_cost_model(summary: list[dict], fit_rtts: Sequence[float]) -> list[dict]
 
 def targets(summary: list[dict], *, rtt_ms: float = 100, k: int = 2,
             plan: str = "0-1,2-3") -> list[dict]:
-    """The issue's targets at one RTT: speed-up against tokens per verify step (>= 0.85 with
+    """The targets at one RTT: speed-up against tokens per verify step (the CLI with its
+    defaults in a fresh process, ``cold``: >= 0.85 in both topologies; warm: >= 0.85 with
     the tail co-located, >= 0.70 with every shard remote and the drafter in the client),
-    waits per verify step against a plain step's (<= +1, +0 with the head in the client),
-    and cache bytes crossing (0)."""
-    want = {("tail_local", "tail"): 0.85, ("tail_local", "client"): 0.85,
-            ("remote", "client"): 0.70, ("remote", "tail"): None}
-    plain = {(s["plan"], s["topology"], s["rtt_ms"]): s["waits_per_plain"]
-             for s in summary if s["k"] == 0}
+    waits per verify step against a plain step's (+0 with the head in the client), and
+    cache bytes crossing (0)."""
+    want = {("warm", "tail_local", "tail"): 0.85, ("warm", "tail_local", "client"): 0.85,
+            ("warm", "remote", "client"): 0.70, ("warm", "remote", "tail"): None,
+            ("cold", "tail_local", "client"): 0.85, ("cold", "remote", "client"): 0.85}
+    plain = {(s.get("mode", "warm"), s["plan"], s["topology"], s["rtt_ms"]):
+             s["waits_per_plain"] for s in summary if s["k"] == 0}
     out = []
     for s in summary:
         if (s["rtt_ms"], s["k"], s["plan"]) != (rtt_ms, k, plan):
             continue
-        goal = want.get((s["topology"], s["placement"]))
+        mode = s.get("mode", "warm")
+        goal = want.get((mode, s["topology"], s["placement"]))
         ratio = s["speedup_over_ideal"]
-        base = plain.get((s["plan"], s["topology"], s["rtt_ms"]))  # the MTP-off run's step
+        # the MTP-off run's plain step
+        base = plain.get((mode, s["plan"], s["topology"], s["rtt_ms"]))
         extra = (s["waits_per_verify"] - base
                  if s["waits_per_verify"] is not None and base is not None else None)
-        out.append({"plan": plan, "topology": s["topology"], "placement": s["placement"],
+        out.append({"mode": mode, "plan": plan, "topology": s["topology"],
+                    "placement": s["placement"], "runs": s["runs"],
+                    "speedup_paired_min": s.get("speedup_paired_min"),
+                    "speedup_paired_max": s.get("speedup_paired_max"),
                     "k": k, "rtt_ms": rtt_ms, "speedup": s["speedup"],
                     "waits_per_verify": s["waits_per_verify"], "waits_per_plain_off": base,
                     "tokens_per_step": s["tokens_per_step"], "speedup_over_ideal": ratio,
@@ -441,6 +613,48 @@ def plot_rtt_pair(summary: list[dict], *, plan: str, build: str = ""):
     return fig
 
 
+def plot_builds(summaries: dict[str, list[dict]], *, plan: str, mode: str = "warm",
+                placement: str = "client"):
+    """Tokens/s and speed-up against every measured RTT for one plan and mode, every build
+    on the same axes: colour = k (MTP off its own), line style = build, marker = topology;
+    MTP on with the drafter ``placement`` (the default's). None when nothing was measured."""
+    from mtplib.lab import display as D
+
+    pts = {b: [x for x in s if x.get("mode", "warm") == mode and x["plan"] == plan
+               and (x["k"] == 0 or x["placement"] == placement)] for b, s in summaries.items()}
+    if not any(pts.values()):
+        return None
+    fig, axes = D.new_figure(2, w=5.0, h=4.0, sharey=False)
+    ks = sorted({x["k"] for v in pts.values() for x in v})
+    styles = {"patched": "-", "stock": "--"}
+    marks = {"remote": "o", "tail_local": "s"}
+    for ax, what in zip(axes, ("tok_s", "speedup"), strict=True):
+        for b, rows in pts.items():
+            for topo in sorted({x["topology"] for x in rows}):
+                for k in ks:
+                    if what == "speedup" and k == 0:
+                        continue
+                    xy = sorted((x["rtt_ms"], x[what]) for x in rows
+                                if x["topology"] == topo and x["k"] == k and x[what])
+                    if not xy:
+                        continue
+                    ax.plot([p[0] for p in xy], [p[1] for p in xy], styles.get(b, ":"),
+                            marker=marks.get(topo, "^"), ms=4, color=D.data_colour(ks.index(k)),
+                            label=f"{b}, {topo}, " + ("MTP off" if k == 0 else f"k={k}"))
+        ax.set_xlabel("round-trip time per shard connection (ms)")
+        ax.set_ylabel("decode speed (tokens/s)" if what == "tok_s"
+                      else "speed-up over MTP off (x)")
+        if what == "speedup":
+            ax.axhline(1.0, color=D.NEUTRAL, lw=0.8)
+        ax.set_title("decode speed vs RTT" if what == "tok_s" else "MTP speed-up vs RTT",
+                     fontsize=9)
+    fig.suptitle(f"{WAN_MODEL}, plan {plan} ({plan.count(',') + 1} RPC shards), {mode} "
+                 f"({'one CLI process per run' if mode == 'cold' else 'one loaded runtime'}),"
+                 f" MTP on the {placement}", fontsize=10)
+    D.legend_outside(fig, axes, fontsize=7, title="build, topology, draft")
+    return fig
+
+
 # ---------------------------------------------------------------------------------------
 # one process per upstream build (the build is chosen before llama_cpp is imported)
 # ---------------------------------------------------------------------------------------
@@ -516,12 +730,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = with_upstream(WanConfig.from_dict(json.loads(a.config)))
     pair = trained_paths()
-    prompts = trained_prompts(cfg.n_prompts, cfg.prompt_len)
+    # one more held-out prompt than measured: the warm-up's, never measured itself
+    *prompts, spare = trained_prompts(cfg.n_prompts + 1, cfg.prompt_len)
+
     def tick(done: int, total: int) -> None:
         print(f"{PROGRESS_PREFIX}{done}/{total}", flush=True)
 
     res = run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts, log=print,
-                  progress=tick if a.progress else None)
+                  progress=tick if a.progress else None, warm_prompt=spare)
     from mtplib.runtime.lib import upstream_info
 
     res["upstream"] = upstream_info()

@@ -53,8 +53,8 @@ STORY_RAW: dict[str, dict[str, tuple[str, Callable[[Path], dict]]]] = {
     "DGR-065": {"ownership": (rm.OWNERSHIP_JSON, rm.read_ownership),
                 "state": (rm.STATE_JSON, rm.read_state),
                 "tests": (pr.results_file("DGR-065"), lambda d: pr.read_results(d, "DGR-065"))},
-    wan_evidence.STORY: {b: (wan_evidence.raw_file(b), wan_evidence.read_build(b))
-                         for b in wan_evidence.BUILDS},
+    wan_evidence.STORY: {k: (f, wan_evidence.read_build(k))
+                         for k, f in wan_evidence.RAW_FILES.items()},
 }
 
 

@@ -1,9 +1,12 @@
 """The only room that touches llama.cpp (ctypes, llama_cpp).
 
 Which upstream build it loads is chosen here, before any module imports ``llama_cpp``:
-``MTPLIB_UPSTREAM=stock`` (default: the pinned llama-cpp-python in the environment) or
 ``patched`` (the same pin with ``patches/*.patch`` applied, installed by ``./dev.sh setup``
-into ``.upstream/patched``). Child processes (shards, the ranged worker) inherit the choice.
+into ``.upstream/patched``: the default wherever that build exists, because only it keeps
+every V4 cache on its own shard) or ``stock`` (the pinned llama-cpp-python in the
+environment: the default where no patched build was made). ``MTPLIB_UPSTREAM=stock|patched``
+chooses explicitly. Child processes (shards, the ranged worker) inherit the choice: it is
+written back into the environment when the module is imported.
 """
 
 from __future__ import annotations
@@ -18,18 +21,39 @@ UPSTREAM_BUILDS = ("stock", "patched")
 PATCHED_DIR = REPO / ".upstream" / "patched"
 
 
+def patched_installed() -> bool:
+    """``./dev.sh setup`` built and installed the patched upstream here."""
+    return (PATCHED_DIR / "llama_cpp" / "MTPLIB_PATCHES").is_file()
+
+
 def selected_upstream() -> str:
-    which = os.environ.get("MTPLIB_UPSTREAM", "stock") or "stock"
+    """$MTPLIB_UPSTREAM if set, else ``patched`` where it is installed, else ``stock``."""
+    which = os.environ.get("MTPLIB_UPSTREAM", "").strip()
+    if not which:
+        return "patched" if patched_installed() else "stock"
     if which not in UPSTREAM_BUILDS:
         raise InputError(f"MTPLIB_UPSTREAM must be one of {', '.join(UPSTREAM_BUILDS)}, "
                          f"got {which!r}")
     return which
 
 
+def build_info() -> dict:
+    """The upstream build this process loads, as results name it: ``{"build": "stock" |
+    "patched", "patch_set_sha256", "patches"}`` (from the marker ./dev.sh writes)."""
+    which = selected_upstream()
+    marker = PATCHED_DIR / "llama_cpp" / "MTPLIB_PATCHES"
+    lines = marker.read_text().split() if which == "patched" and marker.is_file() else []
+    return {"build": which, "patch_set_sha256": lines[0] if lines else None,
+            "patches": lines[1:]}
+
+
 def _select() -> None:
-    if selected_upstream() != "patched":
+    which = selected_upstream()
+    # children (shards, the ranged worker, papermill kernels) load the same build
+    os.environ["MTPLIB_UPSTREAM"] = which
+    if which != "patched":
         return
-    if not (PATCHED_DIR / "llama_cpp" / "MTPLIB_PATCHES").is_file():
+    if not patched_installed():
         raise InputError(f"MTPLIB_UPSTREAM=patched but {PATCHED_DIR} holds no patched build; "
                          "run ./dev.sh setup (or ./dev.sh patched)")
     loaded = sys.modules.get("llama_cpp")

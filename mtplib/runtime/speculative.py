@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from mtplib.contract.capabilities import Policy
 from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
+from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
 from mtplib.runtime.sampling import Sampler
@@ -32,7 +34,8 @@ RowFn = Callable[[Context, int], np.ndarray]
 #: hidden rows (n, hc*n_embd) -> logits (n, n_vocab): the trunk's output head run here
 HeadFn = Callable[[np.ndarray], np.ndarray]
 CHECKPOINTS = ("state", "replay")
-HEADS = ("upstream", "client")
+#: where the output head runs; "auto" is resolved by the entry point (`resolve_head`)
+HEADS = ("auto", "upstream", "client")
 #: ``phase(label, n_tokens)`` -> context manager around each step kind (prefill, draft,
 #: verify, decode, rollback, feed); ranged runs count seam bytes per label with it.
 PhaseFn = Callable[[str, int], contextlib.AbstractContextManager]
@@ -280,7 +283,8 @@ class SpecSession:
         self._picks, self._drafts = picks, drafts
         if proposal is None:
             return None
-        decide = getattr(e.drafter, "accept_len", None)  # synthetic acceptance (upstream)
+        # synthetic acceptance (upstream's --spec-synth-rates), or the warm-up's forced one
+        decide = e.forced_accept or getattr(e.drafter, "accept_len", None)
         if decide is not None:
             n_acc = decide(picks, drafts)
         else:
@@ -425,6 +429,8 @@ class Engine:
         self.phase = phase
         self.hidden_rows = "api" if drafter.needs_rows else "off"
         self.sessions: dict[int, SpecSession] = {}
+        #: (picks, drafts) -> accepted length, overriding the match (`warm_up` only)
+        self.forced_accept: Callable[[Sequence[int], Sequence[int]], int] | None = None
 
     @property
     def needs_rows(self) -> bool:
@@ -481,8 +487,9 @@ class EngineOptions:
     trace: bool = False
     #: "upstream": logits from the target's graph; "client": the target decodes hidden rows
     #: only and the output head (hc head, norm, output) runs here, so a ranged tail sends
-    #: hc*n_embd floats per row instead of n_vocab logits, in the same wait as the rows
-    head: str = "upstream"
+    #: hc*n_embd floats per row instead of n_vocab logits, in the same wait as the rows;
+    #: "auto" (`resolve_head`): client for ranged MTP, upstream otherwise
+    head: str = "auto"
     #: "state": llama_state_seq checkpoints for rollback beyond n_rs_seq; "replay": never
     #: move a sequence's state (ranged runs: caches stay on their shards), replay from 0
     checkpoints: str = "state"
@@ -491,12 +498,25 @@ class EngineOptions:
     #: are then right where the check proves them right, with no graph split for a capture
     reserve: bool = True
 
+    def resolved(self, *, ranged: bool) -> EngineOptions:
+        """These options with ``head="auto"`` made concrete (`resolve_head`)."""
+        return replace(self, head=resolve_head(self.head, ranged=ranged, mtp=self.k > 0))
+
     def __post_init__(self) -> None:
         if self.head not in HEADS:
             raise RuntimeInputError(f"head must be one of {HEADS}, got {self.head!r}")
         if self.checkpoints not in CHECKPOINTS:
             raise RuntimeInputError(f"checkpoints must be one of {CHECKPOINTS}, got "
                                     f"{self.checkpoints!r}")
+
+
+def resolve_head(head: str, *, ranged: bool, mtp: bool) -> str:
+    """``auto``: the client's head for ranged MTP (the tail then sends hc*n_embd hidden rows,
+    which the drafter needs anyway, in the same wait as the logits it replaces: a verify step
+    waits as often as a plain one), upstream's everywhere else."""
+    if head != "auto":
+        return head
+    return "client" if ranged and mtp else "upstream"
 
 
 def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None = None,
@@ -507,6 +527,9 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     from mtplib.runtime.model import ContextConfig
 
     use_mtp = sidecar is not None and opts.k > 0 and drafter is None
+    if opts.head == "auto":
+        raise RuntimeInputError("head='auto' must be resolved by the entry point "
+                                "(EngineOptions.resolved) before the engine is built")
     client_head = opts.head == "client"
     needs_rows = use_mtp or (drafter is not None and drafter.needs_rows) or client_head
     s = opts.settings
@@ -564,17 +587,22 @@ def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
     return mode, (CapturedRows(trunk.n_embd_out) if mode == "captured" else None)
 
 
-def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
-                   seq_id: int | None = None, memory: Callable[[int], dict] | None = None
-                   ) -> tuple[list[int], dict]:
-    """Open a session, generate, report metrics (and the trace), close the session."""
+def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
+                     seq_id: int | None = None, memory: Callable[[int], dict] | None = None,
+                     result: dict | None = None) -> Iterator[list[int]]:
+    """The one generation loop: open a session, yield the tokens each step emits (the first
+    from the prefill), then put ``"tokens"`` and ``"metrics"`` (and the trace) into
+    ``result`` and close the session. Closing the iterator early closes the session too."""
     if len(prompt) + n_new > engine.target.n_ctx:
         raise RuntimeInputError(
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
             f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
     s = engine.open(prompt, seq_id=seq_id)
     try:
-        toks = s.generate(n_new)
+        yield [s.last]
+        while s.metrics.n_generated < n_new:
+            yield s.step(min(engine.k, n_new - s.metrics.n_generated - 1))
+        s.metrics.t_end = time.perf_counter()
         metrics = s.metrics.to_dict()
         metrics["hidden_rows"] = engine.hidden_rows
         if getattr(engine.drafter, "synthetic", False):  # forced acceptance: speed only
@@ -585,9 +613,94 @@ def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
             metrics["steps"] = s.trace
             metrics["margins"] = {str(p): m for p, m in sorted(s.margins.items())
                                   if p >= len(prompt)}
-        return toks, metrics
+        if result is not None:
+            result["tokens"] = s.tokens[s.metrics.n_prompt:]
+            result["metrics"] = metrics
     finally:
         engine.close(s)
+
+
+def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
+                   seq_id: int | None = None, memory: Callable[[int], dict] | None = None
+                   ) -> tuple[list[int], dict]:
+    """Open a session, generate, report metrics (and the trace), close the session."""
+    out: dict = {}
+    for _ in generation_steps(engine, prompt, n_new, seq_id=seq_id, memory=memory, result=out):
+        pass
+    return out["tokens"], out["metrics"]
+
+
+class Generation:
+    """One generation as it happens: iterating yields the tokens each step emits (the first
+    one from the prefill); afterwards ``tokens`` and ``metrics`` hold what `generate` would
+    have returned. `close` (or leaving a ``with`` block) ends it early and frees its
+    sequence; the object that made it serves the next generation only after that."""
+
+    def __init__(self, steps: Iterator[list[int]], result: dict) -> None:
+        self._steps, self._result = steps, result
+        self.done = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        try:
+            yield from self._steps
+            self.done = True
+        finally:
+            self.close()
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._require("tokens")
+
+    @property
+    def metrics(self) -> dict:
+        return self._require("metrics")
+
+    def _require(self, key: str):
+        if key not in self._result:
+            raise RuntimeInputError(f"the generation has not finished: {key} is known once "
+                                    "every step has been read")
+        return self._result[key]
+
+    def close(self) -> None:
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
+    """Run every graph shape a generation decodes once, on a throwaway sequence: the plain
+    step (1 token), each verify width 2..k+1, each feed width 1..k+1, the drafts, rollbacks.
+
+    Why: upstream's RPC client asks a shard for the allocation size of every new matmul /
+    attention shape (a blocking round trip each, cached process-wide) and its scheduler
+    reallocates compute buffers on first use; a fresh process paid that inside its first
+    verify steps (up to 8.5 waits per verify step instead of 3 over a WAN). Paid here, at
+    load, it is setup time apart from TTFT. Returns {"setup_s", "widths"}."""
+    t0 = time.perf_counter()
+    k, target = engine.k, engine.target
+    n_prompt = max(1, min(n_prompt, target.n_ctx - (k + 2) * (k + 3)))
+    prompt = [1 % target.n_vocab] * n_prompt
+    widths: list[int] = []
+    s = engine.open(prompt)
+    try:
+        plan = [(k, n) for n in range(k + 1)]  # verify k+1, feed n+1 for every n accepted
+        plan += [(kk, 0) for kk in range(1, k)] + [(0, 0)]  # verify widths 2..k, plain
+        for kk, n_acc in plan:
+            if s.base + kk + 1 >= target.n_ctx:
+                break
+            engine.forced_accept = (lambda _p, d, n=n_acc: min(n, len(d))) if kk else None
+            s.step(kk)
+            widths.append(kk + 1)
+    finally:
+        engine.forced_accept = None
+        engine.close(s)
+    return {"setup_s": time.perf_counter() - t0, "widths": sorted(set(widths))}
 
 
 class MTPRuntime:
@@ -599,6 +712,11 @@ class MTPRuntime:
     ``policy`` (a Policy or its name; default $MTPLIB_POLICY, else beta) is negotiated
     before any model is loaded: with a sidecar and k > 0 a policy that disables MTP
     (alpha) raises RouteRefused naming it. Plain decoding is always allowed.
+
+    Thread-safe by serializing: one generation at a time (`generate`, `stream` and the
+    tokenizer take one lock; a second caller waits), because upstream's context is not safe
+    for concurrent decodes. ``warm=True`` runs `warm_up` at load (``setup`` in `generate`'s
+    metrics), so no generation pays first-use graph allocation.
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
@@ -606,9 +724,9 @@ class MTPRuntime:
                  n_rs_seq: int | None = None, sampler: Sampler | None = None,
                  rows: RowFn | None = None, drafter: Drafter | None = None,
                  trunk_kwargs: dict | None = None, sidecar_kwargs: dict | None = None,
-                 trace: bool = False, head: str = "upstream", checkpoints: str = "state",
+                 trace: bool = False, head: str = "auto", checkpoints: str = "state",
                  reserve: bool = True, policy: Policy | str | None = None,
-                 **setting_overrides) -> None:
+                 warm: bool = False, **setting_overrides) -> None:
         """``settings`` (default: DecodeSettings()) with any of its fields given as
         keywords replaced, e.g. ``MTPRuntime(t, s, k=2, n_ctx=512, kv_type="f32")``."""
         from mtplib.model.gguf_header import read_header
@@ -621,8 +739,11 @@ class MTPRuntime:
         settings = replace(settings or DecodeSettings(), **setting_overrides)
         self.opts = EngineOptions(k=k, settings=settings, n_seq_max=n_seq_max,
                                   n_rs_seq=n_rs_seq, sampler=sampler, trace=trace, head=head,
-                                  checkpoints=checkpoints, reserve=reserve)
+                                  checkpoints=checkpoints, reserve=reserve
+                                  ).resolved(ranged=False)
         self._owned: list = []
+        self._lock = threading.RLock()
+        self.setup: dict | None = None
         use_mtp = sidecar is not None and k > 0 and drafter is None
         # each header is read once: the pair check and the Model share it
         trunk_kwargs, sidecar_kwargs = dict(trunk_kwargs or {}), dict(sidecar_kwargs or {})
@@ -645,16 +766,55 @@ class MTPRuntime:
             self._owned += ctxs
             self.target = self.engine.target
             self.mtp_ctx = ctxs[1] if len(ctxs) > 1 else None
+            if warm:
+                self.setup = warm_up(self.engine)
         except BaseException:
             self.close()
             raise
 
-    def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
-                 ) -> tuple[list[int], dict]:
-        tokens, metrics = run_generation(self.engine, prompt, n_new, seq_id=seq_id,
-                                         memory=self.memory)
-        metrics["routing"] = dict(self.routing)
-        return tokens, metrics
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    def stream(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None,
+               sampler: Sampler | None = None) -> Generation:
+        """`generate` step by step: a `Generation` yielding each step's tokens; the lock is
+        held from the first step until it is exhausted or closed. ``sampler`` replaces the
+        runtime's for this generation only."""
+        result: dict = {}
+        return Generation(self._steps(list(prompt), n_new, seq_id, sampler, result), result)
+
+    def _steps(self, prompt, n_new, seq_id, sampler, result) -> Iterator[list[int]]:
+        with self._lock:
+            if not self._owned:
+                raise RuntimeInputError("the runtime is closed")
+            e = self.engine
+            saved = e.sampler
+            e.sampler = sampler or saved
+            try:
+                yield from generation_steps(e, prompt, n_new, seq_id=seq_id,
+                                            memory=self.memory, result=result)
+            finally:
+                e.sampler = saved
+            result["metrics"]["routing"] = dict(self.routing)
+            result["metrics"]["upstream"] = build_info()
+            if self.setup is not None:
+                result["metrics"]["setup"] = dict(self.setup)
+
+    def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None,
+                 sampler: Sampler | None = None) -> tuple[list[int], dict]:
+        g = self.stream(prompt, n_new, seq_id=seq_id, sampler=sampler)
+        for _ in g:
+            pass
+        return g.tokens, g.metrics
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._lock:
+            return self.trunk.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        with self._lock:
+            return self.trunk.detokenize(tokens)
 
     def memory(self, seq: int = 0) -> dict:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
@@ -672,9 +832,10 @@ class MTPRuntime:
         return mem
 
     def close(self) -> None:
-        for obj in reversed(self._owned):
-            obj.close()
-        self._owned.clear()
+        with self._lock:
+            for obj in reversed(self._owned):
+                obj.close()
+            self._owned.clear()
 
     def __enter__(self) -> MTPRuntime:
         return self
