@@ -147,6 +147,24 @@ def test_streaming_gives_the_same_text_and_ends_with_timings(trained_server):
 
 
 @needs_trained
+def test_stop_sequences(trained_server):
+    c = trained_server.client()
+    model = c.models.list().data[0].id
+    full = c.completions.create(model=model, prompt=PROMPTS[3], max_tokens=16,
+                                extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    want = full[:full.find(stop)]
+    r = c.completions.create(model=model, prompt=PROMPTS[3], max_tokens=16, stop=stop,
+                             extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    parts = list(c.completions.create(model=model, prompt=PROMPTS[3], max_tokens=16,
+                                      stop=[stop], stream=True,
+                                      extra_body={"ignore_eos": True}))
+    assert "".join(p.choices[0].text for p in parts) == want
+    assert parts[-1].choices[0].finish_reason == "stop"
+
+
+@needs_trained
 def test_chat_completion_plain_and_streaming(trained_server):
     c = trained_server.client()
     model = c.models.list().data[0].id

@@ -19,6 +19,7 @@ from mtplib.commands.serve_app import (  # noqa: E402
     GenerationWorker,
     Job,
     ServeConfig,
+    StopText,
     create_app,
     timings,
 )
@@ -238,7 +239,9 @@ BAD = [
     (b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
     (b'{"prompt": "x", "seed": -3}', 400, "seed"),
     (b'{"prompt": "x", "n": 2}', 400, "n must be 1"),
-    (b'{"prompt": "x", "stop": ["\\n"]}', 400, "stop"),
+    (b'{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop takes up to 4"),
+    (b'{"prompt": "x", "stop": [""]}', 400, "non-empty"),
+    (b'{"prompt": "x", "stop": 3}', 400, "stop"),
     (b'{"prompt": "x", "logprobs": 3}', 400, "logprobs"),
     (b'{"prompt": "x", "echo": true}', 400, "echo"),
     (b'{"prompt": ["a", "b"]}', 400, "one per request"),
@@ -389,3 +392,34 @@ def test_shutdown_refuses_new_work_and_aborts_the_running_generation():
         assert e.value.status == 503
     finally:
         loop.close()
+
+
+def test_stop_text_holds_back_what_may_become_a_stop_sequence():
+    t = StopText(["END", "\n\n"])
+    assert t.feed("abc E") == ("abc ", False)  # "E" may start "END"
+    assert t.feed("x") == ("Ex", False)
+    assert t.feed("yE") == ("y", False)
+    assert t.feed("N") == ("", False)
+    assert t.feed("Dzz") == ("", True)  # "END" straddled three pieces: cut before it
+    assert t.flush() == ""
+    t = StopText(["END"])
+    assert t.feed("tail EN") == ("tail ", False)
+    assert t.flush() == "EN"  # the generation ended: what was held is shown
+    assert StopText([]).feed("anything") == ("anything", False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_sequences_end_the_text_before_them(served, stream):
+    c, be, _ = served
+    full = be.detokenize(_expected(be, "hello", 8))
+    stop = full[3:5]
+    body = {"prompt": "hello", "max_tokens": 8, "stop": [stop, "never-there"]}
+    if not stream:
+        r = c.post("/v1/completions", json=body).json()
+        text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+    else:
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            ev = _events(r.read().decode())[:-1]
+        text = "".join(e["choices"][0]["text"] for e in ev)
+        finish = ev[-1]["choices"][0]["finish_reason"]
+    assert full.find(stop) == 3 and text == full[:3] and finish == "stop"

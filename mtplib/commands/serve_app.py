@@ -36,6 +36,8 @@ from mtplib.errors import InputError, MtplibError
 
 #: ChatML, llama-server's template for a model whose GGUF has none (the trained pair)
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
+#: OpenAI's bound on stop sequences per request, and ours on their length
+MAX_STOPS, MAX_STOP_CHARS = 4, 256
 
 
 class ApiError(Exception):
@@ -97,8 +99,10 @@ class _Request(BaseModel):
         """(param, why) for a known option set to something mtplib does not do."""
         if self.n != 1:
             return "n", "n must be 1 (one choice per request)"
-        if self.stop:
-            return "stop", "stop sequences are not supported; leave stop out"
+        stops = self.stop_list()
+        if len(stops) > MAX_STOPS or any(not x or len(x) > MAX_STOP_CHARS for x in stops):
+            return "stop", (f"stop takes up to {MAX_STOPS} non-empty strings of at most "
+                            f"{MAX_STOP_CHARS} characters")
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
             if v not in (None, 0, 0.0):
@@ -108,6 +112,9 @@ class _Request(BaseModel):
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported"
         return None
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def n_new(self, default: int) -> int:
         for v in (self.max_tokens, self.n_predict):
@@ -215,6 +222,7 @@ class Job:
     sampler: Any
     ignore_eos: bool
     loop: asyncio.AbstractEventLoop
+    stop: list[str] = field(default_factory=list)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -303,6 +311,7 @@ class GenerationWorker:
         self._check_prompt(toks, job.n_new)
         job.post("start", len(toks))
         finish, out = "length", []
+        text = StopText(job.stop)
         t0 = time.perf_counter()
         t_first = t_last = None
         with be.stream(toks, job.n_new, sampler=job.sampler) as gen:
@@ -318,8 +327,11 @@ class GenerationWorker:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last
                 out += chunk
-                if chunk:
-                    job.post("tokens", chunk, be.detokenize(chunk))
+                piece, hit = text.feed(be.detokenize(chunk) if chunk else "")
+                if chunk or piece:
+                    job.post("tokens", chunk, piece)
+                if hit:
+                    finish = "stop"
                 if finish == "stop":
                     break
             metrics = None
@@ -328,6 +340,9 @@ class GenerationWorker:
                     metrics = gen.metrics
         if finish == "abort":
             return
+        rest = text.flush()
+        if rest:
+            job.post("tokens", [], rest)
         if not metrics:  # stopped early: the timings from this side's clock
             metrics = {"n_prompt": len(toks), "n_generated": len(out),
                        "ttft_s": (t_first - t0) if t_first else None,
@@ -335,6 +350,32 @@ class GenerationWorker:
         for v in metrics.get("wire_violations") or []:  # only with --allow-cache-crossing
             self.log(f"contract violation in this request: {v}")
         job.post("done", finish, out, metrics)
+
+
+class StopText:
+    """The text a generation may show, with stop sequences: text that could still grow into
+    a stop sequence is held back; at a stop sequence the text ends before it."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops, self.held, self.done = stops, "", False
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """(text to show now, whether a stop sequence was reached)."""
+        if self.done:
+            return "", True
+        buf = self.held + piece
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held, self.done = "", True
+            return buf[:min(hits)], True
+        keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(buf)), 0, -1)
+                    if buf.endswith(s[:n])), default=0)
+        self.held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], False
+
+    def flush(self) -> str:
+        rest, self.held = ("" if self.done else self.held), ""
+        return rest
 
 
 def timings(metrics: dict, n_prompt: int, n_out: int) -> dict:
@@ -486,7 +527,8 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     async def start(request: Request, req: _Request, prompt: str | list[int]) -> tuple:
         job = Job(prompt=prompt, n_new=req.n_new(cfg.default_n), sampler=sampler_of(req),
-                  ignore_eos=req.ignore_eos, loop=asyncio.get_running_loop())
+                  ignore_eos=req.ignore_eos, loop=asyncio.get_running_loop(),
+                  stop=req.stop_list())
         worker.submit(job)
         try:
             ev = await _next_event(request, job)
@@ -612,7 +654,8 @@ async def _sse(request: Request, job: Job, req: _Request, shape: Shape, n_prompt
         while True:  # a client that leaves cancels this generator (Starlette watches)
             ev = await job.events.get()
             if ev[0] == "tokens":
-                yield _sse_line(shape.chunk(ev[2]))
+                if ev[2]:
+                    yield _sse_line(shape.chunk(ev[2]))
             elif ev[0] == "error":
                 yield _sse_line(_error_of(ev[1]).body())
                 return
