@@ -223,6 +223,8 @@ class Job:
     ignore_eos: bool
     loop: asyncio.AbstractEventLoop
     stop: list[str] = field(default_factory=list)
+    #: post each step's text as it comes (a stream); else once, with the result
+    stream: bool = False
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -310,7 +312,7 @@ class GenerationWorker:
         toks = list(job.prompt) if isinstance(job.prompt, list) else be.tokenize(job.prompt)
         self._check_prompt(toks, job.n_new)
         job.post("start", len(toks))
-        finish, out = "length", []
+        finish, out, pieces = "length", [], []
         text = StopText(job.stop)
         t0 = time.perf_counter()
         t_first = t_last = None
@@ -328,8 +330,10 @@ class GenerationWorker:
                 t_first = t_first or t_last
                 out += chunk
                 piece, hit = text.feed(be.detokenize(chunk) if chunk else "")
-                if chunk or piece:
+                if job.stream and (chunk or piece):
                     job.post("tokens", chunk, piece)
+                elif not job.stream:
+                    pieces.append(piece)
                 if hit:
                     finish = "stop"
                 if finish == "stop":
@@ -340,9 +344,11 @@ class GenerationWorker:
                     metrics = gen.metrics
         if finish == "abort":
             return
-        rest = text.flush()
-        if rest:
-            job.post("tokens", [], rest)
+        pieces.append(text.flush())
+        if not job.stream:
+            job.post("tokens", out, "".join(pieces))
+        elif pieces[-1]:
+            job.post("tokens", [], pieces[-1])
         if not metrics:  # stopped early: the timings from this side's clock
             metrics = {"n_prompt": len(toks), "n_generated": len(out),
                        "ttft_s": (t_first - t0) if t_first else None,
@@ -528,7 +534,7 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
     async def start(request: Request, req: _Request, prompt: str | list[int]) -> tuple:
         job = Job(prompt=prompt, n_new=req.n_new(cfg.default_n), sampler=sampler_of(req),
                   ignore_eos=req.ignore_eos, loop=asyncio.get_running_loop(),
-                  stop=req.stop_list())
+                  stop=req.stop_list(), stream=req.stream)
         worker.submit(job)
         try:
             ev = await _next_event(request, job)
