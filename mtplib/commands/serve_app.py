@@ -38,6 +38,9 @@ from mtplib.errors import InputError, MtplibError
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
 #: OpenAI's bound on stop sequences per request, and ours on their length
 MAX_STOPS, MAX_STOP_CHARS = 4, 256
+#: a stream sends what the steps emitted at most this often (the first step at once):
+#: each event wakes the event loop, which then competes with the generation for the GIL
+STREAM_EVERY_S = 0.025
 
 
 class ApiError(Exception):
@@ -312,9 +315,10 @@ class GenerationWorker:
         toks = list(job.prompt) if isinstance(job.prompt, list) else be.tokenize(job.prompt)
         self._check_prompt(toks, job.n_new)
         job.post("start", len(toks))
-        finish, out, pieces = "length", [], []
+        finish, out, pieces, pend = "length", [], [], []
         text = StopText(job.stop)
         t0 = time.perf_counter()
+        t_post = 0.0
         t_first = t_last = None
         with be.stream(toks, job.n_new, sampler=job.sampler) as gen:
             for chunk in gen:
@@ -330,10 +334,11 @@ class GenerationWorker:
                 t_first = t_first or t_last
                 out += chunk
                 piece, hit = text.feed(be.detokenize(chunk) if chunk else "")
-                if job.stream and (chunk or piece):
-                    job.post("tokens", chunk, piece)
-                elif not job.stream:
-                    pieces.append(piece)
+                pend += chunk
+                pieces.append(piece)
+                if job.stream and t_last - t_post >= STREAM_EVERY_S and (pend or piece):
+                    job.post("tokens", pend, "".join(pieces))
+                    pend, pieces, t_post = [], [], t_last
                 if hit:
                     finish = "stop"
                 if finish == "stop":
@@ -345,10 +350,9 @@ class GenerationWorker:
         if finish == "abort":
             return
         pieces.append(text.flush())
-        if not job.stream:
-            job.post("tokens", out, "".join(pieces))
-        elif pieces[-1]:
-            job.post("tokens", [], pieces[-1])
+        rest = "".join(pieces)
+        if pend or rest:  # a stream's last text, or all of a non-streaming request's
+            job.post("tokens", pend, rest)
         if not metrics:  # stopped early: the timings from this side's clock
             metrics = {"n_prompt": len(toks), "n_generated": len(out),
                        "ttft_s": (t_first - t0) if t_first else None,
@@ -474,16 +478,8 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
         log_line(f"internal error: {type(e).__name__}: {e}")
         return _error_of(e).response()
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if cfg.api_key is not None and request.url.path != "/health":
-            got = request.headers.get("authorization", "")
-            scheme, _, token = got.partition(" ")
-            if not (scheme.lower() == "bearer" and hmac.compare_digest(
-                    token.strip().encode(), cfg.api_key.encode())):
-                return ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                type="authentication_error").response()
-        return await call_next(request)
+    if cfg.api_key is not None:
+        app.add_middleware(BearerAuth, key=cfg.api_key)
 
     @app.get("/health")
     async def health() -> dict:
@@ -586,6 +582,27 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
         return await complete(request, req, prompt, Shape(cfg.model_id, chat=True))
 
     return app
+
+
+class BearerAuth:
+    """``Authorization: Bearer KEY`` on every path but /health, compared in constant time.
+    Pure ASGI (not BaseHTTPMiddleware, which would pass every streamed chunk through an
+    extra task)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            got = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = got.partition(b" ")
+            if not (scheme.lower() == b"bearer"
+                    and hmac.compare_digest(token.strip(), self.key)):
+                resp = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                                type="authentication_error").response()
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _next_event(request: Request, job: Job) -> tuple:
