@@ -234,3 +234,18 @@ def test_bare_draft_model_is_refused():
             dm(np.array([1, 2, 3], dtype=np.intc))
     finally:
         dm.close()
+
+
+@needs_pair
+def test_llama_speed_compares_plain_and_mtp_on_the_same_prompts():
+    """The README's llama-cpp-python numbers come from `mtplib.lab.llama_speed`: it streams
+    each prompt through plain `Llama` and `mtp_llama`, times decoding apart from TTFT, and
+    checks the text is the same."""
+    from mtplib.lab.llama_speed import compare
+    from mtplib.lab.wan import trained_prompts
+
+    r = compare(PAIR.trunk, PAIR.sidecar, trained_prompts(2, 32), draft=2, n_new=12, reps=1)
+    assert r["same_text"] and r["config"]["n_prompts"] == 2 and len(r["rows"]) == 2
+    assert r["plain_tok_s"]["n"] == 2 and r["mtp_tok_s"]["median"] > 0
+    assert r["drafts"]["drafted"] > 0
+    assert r["speedup"]["min"] <= r["speedup"]["median"] <= r["speedup"]["max"]

@@ -4,7 +4,7 @@
 Beside `distributed` in the layer picture: it may import `runtime` and below.
 """
 
-from mtplib.llama.build import mtp_llama
+from mtplib.llama.build import mtp_llama, plain_llama
 from mtplib.llama.draft import DraftStats, MTPDraftModel
 
-__all__ = ["DraftStats", "MTPDraftModel", "mtp_llama"]
+__all__ = ["DraftStats", "MTPDraftModel", "mtp_llama", "plain_llama"]

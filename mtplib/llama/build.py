@@ -217,3 +217,12 @@ def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3, *,
             dm.close()
         raise
     return llm
+
+
+def plain_llama(trunk: str | Path, **llama_kwargs: Any):
+    """The baseline `mtp_llama` is measured against: a plain `llama_cpp.Llama` on the same
+    pinned build (``verbose=False`` unless given), with no draft model."""
+    load()
+    from llama_cpp import Llama
+
+    return Llama(str(trunk), **{"verbose": False, **llama_kwargs})
