@@ -85,7 +85,7 @@ def main() -> int:
                                timeout=300, max_retries=0)
         args = build_parser().parse_args(["serve", *engine])
         check_engine_args(args)
-        rows = []
+        rows, build = [], None
         with open_backend(args, sampler=Sampler(), warm=True) as lib:
             for i, p in enumerate(prompts):
                 extra = {"return_tokens": True, "ignore_eos": True}
@@ -100,6 +100,7 @@ def main() -> int:
                 wall_s = time.perf_counter() - t0
                 deferred = _stream_read_after(ready["listening"], p, a.n, 2 * wall)
                 toks, m = lib.generate(p, a.n)
+                build = m.get("upstream")
                 last = chunks[-1].model_extra
                 rows.append({
                     "request": i + 1,
@@ -129,6 +130,7 @@ def main() -> int:
         "serve_command": " ".join(["mtplib", *serve_cmd[3:]]),
         "prompts": f"trained_prompts({a.prompts}, {a.prompt_len}) (held-out stdlib)",
         "n_new": a.n, "draft": a.draft, "threads": a.threads, "serve_exit": rc,
+        "upstream": build,  # the build both processes load (the service inherits it)
         "cpu": cpu_info(),
         "summary": {k: summary([r[k] for r in later]) for k in keys},
         "ratio_of_medians": {
@@ -146,7 +148,8 @@ def main() -> int:
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out[k] for k in ("summary", "ratio_of_medians",
                                           "per_request_ratio_over_library",
-                                          "loadavg_1min", "tokens_equal_all", "serve_exit")},
+                                          "loadavg_1min", "tokens_equal_all", "serve_exit",
+                                          "upstream")},
                      indent=1))
     return 0
 
