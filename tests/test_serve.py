@@ -304,3 +304,38 @@ def test_api_key(pair, server_factory):
         s.client(api_key="wrong").models.list()
     assert s.client(api_key="k-123").models.list().data[0].id == Path(pair.trunk).name
     assert httpx.get(s.url + "/health", timeout=30).status_code == 200
+
+
+@pytest.mark.slow
+def test_sigterm_while_loading_exits_0_and_stops_the_shards(pair):
+    psutil = pytest.importorskip("psutil")
+    cmd = [sys.executable, "-m", "mtplib.cli", "serve", "-m", str(pair.trunk), "-md",
+           str(pair.sidecar), "--draft", "2", "--plan", "0-1,2-3", *_cache_args(), "-c", "256",
+           "-t", "1", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr],
+                         daemon=True).start()
+        seen = []
+        while not any("loading" in x for x in seen):
+            seen.append(lines.get(timeout=START_S))
+        time.sleep(0.3)  # inside the load: local shards take seconds to start and warm
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        time.sleep(0.2)
+        while not lines.empty():
+            seen.append(lines.get_nowait())
+        assert any("SIGTERM before serving" in x for x in seen), seen
+        assert not any("listening" in x for x in seen)
+    finally:
+        stop(proc)
+    deadline = time.monotonic() + 30
+    while True:  # the shards it started die with it
+        left = [p for p in psutil.process_iter(["cmdline"])
+                if str(proc.pid) in (p.info["cmdline"] or [])
+                and "--parent-pid" in (p.info["cmdline"] or [])]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left

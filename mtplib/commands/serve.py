@@ -107,9 +107,7 @@ def run(a: argparse.Namespace) -> int:
     setup_logging(a)
     _check_serve_args(a)
     check_engine_args(a)
-    import uvicorn
-
-    from mtplib.commands.serve_app import GenerationWorker, create_app, log_line
+    from mtplib.commands.serve_app import log_line
     from mtplib.runtime.sampling import Sampler
 
     if not _is_loopback(a.host):
@@ -119,6 +117,33 @@ def run(a: argparse.Namespace) -> int:
                     "generations; give --api-key (or $MTPLIB_API_KEY)."))
     sock = _bind(a.host, a.port)
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
+    # until uvicorn takes SIGTERM over, it ends the load: what was loaded is closed (the
+    # shards this process started stop) and the exit is 0, as for a stop while serving
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    log_line(f"loading {a.model}" + (f" on plan {a.plan}" if a.plan else ""))
+    try:
+        return _serve(a, sock, sampler)
+    except _Terminated:
+        log_line("stopped (SIGTERM before serving)")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while the model was loading."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated
+
+
+def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
+    """Load the backend, serve until SIGTERM/SIGINT, close it."""
+    import uvicorn
+
+    from mtplib.commands.serve_app import GenerationWorker, create_app, log_line
+
     with sock, open_backend(a, sampler=sampler, warm=True) as backend:
         cfg = _config(a, backend)
         worker = GenerationWorker(backend, cfg, log=log_line)
