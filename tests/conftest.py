@@ -39,3 +39,18 @@ def combined(pair, tmp_path_factory):
     """The inventory of the same pair written as one combined file."""
     path = write_combined(pair.trunk, pair.sidecar, tmp_path_factory.mktemp("combined"))
     return inventory_from_paths(path)
+
+
+@pytest.fixture(autouse=True)
+def _stock_only_allows_cache_crossing(monkeypatch):
+    """Where no patched build was made (MTPLIB_SKIP_PATCHED), the suite runs on stock, which
+    refuses ranged MTP by default (cache state would cross a seam): in this process the
+    tests opt in, as they did before that refusal existed; subprocesses (the CLI) keep the
+    user's default, and tests/test_default_path.py checks the refusal itself."""
+    import mtplib.distributed.ranged_mtp as rm
+    from mtplib.runtime import patched_installed
+
+    if not patched_installed():
+        check = rm.check_cache_locality
+        monkeypatch.setattr(rm, "check_cache_locality",
+                            lambda opts, n, *, allow: check(opts, n, allow=True))

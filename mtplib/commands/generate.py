@@ -121,7 +121,9 @@ def check_engine_args(a: argparse.Namespace) -> None:
     if not (math.isfinite(a.top_p) and 0 < a.top_p <= 1):
         raise InputError(f"--top-p must be in (0, 1], got {a.top_p}")
     if a.threads is None:
-        a.threads = min(2, max_threads())
+        # shards this process starts share its cores: a second client thread only spins
+        # against them (ggml's barrier), so the client gets one; otherwise up to two
+        a.threads = 1 if a.plan and not a.endpoints else min(2, max_threads())
     check_threads(a.threads, "--threads")
     if a.plan is not None and not a.plan.strip():
         raise InputError("--plan is empty: give layer ranges like 0-1,2-3, or leave --plan "
@@ -182,7 +184,8 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
     add_option(g, "--threads", type=int, default=None, metavar="N",
-               help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU)")
+               help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU; 1 "
+               "with --plan and no --endpoints: the local shards share these cores)")
     g.add_argument("--kv-type", default="f16", choices=list(KV_TYPE_NAMES),
                    help="K/V cache type")
     g.add_argument("--flash-attn", default="auto", choices=list(FLASH_ATTN_MODES),

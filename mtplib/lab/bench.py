@@ -311,7 +311,8 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
                                plan=plan, threads=cfg.threads,
                                seam_bytes_per_token=gen_bytes / max(m["n_generated"], 1),
                                seam_by_step=m["seam_bytes_per_token"],
-                               seam_contract_min=m["seam_contract_min_per_token"])
+                               seam_contract_min=m["seam_contract_min_per_token"],
+                               mtp_placement=m.get("mtp_placement"), head=m.get("head"))
                     row.update(_quality(ref, toks, margins, len(prompt)))
                     rows.append(row)
     return rows

@@ -205,8 +205,13 @@ def _ranged(r: Run) -> list[str]:
     ranged = [s for s in r.bench["summary"] if s["plan"] != "whole"]
     if not ranged:
         return []
+    # where the bench's ranged MTP ran (runs before the placement was recorded: the tail)
+    places = sorted({x.get("mtp_placement") or "tail" for x in r.bench.get("runs", [])
+                     if x.get("plan") != "whole" and x.get("k")})
+    where = ("in the client next to the sampler" if places == ["client"]
+             else "on the tail shard" if places == ["tail"] else f"placed {places}")
     return ["Ranged (the trunk's layer ranges on loopback RPC shard processes, the MTP "
-            "sidecar on the tail shard; seam bytes are all bytes on every shard connection "
+            f"sidecar {where}; seam bytes are all bytes on every shard connection "
             "while generating, per generated token, counted by relays in front of the "
             "shards; the per-step-kind figures and the contract's minimum are in "
             "03_correctness):", "",
