@@ -182,3 +182,16 @@ def test_whole_stream_sampler_and_threads(pair):
         for t in threads:
             t.join(120)
         assert not errors and got == [ref] * 4
+
+
+@patched
+def test_every_entry_package_loads_the_default_build_first():
+    """Importing `mtplib.llama` first (it imports llama_cpp's draft-model base class) must
+    not load the stock llama_cpp before the build is chosen."""
+    for mod in ("mtplib.llama", "mtplib.runtime.lib", "mtplib.distributed.ranged_mtp"):
+        p = subprocess.run([sys.executable, "-c", f"import {mod}, llama_cpp; "
+                            "print(llama_cpp.__file__)"], capture_output=True, text=True,
+                           timeout=120, env={k: v for k, v in __import__("os").environ.items()
+                                             if k != "MTPLIB_UPSTREAM"})
+        assert p.returncode == 0, (mod, p.stderr[-800:])
+        assert p.stdout.strip().startswith(str(R.PATCHED_DIR)), (mod, p.stdout)

@@ -4,6 +4,8 @@
 Beside `distributed` in the layer picture: it may import `runtime` and below.
 """
 
+# the upstream build is chosen before draft.py imports llama_cpp (mtplib.runtime docs)
+import mtplib.runtime  # noqa: F401
 from mtplib.llama.build import mtp_llama, plain_llama
 from mtplib.llama.draft import DraftStats, MTPDraftModel
 
