@@ -22,6 +22,7 @@ from mtplib.errors import CheckFailed, InputError, MtplibError, UpstreamFault
 EPILOG = """examples:
   mtplib fixture --out fixtures                      # tiny V4 trunk + mtp- sidecar
   mtplib generate --model fixtures/v4-tiny-s0.gguf --tokens 1,2,3 --n 32 --json
+  mtplib serve -m TRUNK -md SIDECAR --draft 2 --port 8080  # OpenAI-compatible HTTP service
   mtplib run --params params/cpu-fixture.yaml        # every notebook, into outputs/<run-id>/
   mtplib info                                        # pinned upstream and what is loaded
 """

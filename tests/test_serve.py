@@ -117,6 +117,7 @@ def test_completion_equals_generate_and_mtp_drafts(trained_server):
     c = s.client()
     model = c.models.list().data[0].id
     assert model == TRAINED.trunk.name
+    assert s.ready["upstream"]["build"] in ("stock", "patched")  # the build is named
     for prompt in PROMPTS[:2]:
         r = c.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0,
                                  extra_body={"return_tokens": True, "ignore_eos": True})

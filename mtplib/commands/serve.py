@@ -74,8 +74,10 @@ def _config(a: argparse.Namespace, backend):
         return str(toks[t]) if isinstance(toks, list) and isinstance(t, int) \
             and 0 <= t < len(toks) else ""
 
+    from mtplib.runtime import build_info
+
     template = kv.get("tokenizer.chat_template")
-    meta = {"plan": a.plan, "head": a.head}
+    meta = {"plan": a.plan, "head": a.head, "upstream": build_info()}
     if a.plan:
         meta["mtp_placement"] = a.mtp_placement
     return ServeConfig(
@@ -159,7 +161,8 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
         port = sock.getsockname()[1]
         url = f"http://{a.host if ':' not in a.host else f'[{a.host}]'}:{port}"
         ready = {"listening": url, "host": a.host, "port": port, "model": cfg.model_id,
-                 "n_ctx": cfg.n_ctx, "draft": cfg.k, "plan": a.plan}
+                 "n_ctx": cfg.n_ctx, "draft": cfg.k, "plan": a.plan,
+                 "upstream": cfg.meta["upstream"]}
         if a.json:
             print(json.dumps(ready), flush=True)
         log_line(f"listening on {url} (model {cfg.model_id}, n_ctx {cfg.n_ctx}, "
