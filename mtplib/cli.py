@@ -22,6 +22,7 @@ from mtplib.errors import CheckFailed, InputError, MtplibError, UpstreamFault
 EPILOG = """examples:
   mtplib fixture --out fixtures                      # tiny V4 trunk + mtp- sidecar
   mtplib generate --model fixtures/v4-tiny-s0.gguf --tokens 1,2,3 --n 32 --json
+  mtplib serve -m TRUNK -md SIDECAR --draft 2 --port 8080  # OpenAI-compatible HTTP service
   mtplib run --params params/cpu-fixture.yaml        # every notebook, into outputs/<run-id>/
   mtplib info                                        # pinned upstream and what is loaded
 """
@@ -65,6 +66,52 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(self, message)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """A verb (a parser without sub-commands) refuses an unknown option itself, so that
+        the message names the verb and the nearest valid option, instead of the top-level
+        parser's bare "unrecognized arguments"."""
+        if self._subparsers is not None:
+            return super().parse_known_args(args, namespace)
+        args = sys.argv[1:] if args is None else list(args)
+        try:
+            ns, extras = super().parse_known_args(args, namespace)
+        except UsageError:  # e.g. a required option missing because it was misspelt
+            self._refuse_unknown(self._extras_without_required(args))
+            raise
+        self._refuse_unknown(extras)
+        return ns, extras
+
+    def _refuse_unknown(self, extras: list[str]) -> None:
+        for arg in extras:
+            if arg.startswith("-") and not self._negative_number_matcher.match(arg):
+                self.error(unknown_option_message(self, arg))
+
+    def _extras_without_required(self, args: list[str]) -> list[str]:
+        """What this parser would leave unparsed if no option were required."""
+        saved = [(act, act.required) for act in self._actions]
+        try:
+            for act, _ in saved:
+                act.required = False
+            return super().parse_known_args(args, argparse.Namespace())[1]
+        except UsageError:
+            return []
+        finally:
+            for act, req in saved:
+                act.required = req
+
+
+def unknown_option_message(parser: argparse.ArgumentParser, arg: str) -> str:
+    """``unknown option --temperature; did you mean --temp?`` (difflib's nearest of the
+    verb's own option strings, when one is near enough)."""
+    import difflib
+
+    flag = arg.split("=", 1)[0]
+    known = [o for act in parser._actions for o in act.option_strings
+             if act.help != argparse.SUPPRESS]
+    near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else f"; see {parser.prog} --help"
+    return f"unknown option {flag}{hint}"
 
 
 def version() -> str:

@@ -169,6 +169,8 @@ def _error_cases(short, tmp_path) -> dict[str, tuple[list, int, str]]:
         "inventory": (["inventory", tmp_path / "none.gguf", "--json"], 2, "not found"),
         "generate": (["generate", "--model", trunk, "--tokens", "1", "--ctx", "4096",
                       "--json"], 2, "context_length 512"),
+        "serve": (["serve", "--model", trunk, "--ctx", "4096", "--json"], 2,
+                  "context_length 512"),
         "shard": (["shard", "serve", "--endpoint", "8.8.8.8:1", "--json"], 2, "loopback"),
         "tls": (["tls", "init", "/proc/mtplib-x", "--json"], 2, "/proc/mtplib-x"),
         "run": (["run", "--params", lane, "--out", tmp_path / "runs", "--json"], 2,

@@ -3,5 +3,6 @@
 Adding a command = adding a module here and its name to COMMANDS (order = --help order).
 """
 
-COMMANDS = ["fixture", "inventory", "generate", "shard", "tls", "run", "bench", "evidence",
+COMMANDS = ["fixture", "inventory", "generate", "serve", "shard", "tls", "run", "bench",
+            "evidence",
             "info", "check-hidden", "compare-upstream"]

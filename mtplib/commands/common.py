@@ -27,6 +27,26 @@ def parse_tokens(s: str) -> list[int]:
     return toks
 
 
+#: llama.cpp's spellings (llama-cli, llama-server) of mtplib's options, registered next to
+#: mtplib's own names on every verb that has the option: {mtplib name: aliases}
+LLAMA_ALIASES: dict[str, tuple[str, ...]] = {
+    "--model": ("-m",),
+    "--mtp": ("-md", "--model-draft"),
+    "--draft": ("--draft-max",),
+    "--n": ("-n", "--n-predict"),
+    "--ctx": ("-c", "--ctx-size"),
+    "--threads": ("-t",),
+    "--prompt": ("-p",),
+}
+
+
+def add_option(p: argparse.ArgumentParser, name: str, **kwargs) -> argparse.Action:
+    """``p.add_argument(name, **kwargs)`` with llama.cpp's aliases of ``name`` (the first
+    long name, mtplib's, stays the dest and leads in --help)."""
+    kwargs.setdefault("dest", name.lstrip("-").replace("-", "_"))
+    return p.add_argument(name, *LLAMA_ALIASES.get(name, ()), **kwargs)
+
+
 def add_json_arg(p: argparse.ArgumentParser, what: str = "the result") -> None:
     """`--json`, the same on every verb (errors then come as JSON too, see mtplib.cli)."""
     p.add_argument("--json", action="store_true",

@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mtplib.commands.common import add_json_arg, resolve_ctx
+from mtplib.commands.common import add_json_arg, add_option, resolve_ctx
 from mtplib.errors import InputError
 
 #: --ctx when not given, capped by the model's context_length
@@ -158,8 +158,8 @@ def register(sub) -> None:
         "--spec-draft-n-max k [--spec-synth-rates ...]) and through mtplib: plain decoding, "
         "real MTP drafts and synthetic acceptance, interleaved A/B; prints decode tok/s "
         "medians and the ratio mtplib / upstream per case.")
-    p.add_argument("--model", help="trunk GGUF")
-    p.add_argument("--mtp", help="its mtp- sidecar GGUF")
+    add_option(p, "--model", help="trunk GGUF")
+    add_option(p, "--mtp", help="its mtp- sidecar GGUF")
     p.add_argument("--k", type=_ks, default=(1, 2, 3),
                    help="draft lengths (0: plain decoding only)")
     p.add_argument("--rates", default="0;0.77,0.37;1",
@@ -170,14 +170,14 @@ def register(sub) -> None:
                    help="skip the cases with real (non-synthetic) MTP drafts")
     p.add_argument("--runs", type=int, default=5, help="measured runs per engine and case")
     p.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine and case")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (both engines)")
-    p.add_argument("--ctx", type=int, default=None,
+    add_option(p, "--threads", type=int, default=2, help="CPU threads (both engines)")
+    add_option(p, "--ctx", type=int, default=None,
                    help=f"context size, both engines (default: min({DEFAULT_CTX}, the "
                    "model's context_length)); a value above context_length is refused")
     p.add_argument("--swa-full", default="off", choices=["on", "off"],
                    help="full-size SWA cache on both sides (off: llama-server's default; "
                    "mtplib's own default is on, the C API's)")
-    p.add_argument("--n", type=int, default=128, help="tokens to generate per run")
+    add_option(p, "--n", type=int, default=128, help="tokens to generate per run")
     p.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt length")
     p.add_argument("--seed", type=int, default=0, help="synthetic acceptance seed (both)")
     p.add_argument("--cost-ratio", action="store_true",

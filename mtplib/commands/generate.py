@@ -1,13 +1,21 @@
-"""`mtplib generate`: decode from a trunk, plainly or with MTP speculative decoding."""
+"""`mtplib generate`: decode from a trunk, plainly or with MTP speculative decoding.
+
+The model, decoding, MTP and ranged options are registered by `add_engine_args`, checked by
+`check_engine_args` and turned into a loaded backend by `open_backend`: `mtplib serve`
+builds on the same three, so no setting is defined twice.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 
 from mtplib.commands.common import (
     add_json_arg,
     add_log_args,
+    add_option,
     add_tls_args,
     parse_tokens,
     resolve_ctx,
@@ -15,56 +23,70 @@ from mtplib.commands.common import (
     tls_from_args,
 )
 from mtplib.errors import InputError
+from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
 #: --ctx when not given, capped by the model's context_length
 DEFAULT_CTX = 2048
+#: --draft when --mtp is given without it
+DEFAULT_DRAFT = 3
 #: exit code of a ranged run that finished but moved cache state across a shard connection
 EXIT_CONTRACT = 3
 
 
 def run(a: argparse.Namespace) -> int:
     setup_logging(a)
-    from mtplib.runtime.sampling import Sampler
-    from mtplib.runtime.speculative import MTPRuntime
-
     _check_args(a)
-    if a.plan:  # ranged: layer ranges on RPC shards (local ones unless --endpoints)
+    from mtplib.runtime.sampling import Sampler
 
-        return _run_ranged(a)
-    k = (3 if a.draft is None else a.draft) if a.mtp else 0
-    if a.mtp and not 1 <= k <= 8:
-        raise InputError(f"--draft must be in 1..8, got {k}")
     sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
-    with MTPRuntime(a.model, a.mtp, k=k, settings=_settings(a), sampler=sampler,
-                    trace=a.trace, head=a.head, policy=a.policy) as rt:
-        prompt = a.tokens if a.tokens is not None else rt.trunk.tokenize(a.prompt)
-        tokens, metrics = rt.generate(prompt, a.n)
-        text = rt.trunk.detokenize(tokens) if a.prompt is not None else None
+    with open_backend(a, sampler=sampler) as backend:
+        prompt = a.tokens if a.tokens is not None else backend.tokenize(a.prompt)
+        tokens, metrics = backend.generate(prompt, a.n)
+        text = backend.detokenize(tokens) if a.prompt is not None else None
     out = {"tokens": tokens, "metrics": metrics}
     if text is not None:
         out["text"] = text
+    violations = metrics.get("wire_violations") or []
     if a.json:
         print(json.dumps(out))
-        return 0
-    print("tokens:", " ".join(map(str, tokens)))
-    if text is not None:
-        print("text:  ", text)
-    m = metrics
+    else:
+        _print_result(a, out)
+    return EXIT_CONTRACT if violations else 0
+
+
+def _print_result(a: argparse.Namespace, out: dict) -> None:
+    """The human-readable result: tokens, text, speed and MTP counts; ranged adds the
+    seam and wire accounting."""
+    m, k = out["metrics"], draft_k(a)
+    print("tokens:", " ".join(map(str, out["tokens"])))
+    if "text" in out:
+        print("text:  ", out["text"])
     line = f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
     if k:
         line += (f", k={k}: accepted {m['accepted']}/{m['drafted']} drafts, per position "
                  + ", ".join("-" if x is None else f"{x:.2f}" for x in m["accepted_per_position"]))
+    if a.plan:
+        line += f", plan {m['plan']}"
     print(line)
-    return 0
+    if not a.plan:
+        return
+    per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
+    print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
+          + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")
+    print("waits per step: " + ", ".join(f"{k} {v:.2f}" for k, v in m["waits_per_step"].items())
+          + f"; WAN {','.join(m['wan'])} ms; cache bytes crossing shards: "
+          f"{m['cache_bytes_crossing']}")
+    for v in m["wire_violations"]:
+        print("contract violation:", v)
+
+
+def draft_k(a: argparse.Namespace) -> int:
+    """The draft length the arguments ask for: 0 without --mtp, else --draft (default 3)."""
+    return (DEFAULT_DRAFT if a.draft is None else a.draft) if a.mtp else 0
 
 
 def _check_args(a: argparse.Namespace) -> None:
-    """Refuse, naming the option, every value upstream would abort on or mtplib would run
-    silently wrong with; the same bounds whole-model and ranged (--plan)."""
-    import math
-
-    from mtplib.runtime.model import check_threads, max_threads
-
+    """generate's own arguments (the prompt), then every engine option."""
     if (a.tokens is None) == (a.prompt is None):
         raise InputError("give exactly one of --tokens IDS or --prompt TEXT")
     if a.prompt is not None:
@@ -74,6 +96,17 @@ def _check_args(a: argparse.Namespace) -> None:
             raise InputError(f"--prompt is not valid UTF-8 text (undecodable byte at "
                              f"character {e.start}); pass UTF-8, or token ids with --tokens"
                              ) from None
+    check_engine_args(a)
+
+
+def check_engine_args(a: argparse.Namespace) -> None:
+    """Refuse, naming the option, every value upstream would abort on or mtplib would run
+    silently wrong with; the same bounds whole-model and ranged (--plan), for generate and
+    serve. Resolves --threads and --ctx in place."""
+    import math
+
+    from mtplib.runtime.model import check_threads, max_threads
+
     if a.draft is not None and a.mtp is None:
         raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
     if a.draft is not None and not 1 <= a.draft <= 8:
@@ -101,11 +134,10 @@ def _check_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
     if a.endpoints and not a.plan:
         raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
-    if (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing or a.tls
-            or a.insecure_plaintext) and not a.plan:
+    if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
+                       or a.tls or a.insecure_plaintext):
         raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
-                         "--insecure-plaintext need --plan "
-                         "(they describe shards)")
+                         "--insecure-plaintext need --plan (they describe shards)")
     if a.plan:
         check_threads(a.shard_threads, "--shard-threads")
         # the ranged client reads the trunk's block count before any shard loads it: the
@@ -116,46 +148,57 @@ def _check_args(a: argparse.Namespace) -> None:
         h = read_header_fast(a.model)
         require_deepseek4(h)
         validate_header(h)
+    if a.endpoints:
+        from mtplib.runtime.rpc import parse_endpoint
+
+        for e in endpoints(a):
+            parse_endpoint(e, allow_remote=bool(a.tls) or a.insecure_plaintext)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
 
 
-def register(sub) -> None:
-    g = sub.add_parser(
-        "generate", help="decode tokens, plainly or with MTP speculative decoding",
-        description="Decode on upstream llama.cpp. Without --mtp: plain decoding. With --mtp "
-        "SIDECAR: the MTP block drafts --draft K tokens per step and the trunk verifies them "
-        "in one batch (output identical to plain decoding). Greedy unless --temp > 0 "
-        "(sample-and-match with position-keyed randomness: the same tokens with and without "
-        "MTP for one --seed).")
-    g.add_argument("--model", required=True, help="trunk GGUF")
-    g.add_argument("--mtp", metavar="SIDECAR", help="the trunk's mtp- sidecar GGUF: turns MTP on")
-    g.add_argument("--draft", type=int, metavar="K", help="draft length with --mtp (default 3)")
-    g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
-    g.add_argument("--prompt", help="prompt text (tokenized by the model's tokenizer)")
-    g.add_argument("--n", type=int, default=32, help="tokens to generate")
+def endpoints(a: argparse.Namespace) -> list[str] | None:
+    """--endpoints as a list (None: local shards are started)."""
+    if not a.endpoints:
+        return None
+    return [e.strip() for e in a.endpoints.split(",") if e.strip()]
+
+
+def add_sampling_args(g: argparse.ArgumentParser) -> None:
+    """How many tokens and how they are chosen: generate's request; for serve, the
+    defaults of a request that leaves them out."""
+    add_option(g, "--n", type=int, default=32, metavar="N",
+               help="tokens to generate (serve: when a request gives no max_tokens)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed")
     g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    g.add_argument("--ctx", type=int, default=None,
-                   help=f"context size (default: min({DEFAULT_CTX}, the model's "
-                   "context_length)); a value above context_length is refused")
+
+
+def add_engine_args(g: argparse.ArgumentParser) -> None:
+    """The model, context, MTP and ranged options (one definition for generate and serve);
+    `check_engine_args` checks them and `open_backend` loads what they describe."""
+    add_option(g, "--model", required=True, metavar="TRUNK", help="trunk GGUF")
+    add_option(g, "--mtp", metavar="SIDECAR",
+               help="the trunk's mtp- sidecar GGUF: turns MTP on")
+    add_option(g, "--draft", type=int, metavar="K",
+               help=f"draft length with --mtp (default {DEFAULT_DRAFT})")
+    add_option(g, "--ctx", type=int, default=None, metavar="N",
+               help=f"context size (default: min({DEFAULT_CTX}, the model's "
+               "context_length)); a value above context_length is refused")
     g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU; 1 "
-                   "with --plan and no --endpoints: the local shards share these cores)")
-    g.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
+    add_option(g, "--threads", type=int, default=None, metavar="N",
+               help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU; 1 "
+               "with --plan and no --endpoints: the local shards share these cores)")
+    g.add_argument("--kv-type", default="f16", choices=list(KV_TYPE_NAMES),
                    help="K/V cache type")
-    g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
+    g.add_argument("--flash-attn", default="auto", choices=list(FLASH_ATTN_MODES),
                    help="flash attention (auto: upstream decides)")
     g.add_argument("--swa-full", default="on", choices=["on", "off"],
                    help="full-size SWA cache (on: the C API's default; llama-server uses off)")
-    g.add_argument("--hidden-rows", default="auto", choices=["auto", "api", "captured"],
+    g.add_argument("--hidden-rows", default="auto", choices=list(ROW_SOURCES),
                    help="source of the trunk's h_nextn rows for MTP: auto checks "
                    "this configuration once and takes upstream's API rows if right, else "
                    "captures them in the eval callback (metrics report which)")
-    g.add_argument("--trace", action="store_true",
-                   help='add "steps": [{"pos", "drafts", "accepted"}] (one per verify step)')
     g.add_argument("--plan", help="ranged execution: contiguous layer ranges, one per shard, "
                    "e.g. 0-1,2-3 (the last shard also holds the output head); starts local "
                    "shards unless --endpoints; metrics add seam_bytes(_per_token)")
@@ -180,17 +223,39 @@ def register(sub) -> None:
                    "that moved cache bytes exits 3")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan")
+    add_tls_args(g)  # mutual TLS to the shards (--tls DIR), passed on by open_backend
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
                    "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
                    "decoding runs under both")
-    add_tls_args(g)
+
+
+def register(sub) -> None:
+    g = sub.add_parser(
+        "generate", help="decode tokens, plainly or with MTP speculative decoding",
+        allow_abbrev=False,
+        description="Decode on upstream llama.cpp. Without --mtp: plain decoding. With --mtp "
+        "SIDECAR: the MTP block drafts --draft K tokens per step and the trunk verifies them "
+        "in one batch (output identical to plain decoding). Greedy unless --temp > 0 "
+        "(sample-and-match with position-keyed randomness: the same tokens with and without "
+        "MTP for one --seed). llama.cpp's spellings work too: -m, -md/--model-draft, "
+        "--draft-max, -n/--n-predict, -c/--ctx-size, -t, -p.",
+        epilog=f"exit status: 0 done, 2 bad input or a refusal, {EXIT_CONTRACT} a "
+        "ranged run moved cache state across a shard connection (only possible with "
+        "--allow-cache-crossing; the output is printed first and metrics.wire_violations "
+        "names each crossing)")
+    add_engine_args(g)
+    g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
+    add_option(g, "--prompt", help="prompt text (tokenized by the model's tokenizer)")
+    add_sampling_args(g)
+    g.add_argument("--trace", action="store_true",
+                   help='add "steps": [{"pos", "drafts", "accepted"}] (one per verify step)')
     add_json_arg(g, '{"tokens": [...], "metrics": {...}}')
     add_log_args(g)
     g.set_defaults(fn=run)
 
 
-def _settings(a: argparse.Namespace):
+def settings(a: argparse.Namespace):
     """The context and decoding settings of the arguments (both paths take the same)."""
     from mtplib.runtime.settings import DecodeSettings
 
@@ -199,46 +264,32 @@ def _settings(a: argparse.Namespace):
                           swa_full=a.swa_full == "on", hidden_rows=a.hidden_rows)
 
 
-def _run_ranged(a) -> int:
-    """`mtplib generate --plan PLAN [--endpoints ...]`."""
-    import json
+@contextlib.contextmanager
+def open_backend(a: argparse.Namespace, *, sampler=None, warm: bool = False) -> Iterator:
+    """The loaded model the (checked) arguments describe: an `MTPRuntime` (whole model) or,
+    with --plan, a `RangedMTP` (shards started here unless --endpoints); closed (shards
+    stopped) on exit. ``sampler`` is the default of each generation (a request's own
+    sampler replaces it in `stream`). ``warm``: set up every graph a generation will use
+    at load, whole-model too (a ranged backend always does), as a long-lived service
+    wants. A policy that refuses MTP is refused before any model loads or shard starts."""
+    from mtplib.runtime.routing import resolve_policy, route
+    from mtplib.runtime.speculative import EngineOptions, MTPRuntime
 
-    from mtplib.distributed.ranged_mtp import generate_ranged as generate_ranged_mtp
-    from mtplib.runtime.rpc import parse_endpoint
-    from mtplib.runtime.sampling import Sampler
-    from mtplib.runtime.speculative import EngineOptions
+    k = draft_k(a)
+    trace = bool(getattr(a, "trace", False))
+    if not a.plan:
+        with MTPRuntime(a.model, a.mtp, k=k, settings=settings(a), sampler=sampler,
+                        trace=trace, head=a.head, policy=a.policy, warm=warm) as rt:
+            yield rt
+        return
+    from mtplib.distributed.ranged_mtp import RangedMTP
 
-    tls = tls_from_args(a)
-    eps = None
-    if a.endpoints:
-        eps = [e.strip() for e in a.endpoints.split(",") if e.strip()]
-        for e in eps:
-            parse_endpoint(e, allow_remote=tls is not None or a.insecure_plaintext)
-    k = (3 if a.draft is None else a.draft) if a.mtp else 0
-    opts = EngineOptions(k=k, settings=_settings(a), sampler=Sampler(a.temp, a.top_p, a.seed),
-                         trace=a.trace, head=a.head)
-    prompt = a.tokens if a.tokens is not None else a.prompt
-    out = generate_ranged_mtp(a.model, prompt, a.n, plan=a.plan, sidecar=a.mtp, opts=opts,
-                              endpoints=eps, shard_threads=a.shard_threads, wan=a.wan,
-                              mtp_placement=a.mtp_placement, policy=a.policy, tls=tls,
-                              insecure_plaintext=a.insecure_plaintext,
-                              allow_cache_crossing=a.allow_cache_crossing)
-    # a contract violation (cache state crossed a seam) is a failed run, output or not
-    rc = EXIT_CONTRACT if out["metrics"]["wire_violations"] else 0
-    if a.json:
-        print(json.dumps(out))
-        return rc
-    m = out["metrics"]
-    print("tokens:", " ".join(map(str, out["tokens"])))
-    if "text" in out:
-        print("text:  ", out["text"])
-    print(f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s, plan {m['plan']}")
-    per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
-    print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
-          + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")
-    print("waits per step: " + ", ".join(f"{k} {v:.2f}" for k, v in m["waits_per_step"].items())
-          + f"; WAN {','.join(m['wan'])} ms; cache bytes crossing shards: "
-          f"{m['cache_bytes_crossing']}")
-    for v in m["wire_violations"]:
-        print("contract violation:", v)
-    return rc
+    policy = resolve_policy(a.policy)
+    route(k, policy=policy)  # the policy gate; each generation negotiates with the shards too
+    opts = EngineOptions(k=k, settings=settings(a), sampler=sampler, trace=trace, head=a.head)
+    with RangedMTP(a.model, plan=a.plan, sidecar=a.mtp if k else None, endpoints=endpoints(a),
+                   shard_threads=a.shard_threads, wan=a.wan, mtp_placement=a.mtp_placement,
+                   policy=policy, allow_cache_crossing=a.allow_cache_crossing,
+                   opts=opts, tls=tls_from_args(a),
+                   insecure_plaintext=a.insecure_plaintext) as r:
+        yield r

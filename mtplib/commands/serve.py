@@ -1,0 +1,246 @@
+"""`mtplib serve`: a long-lived OpenAI-compatible HTTP service over one loaded model.
+
+The model is loaded once (whole, or ranged on shards with --plan) with exactly generate's
+options (`generate.add_engine_args`, `check_engine_args`, `open_backend`), so setup is
+paid once and not per request; the HTTP layer is `serve_app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
+from mtplib.commands.generate import (
+    add_engine_args,
+    add_sampling_args,
+    check_engine_args,
+    draft_k,
+    open_backend,
+)
+from mtplib.errors import InputError
+
+#: the environment variable read for --api-key when the flag is not given (keeps the key
+#: out of the process list)
+API_KEY_ENV = "MTPLIB_API_KEY"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_serve_args(a: argparse.Namespace) -> None:
+    if not 0 <= a.port <= 65535:
+        raise InputError(f"--port must be in 0..65535, got {a.port}")
+    if not _is_loopback(a.host) and not a.allow_remote:
+        raise InputError(f"--host {a.host} is not a loopback address: the service has no "
+                         "authentication unless --api-key is given; add --allow-remote to "
+                         "serve beyond this machine")
+    for opt, v, lo in (("--queue", a.queue, 0), ("--max-body-bytes", a.max_body_bytes, 1024),
+                       ("--shutdown-timeout", a.shutdown_timeout, 0)):
+        if v < lo:
+            raise InputError(f"{opt} must be >= {lo}, got {v}")
+    if a.api_key is None:
+        a.api_key = os.environ.get(API_KEY_ENV) or None
+    if a.api_key is not None and not a.api_key.strip():
+        raise InputError("--api-key is empty")
+
+
+def _config(a: argparse.Namespace, backend):
+    """What the HTTP layer needs of the model: its name, context, vocabulary size, end of
+    generation tokens and chat template (read from the GGUF header, not from upstream)."""
+    from mtplib.commands.serve_app import ServeConfig
+    from mtplib.model.gguf_header import read_header
+
+    h = read_header(a.model)  # with the token list: the template's bos/eos text
+    kv = h.kv
+    toks = kv.get("tokenizer.ggml.tokens")
+    eog = {kv.get(f"tokenizer.ggml.{n}_token_id") for n in ("eos", "eot", "eom")}
+    eog = frozenset(int(t) for t in eog if isinstance(t, int) and not isinstance(t, bool))
+
+    def text(key: str) -> str:
+        t = kv.get(f"tokenizer.ggml.{key}_token_id")
+        return str(toks[t]) if isinstance(toks, list) and isinstance(t, int) \
+            and 0 <= t < len(toks) else ""
+
+    from mtplib.runtime import build_info
+
+    template = kv.get("tokenizer.chat_template")
+    meta = {"plan": a.plan, "head": a.head, "upstream": build_info()}
+    if a.plan:
+        meta["mtp_placement"] = a.mtp_placement
+    return ServeConfig(
+        model_id=a.alias or Path(a.model).name, n_ctx=int(backend.n_ctx), n_vocab=h.n_vocab,
+        eog=eog, k=draft_k(a), default_n=a.n, default_temperature=a.temp,
+        default_top_p=a.top_p, default_seed=a.seed, queue_max=a.queue,
+        max_body_bytes=a.max_body_bytes, api_key=a.api_key,
+        chat_template=template if isinstance(template, str) else None,
+        bos_token=text("bos"), eos_token=text("eos"), meta=meta)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before uvicorn starts (so --port 0 works: the chosen
+    port is printed) and refused with one line when the address is taken."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(a: argparse.Namespace) -> int:
+    setup_logging(a)
+    _check_serve_args(a)
+    check_engine_args(a)
+    from mtplib.commands.serve_app import log_line
+    from mtplib.runtime.sampling import Sampler
+
+    if not _is_loopback(a.host):
+        log_line(f"WARNING: serving on {a.host}, beyond loopback. "
+                 + ("Requests need the API key (Authorization: Bearer)." if a.api_key else
+                    "There is NO authentication: anyone who can reach this port can run "
+                    "generations; give --api-key (or $MTPLIB_API_KEY)."))
+    sock = _bind(a.host, a.port)
+    sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
+    # until uvicorn takes SIGTERM over, it ends the load: what was loaded is closed (the
+    # shards this process started stop) and the exit is 0, as for a stop while serving
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    log_line(f"loading {a.model}" + (f" on plan {a.plan}" if a.plan else ""))
+    try:
+        return _serve(a, sock, sampler)
+    except _Terminated:
+        log_line("stopped (SIGTERM before serving)")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while the model was loading."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated
+
+
+def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
+    """Load the backend, serve until SIGTERM/SIGINT, close it."""
+    import uvicorn
+
+    from mtplib.commands.serve_app import GenerationWorker, create_app, log_line
+
+    with sock, open_backend(a, sampler=sampler, warm=True) as backend:
+        cfg = _config(a, backend)
+        worker = GenerationWorker(backend, cfg, log=log_line)
+        stopped: list[bool] = []
+
+        def on_shutdown() -> None:
+            stopped.append(worker.stop(timeout=max(a.shutdown_timeout, 1.0) + 30.0))
+
+        app = create_app(worker, on_shutdown=on_shutdown)
+        server = _server(uvicorn.Config(
+            app, log_level="warning" if not a.verbose else "info", access_log=a.verbose,
+            timeout_graceful_shutdown=a.shutdown_timeout, lifespan="on"))
+        port = sock.getsockname()[1]
+        url = f"http://{a.host if ':' not in a.host else f'[{a.host}]'}:{port}"
+        ready = {"listening": url, "host": a.host, "port": port, "model": cfg.model_id,
+                 "n_ctx": cfg.n_ctx, "draft": cfg.k, "plan": a.plan,
+                 "upstream": cfg.meta["upstream"]}
+        if a.json:
+            print(json.dumps(ready), flush=True)
+        log_line(f"listening on {url} (model {cfg.model_id}, n_ctx {cfg.n_ctx}, "
+                 f"draft {cfg.k}{', plan ' + a.plan if a.plan else ''}); SIGTERM or Ctrl-C "
+                 "stops it")
+        server.run(sockets=[sock])
+        if stopped and not stopped[0]:
+            # upstream still runs a step in the worker thread: closing the models under it
+            # could crash; the shards die with this process
+            log_line("the running generation did not stop in time; exiting without "
+                     "closing the model")
+            sys.stderr.flush()
+            os._exit(1)
+    log_line("stopped")
+    return 0
+
+
+def _server(config):
+    """uvicorn's Server whose SIGTERM/SIGINT end the serve loop gracefully and are not
+    re-raised afterwards (uvicorn >= 0.29 re-raises a captured signal once it has shut
+    down, which would end the process with the signal's status instead of 0)."""
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            old = {sig: signal.signal(sig, self.handle_exit)
+                   for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, h in old.items():
+                    signal.signal(sig, h)
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            self.should_exit = True
+
+    return Server(config)
+
+
+def register(sub) -> None:
+    s = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP service over one loaded model",
+        allow_abbrev=False,
+        description="Load the model once (the same options as generate: whole, or ranged "
+        "on shards with --plan [--endpoints]) and serve OpenAI's API on HOST:PORT: "
+        "POST /v1/completions and /v1/chat/completions (stream: true gives server-sent "
+        "events), GET /v1/models and /health. Requests run one at a time in arrival order; "
+        "up to --queue wait, more get 503. Each response carries llama-server's timings "
+        "(prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, draft_n, "
+        "draft_n_accepted). Bad requests get a 4xx JSON error and the service keeps "
+        "serving. SIGTERM or Ctrl-C: stop accepting, finish the running requests (up to "
+        "--shutdown-timeout), close the model and shards, exit 0. --n, --temp, --top-p and "
+        "--seed are the defaults of a request that leaves them out.")
+    add_engine_args(s)
+    add_sampling_args(s)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; beyond loopback only with --allow-remote")
+    s.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free "
+                   "one, printed when listening)")
+    s.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (a warning is printed; without "
+                   "--api-key anyone who reaches the port can use it)")
+    s.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+                   f"(default: ${API_KEY_ENV}, else no key)")
+    s.add_argument("--alias", default=None,
+                   help="the model's id in the API (default: the trunk's file name)")
+    s.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait behind the running one; more get 503")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body; larger ones get 413")
+    s.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds SIGTERM waits for running requests before aborting them")
+    add_json_arg(s, 'the "listening" line (url, port, model)')
+    add_log_args(s)
+    s.set_defaults(fn=run)
