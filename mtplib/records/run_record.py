@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import files, pins
 from mtplib.host import cpu_info, git_state, gpu_info
 from mtplib.stamps import now_iso, sha256_file
 
@@ -30,4 +29,5 @@ def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    """A run record, atomically (a kill or a full disk never leaves half of one)."""
+    files.write_json(path, data, indent=2, sort_keys=True, default=str)
