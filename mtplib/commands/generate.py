@@ -46,7 +46,7 @@ def run(a: argparse.Namespace) -> int:
     if text is not None:
         print("text:  ", text)
     m = metrics
-    line = f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
+    line = f"ttft {m['ttft_s'] or 0:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
     if k:
         line += (f", k={k}: accepted {m['accepted']}/{m['drafted']} drafts, per position "
                  + ", ".join("-" if x is None else f"{x:.2f}" for x in m["accepted_per_position"]))
@@ -210,7 +210,8 @@ def _run_ranged(a) -> int:
     print("tokens:", " ".join(map(str, out["tokens"])))
     if "text" in out:
         print("text:  ", out["text"])
-    print(f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s, plan {m['plan']}")
+    print(f"ttft {m['ttft_s'] or 0:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s, "
+          f"plan {m['plan']}")
     per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
     print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
           + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")

@@ -9,6 +9,7 @@ front of the shards attribute every byte on every shard connection to it.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -50,7 +51,11 @@ class RangedMTP:
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
     MTP under alpha raises RouteRefused naming the policy; k = 0 always runs.
-    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s)."""
+    ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
+
+    Thread-safe by serializing: ``generate`` holds one lock from resetting the byte
+    counters to reading them, so each result's seam bytes are its own generation's (two
+    threads at once would count each other's traffic)."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
@@ -63,6 +68,8 @@ class RangedMTP:
         from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
 
+        self._lock = threading.RLock()  # one generation at a time: counters are per runtime
+        self.closed = False
         self.policy = resolve_policy(policy)
         from mtplib.model.validate import validate_header
 
@@ -70,6 +77,7 @@ class RangedMTP:
         validate_header(h)  # before anything reads a key or upstream loads the file
         if sidecar is not None:
             check_pair(h, read_header(sidecar))
+        self.n_vocab = h.n_vocab
         self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
         if endpoints is not None and len(endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
@@ -93,6 +101,18 @@ class RangedMTP:
 
     def generate(self, prompt: Sequence[int] | str, n_new: int,
                  opts: EngineOptions | None = None) -> tuple[list[int], dict]:
+        from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
+
+        n_new = check_n_new(n_new)
+        if not isinstance(prompt, str):
+            prompt = check_tokens(prompt, self.n_vocab)
+        with self._lock:
+            if self.closed:
+                raise RuntimeInputError("this RangedMTP is closed: create a new one")
+            return self._generate(prompt, n_new, opts)
+
+    def _generate(self, prompt: Sequence[int] | str, n_new: int,
+                  opts: EngineOptions | None) -> tuple[list[int], dict]:
         from mtplib.distributed.worker import tokenize
 
         opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
@@ -133,7 +153,10 @@ class RangedMTP:
         return set(side["placement"].values()) == {self.rt.endpoints[-1]}
 
     def close(self) -> None:
-        self._stack.close()
+        """Stop the worker and the local shards (after a generation in progress)."""
+        with self._lock:
+            self.closed = True
+            self._stack.close()
 
     def __enter__(self) -> RangedMTP:
         return self

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,7 +25,13 @@ from mtplib.contract.capabilities import Policy
 from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime.drafters import Drafter
-from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
+from mtplib.runtime.model import (
+    Context,
+    RuntimeInputError,
+    check_n_ctx,
+    check_n_new,
+    check_tokens,
+)
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings, RowSource
 
@@ -567,11 +574,23 @@ def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
 def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
                    seq_id: int | None = None, memory: Callable[[int], dict] | None = None
                    ) -> tuple[list[int], dict]:
-    """Open a session, generate, report metrics (and the trace), close the session."""
+    """Open a session, generate, report metrics (and the trace), close the session.
+    ``n_new`` 0 generates nothing (no decode at all)."""
+    n_new = check_n_new(n_new)
+    prompt = check_tokens(prompt, engine.target.n_vocab)
     if len(prompt) + n_new > engine.target.n_ctx:
         raise RuntimeInputError(
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
             f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
+    if n_new == 0:  # the prefill would emit a first token: decode nothing instead
+        if not prompt:
+            raise RuntimeInputError("the prompt is empty: give at least one token")
+        m = Metrics(k=engine.k)
+        m.n_prompt = len(prompt)
+        metrics = {**m.to_dict(), "hidden_rows": engine.hidden_rows}
+        if memory is not None:
+            metrics["memory"] = memory(0 if seq_id is None else seq_id)
+        return [], metrics
     s = engine.open(prompt, seq_id=seq_id)
     try:
         toks = s.generate(n_new)
@@ -599,6 +618,12 @@ class MTPRuntime:
     ``policy`` (a Policy or its name; default $MTPLIB_POLICY, else beta) is negotiated
     before any model is loaded: with a sidecar and k > 0 a policy that disables MTP
     (alpha) raises RouteRefused naming it. Plain decoding is always allowed.
+
+    Thread-safe by serializing: every method takes one lock while it calls upstream, so
+    concurrent ``generate`` calls from threads run one after another (upstream's context is
+    not safe for concurrent decodes, even on different sequences: that crashed the
+    process). ``engine`` and ``target`` used directly are not locked. After ``close()``
+    every method raises RuntimeInputError.
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
@@ -619,6 +644,8 @@ class MTPRuntime:
         if unknown:
             raise TypeError(f"MTPRuntime got unexpected keyword arguments {sorted(unknown)}")
         settings = replace(settings or DecodeSettings(), **setting_overrides)
+        self._lock = threading.RLock()  # serializes every call into upstream (class doc)
+        self.closed = False
         self.opts = EngineOptions(k=k, settings=settings, n_seq_max=n_seq_max,
                                   n_rs_seq=n_rs_seq, sampler=sampler, trace=trace, head=head,
                                   checkpoints=checkpoints, reserve=reserve)
@@ -649,10 +676,18 @@ class MTPRuntime:
             self.close()
             raise
 
+    def _live(self) -> None:
+        if self.closed:
+            raise RuntimeInputError("this MTPRuntime is closed: create a new one")
+
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None
                  ) -> tuple[list[int], dict]:
-        tokens, metrics = run_generation(self.engine, prompt, n_new, seq_id=seq_id,
-                                         memory=self.memory)
+        """Generate ``n_new`` tokens after ``prompt`` (0: none); serialized with every
+        other call on this runtime (one lock)."""
+        with self._lock:
+            self._live()
+            tokens, metrics = run_generation(self.engine, prompt, n_new, seq_id=seq_id,
+                                             memory=self.memory)
         metrics["routing"] = dict(self.routing)
         return tokens, metrics
 
@@ -660,21 +695,23 @@ class MTPRuntime:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
         import resource
 
-        llama = self.trunk.llama
-        mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "trunk_weights_bytes": self.trunk.size_bytes,
-               "target_seq_state_bytes": int(llama.llama_state_seq_get_size(self.target.ptr,
-                                                                            seq))}
-        if self.mtp_ctx is not None:
-            mem["mtp_weights_bytes"] = self.sidecar.size_bytes
-            mem["mtp_seq_state_bytes"] = int(llama.llama_state_seq_get_size(self.mtp_ctx.ptr,
-                                                                            seq))
+        with self._lock:
+            self._live()
+            mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                   "trunk_weights_bytes": self.trunk.size_bytes,
+                   "target_seq_state_bytes": self.target.state_size(seq)}
+            if self.mtp_ctx is not None:
+                mem["mtp_weights_bytes"] = self.sidecar.size_bytes
+                mem["mtp_seq_state_bytes"] = self.mtp_ctx.state_size(seq)
         return mem
 
     def close(self) -> None:
-        for obj in reversed(self._owned):
-            obj.close()
-        self._owned.clear()
+        """Free the contexts and models (waits for a generation in progress); idempotent."""
+        with self._lock:
+            self.closed = True
+            for obj in reversed(self._owned):
+                obj.close()
+            self._owned.clear()
 
     def __enter__(self) -> MTPRuntime:
         return self
