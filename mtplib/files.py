@@ -14,27 +14,36 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mtplib.errors import InputError
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder + os.replace)."""
-    path = Path(path)
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[str]:
+    """A temporary file next to ``path`` (the body writes it); it replaces ``path`` when
+    the body succeeds and is deleted when it fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; a record is as readable as write_text's
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder + os.replace)."""
+    path = Path(path)
+    with _replacing(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -57,3 +66,42 @@ def safe_component(name: object, what: str = "--run-id") -> str:
         raise InputError(f"{what} must be a single folder name (letters, digits, '-', '_', "
                          f"'.'; no '/', no leading '.'; at most 200 characters), got {name!r}")
     return name
+
+
+def make_dirs(path: str | Path) -> list[Path]:
+    """``mkdir -p path``, returning the folders it created (outermost first), so that a
+    failure can remove exactly those (`remove_dirs`) and nothing that was there before."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:  # made meanwhile by someone else: not ours to remove
+            if not d.is_dir():
+                raise
+            continue
+        made.append(d)
+    return made
+
+
+def remove_dirs(made: list[Path]) -> None:
+    """Remove folders `make_dirs` created, innermost first, where they are empty."""
+    for d in reversed(made):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+def copy_atomic(src: str | Path, dst: str | Path) -> Path:
+    """``shutil.copy2(src, dst)`` through a temporary file next to ``dst`` + os.replace:
+    a reader of ``dst`` sees the old file or the whole new one."""
+    import shutil
+
+    dst = Path(dst)
+    with _replacing(dst) as tmp:
+        shutil.copy2(src, tmp)
+    return dst

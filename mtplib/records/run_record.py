@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 from pathlib import Path
 
 from mtplib import files, pins
+from mtplib.errors import InputError
 from mtplib.host import cpu_info, git_state, gpu_info
 from mtplib.stamps import now_iso, sha256_file
 
@@ -26,6 +28,24 @@ def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
         "gpu": gpu_info(),
         "started": now_iso(),
     }
+
+
+def read_record(run_dir: str | Path) -> dict:
+    """A run folder's ``run_record.json``, or InputError saying why it cannot be used
+    (missing, unreadable, truncated or not a JSON object)."""
+    p = Path(run_dir) / "run_record.json"
+    if not p.is_file():
+        raise InputError(f"{run_dir} is not a run directory (no run_record.json)")
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else " ".join(str(e).split())
+        raise InputError(f"{p} cannot be read as JSON ({why}): the run record is damaged "
+                         "or was cut short; rerun the lane") from None
+    if not isinstance(rec, dict):
+        raise InputError(f"{p} is not a run record (a JSON object), got "
+                         f"{type(rec).__name__}")
+    return rec
 
 
 def write_json(path: Path, data: dict) -> None:
