@@ -187,6 +187,18 @@ def test_ctx_is_honoured_below_upstream_padding(pair):
             rt.target.decode([1], [64])
 
 
+def test_ctx_per_sequence_with_several_sequences(pair):
+    """n_seq_max 2 splits the cache: one sequence holds n_ctx_seq positions, refused up
+    front instead of failing mid-generation ("no KV slot")."""
+    from mtplib.runtime.speculative import MTPRuntime
+
+    with MTPRuntime(str(pair.trunk), k=0, n_seq_max=2, n_ctx=512, n_threads=1) as rt:
+        assert rt.target.n_ctx == rt.target.n_ctx_seq == 256
+        with pytest.raises(RuntimeInputError, match="context of 256"):
+            rt.generate([1, 2, 3], 400)
+        assert len(rt.generate([1, 2, 3], 253)[0]) == 253
+
+
 def test_cli_ctx_64_refuses_what_does_not_fit(pair):
     r = subprocess.run([sys.executable, "-m", "mtplib.cli", "generate", "--model",
                         str(pair.trunk), "--tokens", "1,2,3", "--n", "100", "--ctx", "64"],

@@ -352,10 +352,14 @@ class Context:
             raise UpstreamError("upstream refused to create the context (see --verbose log)")
         self.ptr = ctx
         self.mem = llama.llama_get_memory(ctx)
-        #: upstream pads n_ctx up to a multiple of 256 (src/llama-context.cpp, GGML_PAD):
-        #: the caches are sized for that, but positions are bounded by what was asked
+        #: upstream pads n_ctx up to a multiple of 256 (src/llama-context.cpp, GGML_PAD)
+        #: and gives each of n_seq_max sequences n_ctx_seq cells of it (padded again)
         self.n_ctx_upstream = int(llama.llama_n_ctx(ctx))
-        self.n_ctx = min(cfg.n_ctx, self.n_ctx_upstream)
+        self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx))
+        #: positions one sequence may use: what was asked, within its share of the cache
+        #: (a --ctx 64 context holds 256 cells, but positions stop at 64; with n_seq_max 2
+        #: a sequence past its share would fail mid-generation with "no KV slot")
+        self.n_ctx = min(cfg.n_ctx, self.n_ctx_seq)
         self.n_batch = int(llama.llama_n_batch(ctx))
         self.n_ubatch = int(llama.llama_n_ubatch(ctx))
         self.n_seq_max = int(llama.llama_n_seq_max(ctx))

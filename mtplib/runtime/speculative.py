@@ -578,13 +578,13 @@ def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
     ``n_new`` 0 generates nothing (no decode at all)."""
     n_new = check_n_new(n_new)
     prompt = check_tokens(prompt, engine.target.n_vocab)
+    if not prompt:
+        raise RuntimeInputError("the prompt is empty: give at least one token")
     if len(prompt) + n_new > engine.target.n_ctx:
         raise RuntimeInputError(
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
             f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
-        if not prompt:
-            raise RuntimeInputError("the prompt is empty: give at least one token")
         m = Metrics(k=engine.k)
         m.n_prompt = len(prompt)
         metrics = {**m.to_dict(), "hidden_rows": engine.hidden_rows}
