@@ -212,7 +212,9 @@ def test_cli_ctx_64_refuses_what_does_not_fit(pair):
 def ranged(pair):
     from mtplib.distributed.ranged_mtp import RangedMTP
 
-    with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar)) as r:
+    # a generous silence limit: on a loaded 2-core machine a step can stall past 15 s
+    with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
+                   silence_timeout_s=120) as r:
         yield r
 
 
@@ -251,7 +253,7 @@ def test_ranged_threads_count_their_own_seam_bytes(ranged):
 def test_ranged_closed_raises(pair):
     from mtplib.distributed.ranged_mtp import RangedMTP
 
-    r = RangedMTP(str(pair.trunk), plan="0-1,2-3")
+    r = RangedMTP(str(pair.trunk), plan="0-1,2-3", silence_timeout_s=120)
     r.close()
     with pytest.raises(RuntimeInputError, match="closed"):
         r.generate(PROMPT, 2)

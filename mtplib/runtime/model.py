@@ -67,7 +67,8 @@ def check_tokens(tokens: object, n_vocab: int, what: str = "prompt") -> list[int
             raise RuntimeInputError(f"{what} token {i} is {t!r} ({type(t).__name__}), not an "
                                     "integer token id")
         if not 0 <= t < n_vocab:
-            raise RuntimeInputError(f"{what} token {i}: id {t} out of range [0, {n_vocab})")
+            raise RuntimeInputError(f"token id {t} out of range [0, {n_vocab}) ({what} token "
+                                    f"{i})")
     return [int(t) for t in tokens]
 
 
