@@ -1,9 +1,11 @@
 """`mtplib` command line. Each sub-command lives in mtplib/commands/<name>.py.
 
 Errors that come from bad input print one line saying what is wrong and what to do, and
-exit 2; upstream is never reached with an input it would abort on. Every verb takes
-``--json``: its result is then one JSON object on stdout, and so is any error
-(``{"error", "kind", "type", "command", "exit"}``), with the same exit codes.
+exit 2 (so does a file the machine refuses to write: a full or read-only disk); upstream
+is never reached with an input it would abort on. The exit codes are `EXIT_CODES`, shown
+in every --help. Every verb takes ``--json``: its result is then one JSON object on
+stdout, and so is any error (``{"error", "kind", "type", "command", "exit"}``), with the
+same exit codes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ EPILOG = """examples:
   mtplib serve -m TRUNK -md SIDECAR --draft 2 --port 8080  # OpenAI-compatible HTTP service
   mtplib run --params params/cpu-fixture.yaml        # every notebook, into outputs/<run-id>/
   mtplib info                                        # pinned upstream and what is loaded
+"""
+
+EXIT_CODES = """exit codes:
+  0    done
+  1    a check ran and found a fault (check failed)
+  2    bad input, a refusal, or a file that cannot be read or written
+       (one line; with --json one JSON object whose "exit" says 2)
+  4    shard serve: upstream could not serve the endpoint (port taken)
+  130  interrupted (Ctrl-C); a shard stopped by signal N exits 128 + N
 """
 
 
@@ -136,13 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mtplib", description="DeepSeek-V4 multi-token prediction (MTP) on upstream "
         "llama.cpp: tiny V4 fixtures, the ownership contract, the MTP runtime, and "
         "papermill evidence runs. Every command takes --json: one JSON object on stdout, "
-        "errors included.", epilog=EPILOG)
+        "errors included.", epilog=EPILOG + "\n" + EXIT_CODES)
     p.add_argument("--version", action="version", version=version(),
                    help="print mtplib's version and the pinned llama-cpp-python/llama.cpp")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"mtplib.commands.{name.replace('-', '_')}").register(sub)
+    _add_exit_codes(p)
     return p
+
+
+def _add_exit_codes(p: argparse.ArgumentParser) -> None:
+    """Every sub-command's --help ends with the exit codes (after its own epilog)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.epilog = (child.epilog + "\n\n" if child.epilog else "") + EXIT_CODES
+                _add_exit_codes(child)
 
 
 def _command(argv: list[str]) -> str | None:
@@ -201,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read
         return 0
+    except OSError as e:  # the machine refused: a full or read-only disk, a quota, ...
+        where = f": {e.filename}" if e.filename else ""
+        return _fail(cmd, as_json, 2, "file", type(e).__name__, f"{e.strerror or e}{where}")
     except KeyboardInterrupt:
         if as_json:
             return _fail(cmd, True, 130, "interrupted", "KeyboardInterrupt", "interrupted")

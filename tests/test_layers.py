@@ -1,7 +1,7 @@
 """The package layers point one way, and no import cycle exists (function-level imports
 count: a lazy import is still a dependency).
 
-    pins, errors, stamps, paths, host    foundation
+    pins, errors, stamps, paths, host, files    foundation
     contract, model, ownership           pure Python: never ctypes or llama_cpp
     runtime                              the only ctypes room
     distributed                          shard processes, worker, ranged runtime, relays
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "mtplib"
-RANK = {"pins": 0, "errors": 0, "stamps": 0, "paths": 0, "host": 0,
+RANK = {"pins": 0, "errors": 0, "stamps": 0, "paths": 0, "host": 0, "files": 0,
         "__init__": 0,
         "contract": 1, "model": 1, "ownership": 1,
         "runtime": 2, "distributed": 3, "llama": 3, "lab": 4, "records": 5,

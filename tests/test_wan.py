@@ -99,7 +99,8 @@ def test_wan_readme_renders_from_saved_results_and_every_number_traces(tmp_path)
            tmp_path / "wan" / "patched")
     (tmp_path / "run_record.json").write_text(json.dumps({
         "command": "mtplib run --params params/wan-cpu.yaml", "lane": "wan-cpu",
-        "git": {"commit": "abc", "dirty": False}, "pins": {}, "cpu": {"model": "x"}}))
+        "git": {"commit": "abc", "dirty": False}, "pins": {}, "cpu": {"model": "x"},
+        "status": "ok"}))  # copy_run takes completed runs only
     text = render_readme(tmp_path, "wan", tmp_path / "README.md")
     assert "## Build: patched" in text and "Targets at 100 ms" in text
     assert "| 100 |" in text  # the RTT table reaches 100 ms

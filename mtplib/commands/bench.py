@@ -50,7 +50,9 @@ def run(a: argparse.Namespace) -> int:
         cfg = replace(cfg, tls=a.tls)
         cfg.validate()
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
-    record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out")
+    record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out",
+                              unique=a.out is None)
+    out = Path(record["run_dir"])
     record["policy"] = cfg.policy
     write_json(out / "run_record.json", record)
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mtplib.commands.common import add_json_arg, add_log_args, resolve_ctx, setup_logging
+from mtplib.files import write_json
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, DecodeSettings
 
 if TYPE_CHECKING:  # the CLI loads the ctypes runtime only when a command runs
@@ -103,7 +104,7 @@ def run(a: argparse.Namespace) -> int:
         }
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+            write_json(a.out, out, indent=1)
         if a.json:
             print(json.dumps(out))
         else:

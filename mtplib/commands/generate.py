@@ -61,7 +61,7 @@ def _print_result(a: argparse.Namespace, out: dict) -> None:
     print("tokens:", " ".join(map(str, out["tokens"])))
     if "text" in out:
         print("text:  ", out["text"])
-    line = f"ttft {m['ttft_s']:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
+    line = f"ttft {m['ttft_s'] or 0:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
     if k:
         line += (f", k={k}: accepted {m['accepted']}/{m['drafted']} drafts, per position "
                  + ", ".join("-" if x is None else f"{x:.2f}" for x in m["accepted_per_position"]))

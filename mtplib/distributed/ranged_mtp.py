@@ -28,6 +28,7 @@ from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
+from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
 from mtplib.runtime.routing import RouteRefused, resolve_policy, route, routing_metrics
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import EngineOptions, Generation
@@ -187,7 +188,8 @@ class RangedMTP:
     gateways too); ``insecure_plaintext``: allow non-loopback endpoints without it.
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
-    so each result's seam counts are its own."""
+    held from resetting the byte counters to reading them, so each result's seam bytes are
+    its own generation's. After ``close()`` every method raises RuntimeInputError."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
@@ -204,11 +206,14 @@ class RangedMTP:
         from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
 
+        self._lock = threading.RLock()  # one generation at a time: counters are per runtime
+        self.closed = False
         self.policy = resolve_policy(policy)
         h = read_header(trunk)
         validate_header(h)  # before anything reads a key or upstream loads the file
         if sidecar is not None:
             check_pair(h, read_header(sidecar))
+        self.n_vocab = h.n_vocab
         self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
         if endpoints is not None and len(endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
@@ -228,7 +233,6 @@ class RangedMTP:
             except RouteRefused:
                 load = replace(load, k=0)
         load = self._resolve(load)  # refuses a cache-moving default before any shard starts
-        self._lock = threading.RLock()
         placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
         self._stack = contextlib.ExitStack()
         try:
@@ -265,16 +269,22 @@ class RangedMTP:
     def n_ctx(self) -> int:
         return self.opts.settings.n_ctx
 
+    def _live(self) -> None:
+        if self.closed:
+            raise RuntimeInputError("this RangedMTP is closed: create a new one")
+
     def tokenize(self, text: str) -> list[int]:
         from mtplib.distributed.worker import tokenize
 
         with self._lock:
+            self._live()
             return self.rt.call(tokenize, text)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         from mtplib.distributed.worker import detokenize
 
         with self._lock:
+            self._live()
             return self.rt.call(detokenize, list(tokens))
 
     def stream(self, prompt: Sequence[int] | str, n_new: int,
@@ -299,6 +309,9 @@ class RangedMTP:
                ) -> Iterator[list[int]]:
         from mtplib.distributed.worker import tokenize
 
+        n_new = check_n_new(n_new)
+        if not isinstance(prompt, str):
+            prompt = check_tokens(prompt, self.n_vocab)
         opts = self.opts if opts is None else opts
         if not self.has_sidecar:
             opts = replace(opts, k=0)
@@ -309,6 +322,7 @@ class RangedMTP:
         if sampler is not None:
             opts = replace(opts, sampler=sampler)
         with self._lock:
+            self._live()
             rt = self.rt
             toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
             built = self._build(opts)  # before counting: setup is not the generation's
@@ -326,7 +340,8 @@ class RangedMTP:
                         yield chunk
                         chunk = rt.call(_worker_next)
                 else:
-                    yield first
+                    if first is not None:
+                        yield first
                     rt.call(_worker_run)
                 done = rt.call(_worker_end)
                 finished = True
@@ -365,7 +380,10 @@ class RangedMTP:
         return set(side["placement"].values()) == {self.rt.endpoints[-1]}
 
     def close(self) -> None:
-        self._stack.close()
+        """Stop the worker and the local shards (after a generation in progress)."""
+        with self._lock:
+            self.closed = True
+            self._stack.close()
 
     def __enter__(self) -> RangedMTP:
         return self

@@ -48,6 +48,7 @@ import numpy as np
 
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
+from mtplib.files import write_json
 from mtplib.lab import display as D
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.progress import bar as progress_bar
@@ -661,7 +662,7 @@ def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dic
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_json()
     paths = {"json": out / "bench.json"}
-    paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_json(paths["json"], data, indent=2, sort_keys=True)
     for name in ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling"):
         p = out / f"bench_{name}.csv"
         pd.DataFrame(_flat(data[name])).to_csv(p, index=False)

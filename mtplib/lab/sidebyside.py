@@ -44,6 +44,7 @@ import numpy as np
 from mtplib import paths, pins
 from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError
+from mtplib.files import write_json
 from mtplib.lab import sweep
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.sweep import SweepConfig, median_or_none
@@ -559,7 +560,7 @@ def sweep_table(path: str | Path):
 def save(result: dict, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    write_json(path, result, indent=1, default=float)
     return path
 
 

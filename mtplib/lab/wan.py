@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from mtplib.errors import InputError
+from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
 
 TOPOLOGIES = ("remote", "tail_local")
@@ -502,7 +503,6 @@ def save(result: dict, out_dir) -> dict:
     """Write ``wan.json`` (config, raw rows, summary, bytes by class, cost-model check,
     targets) and ``wan_summary.csv`` into ``out_dir``; returns their paths."""
     import csv
-    import json
     from pathlib import Path
 
     out = Path(out_dir)
@@ -517,7 +517,7 @@ def save(result: dict, out_dir) -> dict:
                 "within_tolerance": sum(c["rel_error"] <= tol for c in cost),
                 "worst_rel_error": max((c["rel_error"] for c in cost), default=None)}}
     p = out / WAN_JSON
-    p.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_json(p, data, indent=1, default=str)
     c = out / "wan_summary.csv"
     with c.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["empty"],

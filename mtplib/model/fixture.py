@@ -8,15 +8,18 @@ same bytes; the sidecar's `output_hc_*` is the MTP's own hc head. Same seed, sam
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mtplib.errors import InputError, WouldOverwrite
+from mtplib.files import make_dirs, remove_dirs
 from mtplib.model.arch import (
     ROOT_HC_HEAD,
     TensorSpec,
@@ -160,21 +163,33 @@ def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
     w.add_token_scores([0.0] * cfg.n_vocab)
 
 
+@contextlib.contextmanager
+def _removed_on_failure(tmp: Path) -> Iterator[None]:
+    """A half-written temporary file (a full disk, an interrupt) is deleted, not left."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sidecar: bool,
            name: str) -> None:
     import gguf  # registry package; knows nothing of deepseek4 but writes any names
 
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
-    _add_keys(w, cfg, sidecar, name)
-    for spec in specs:
-        arr = _init(spec, cfg, seed, _tensor_key(spec, sidecar))
-        w.add_tensor(spec.name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
+    with _removed_on_failure(tmp):
+        w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+        _add_keys(w, cfg, sidecar, name)
+        for spec in specs:
+            arr = _init(spec, cfg, seed, _tensor_key(spec, sidecar))
+            w.add_tensor(spec.name, arr)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
 
 
 def _write_sparse(path: Path, cfg: V4Config, specs: list[TensorSpec], sidecar: bool,
@@ -184,22 +199,23 @@ def _write_sparse(path: Path, cfg: V4Config, specs: list[TensorSpec], sidecar: b
     import gguf
 
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
-    _add_keys(w, cfg, sidecar, name)
-    w.add_bool(WEIGHTLESS_KEY, True)
-    total = 0
-    for spec in specs:
-        nbytes = spec.nbytes
-        w.add_tensor_info(spec.name, tuple(reversed(spec.ne)), np.dtype(np.float32), nbytes,
-                          raw_dtype=gguf.GGMLQuantizationType[spec.dtype])
-        total += gguf.GGUFWriter.ggml_pad(nbytes, w.data_alignment)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    start = gguf.GGUFWriter.ggml_pad(w.fout[0].tell(), w.data_alignment)
-    w.close()
-    os.truncate(tmp, start + total)
-    os.replace(tmp, path)
+    with _removed_on_failure(tmp):
+        w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+        _add_keys(w, cfg, sidecar, name)
+        w.add_bool(WEIGHTLESS_KEY, True)
+        total = 0
+        for spec in specs:
+            nbytes = spec.nbytes
+            w.add_tensor_info(spec.name, tuple(reversed(spec.ne)), np.dtype(np.float32),
+                              nbytes, raw_dtype=gguf.GGMLQuantizationType[spec.dtype])
+            total += gguf.GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        start = gguf.GGUFWriter.ggml_pad(w.fout[0].tell(), w.data_alignment)
+        w.close()
+        os.truncate(tmp, start + total)
+        os.replace(tmp, path)
 
 
 def _same_file(a: Path, b: Path, weightless: bool) -> bool:
@@ -229,23 +245,38 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
     cfg = get_preset(preset).validate()
     weightless = bool(cfg.extra.get("weightless"))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    made = make_dirs(out)
     trunk_name, side_name = fixture_names(preset, seed)
-    paths = []
-    for fname, specs, sidecar in ((trunk_name, trunk_tensors(cfg), False),
-                                  (side_name, sidecar_tensors(cfg), True)):
-        path = out / fname
-        staged = out / (fname + ".new")
-        if weightless:
-            _write_sparse(staged, cfg, specs, sidecar, fname[: -len(".gguf")])
-        else:
-            _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
-        if path.exists() and not force and not _same_file(path, staged, weightless):
-            staged.unlink()
-            raise WouldOverwrite(
-                f"{path} exists with different contents; remove it or pass --force")
-        os.replace(staged, path)
-        paths.append(path)
+    paths: list[Path] = []
+    new: list[Path] = []  # files this call created (not replaced): removed if it fails
+    try:
+        for fname, specs, sidecar in ((trunk_name, trunk_tensors(cfg), False),
+                                      (side_name, sidecar_tensors(cfg), True)):
+            path = out / fname
+            staged = out / (fname + ".new")
+            try:
+                if weightless:
+                    _write_sparse(staged, cfg, specs, sidecar, fname[: -len(".gguf")])
+                else:
+                    _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
+                if path.exists() and not force and not _same_file(path, staged, weightless):
+                    raise WouldOverwrite(
+                        f"{path} exists with different contents; remove it or pass --force")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    staged.unlink()
+                raise
+            existed = path.exists()
+            os.replace(staged, path)
+            paths.append(path)
+            if not existed:
+                new.append(path)
+    except BaseException:  # a full or read-only disk: no half pair, no folder left behind
+        for f in new:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        remove_dirs(made)
+        raise
     return FixturePair(paths[0], paths[1], cfg, seed, preset, weightless)
 
 

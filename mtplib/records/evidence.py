@@ -23,17 +23,18 @@ never touches ``evidence/`` in the repo by itself.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
+from mtplib.files import copy_atomic, write_text_atomic
 from mtplib.records import dgr065, dgr066, wan_evidence
 from mtplib.records import pytest_results as pr
 from mtplib.records import raw_metrics as rm
 from mtplib.records.raw_metrics import BENCH_DIR
 from mtplib.records.readme import CITED_BENCH_KEYS, Links, cited, numbers_trace, readme_numbers
+from mtplib.records.run_record import read_record
 
 __all__ = ["BENCH_DIR", "CITED_BENCH_KEYS", "DGR065_NOTEBOOKS", "DGR065_RAW", "STORY_FILES",
            "STORY_RAW", "TRACE_RULE", "TRACE_RULE_DGR065", "WRITERS", "Links", "cited",
@@ -62,7 +63,7 @@ def load_raw(run_dir: str | Path, story: str = "DGR-066") -> dict:
     """The raw metrics the story's README may cite: the run record and the story's own
     metrics files (`STORY_RAW`; DGR-066: the bench metrics)."""
     run_dir = Path(run_dir)
-    raw = {"run_record": json.loads((run_dir / "run_record.json").read_text())}
+    raw = {"run_record": read_record(run_dir)}
     for key, (rel, read) in STORY_RAW.get(story, {}).items():
         if (run_dir / rel).exists():
             raw[key] = read(run_dir)
@@ -84,17 +85,32 @@ def render_readme(run_dir: str | Path, story: str, out: str | Path) -> str:
 
 
 def write_evidence_readme(run_dir: str | Path, story: str = "DGR-066",
-                          out: str | Path = Path("evidence/DGR-066/README.md")) -> Path:
-    """Write the story's README generated from the run's raw metrics; refuses a README
-    with a number that does not trace to them."""
+                          out: str | Path = Path("evidence/DGR-066/README.md"), *,
+                          warning: str | None = None) -> Path:
+    """Write the story's README generated from the run's raw metrics (``warning``, when
+    given, first); refuses a README with a number that does not trace to them."""
     out = Path(out)
     text = render_readme(run_dir, story, out)
+    if warning:
+        text = warning + "\n\n" + text
     missing = numbers_trace(text, load_raw(run_dir, story))
     if missing:
         raise InputError(f"{story} README: numbers not in the raw metrics: {missing}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_text_atomic(out, text)
     return out
+
+
+def _not_ok_warning(record: dict) -> str:
+    """The README's first lines for evidence from a run that did not complete (digit-free,
+    so the tracing rule has nothing to check in it)."""
+    status = record.get("status")
+    said = f"status `{status}`" if isinstance(status, str) and status.isalpha() else \
+        "no final status"
+    return (f"> **WARNING: this evidence comes from a run that did not complete.** Its run "
+            f"record says {said} (see `status`, `failed_notebook` and `error` in "
+            "run_record.json); it was copied with `mtplib evidence --allow-failed`. What "
+            "follows is only what the run wrote before it stopped.")
 
 
 # -- copying a run into evidence/ ---------------------------------------------------------
@@ -118,18 +134,51 @@ STORY_FILES: dict[str, Callable[[Path], list[Path]]] = {
     dgr065.STORY: dgr065.story_files, wan_evidence.STORY: wan_evidence.story_files}
 
 
+def replaced_files(target: Path, story: str) -> list[Path]:
+    """What evidence already in ``target`` came from its run (relative paths, present):
+    the executed notebooks its run record lists, the story's raw metrics files, and the
+    story's own selection (`STORY_FILES`; DGR-066: ``bench/``). Files added by hand (a
+    script, a note, a JSON made elsewhere) are not in it."""
+    out: set[Path] = set()
+    try:
+        old = read_record(target)
+    except InputError:
+        old = {}
+    for nb in old.get("notebooks") or []:
+        name = nb.get("notebook") if isinstance(nb, dict) else None
+        if isinstance(name, str) and "/" not in name:
+            out.add(Path(name))
+    out |= {Path(rel) for rel, _ in STORY_RAW.get(story, {}).values()}
+    if story in STORY_FILES:
+        out |= set(STORY_FILES[story](target))
+    elif (target / BENCH_DIR).is_dir():
+        out |= {p.relative_to(target) for p in (target / BENCH_DIR).rglob("*") if p.is_file()}
+    return sorted(p for p in out if (target / p).is_file())
+
+
 def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "evidence",
-             *, force: bool = False) -> Path:
+             *, force: bool = False, allow_failed: bool = False) -> Path:
     """Copy a run into ``dest/<story>/`` and write its README there; return the README.
 
-    Refuses (FileExistsError, nothing written) to overwrite an existing file with different
-    content unless ``force``."""
+    Refuses a run whose record does not say ``ok`` (a failed or unfinished run) unless
+    ``allow_failed``, and then the README opens with a warning saying so. Refuses
+    (FileExistsError, nothing written) to overwrite an existing file with different
+    content, or to leave files of the evidence it replaces that this run does not have
+    (`replaced_files`: e.g. the notebooks of a longer lane), unless ``force``: those are
+    then removed; files added by hand stay. Every file is written atomically."""
     run_dir, target = Path(run_dir), Path(dest) / story
-    if not (run_dir / "run_record.json").exists():
-        raise InputError(f"{run_dir} is not a run directory (no run_record.json)")
+    record = read_record(run_dir)
     if story not in WRITERS:
         raise InputError(f"no evidence README writer for story {story!r} "
                          f"(known: {sorted(WRITERS)})")
+    status = record.get("status")
+    if status != "ok" and not allow_failed:
+        what = f" (notebook {record['failed_notebook']} failed)" \
+            if record.get("failed_notebook") else ""
+        raise InputError(f"{run_dir}: its run record says status {status!r}{what}, not 'ok': "
+                         "evidence is written from a completed run only; rerun the lane, or "
+                         "pass --allow-failed to copy it with a warning in the README")
+    warning = _not_ok_warning(record) if status != "ok" else None
     files = STORY_FILES.get(story, run_files)(run_dir)
     # render from a staging copy so the README's links point at the copied files
     staging = target.parent / f".{story}.staging"
@@ -139,7 +188,7 @@ def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "ev
         for rel in files:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(run_dir / rel, staging / rel)
-        readme = write_evidence_readme(staging, story, staging / "README.md")
+        readme = write_evidence_readme(staging, story, staging / "README.md", warning=warning)
         new = [*files, Path(readme.name)]
         clash = [str(target / rel) for rel in new if (target / rel).exists()
                  and (target / rel).read_bytes() != (staging / rel).read_bytes()]
@@ -147,9 +196,17 @@ def copy_run(run_dir: str | Path, story: str = "DGR-066", dest: str | Path = "ev
             raise WouldOverwrite(
                 f"{len(clash)} file(s) in {target} differ from this run (e.g. {clash[0]}); "
                 "pass --force to overwrite")
+        stale = [rel for rel in replaced_files(target, story) if rel not in set(new)]
+        if stale and not force:
+            raise WouldOverwrite(
+                f"{len(stale)} file(s) of the evidence in {target} are not in this run (e.g. "
+                f"{target / stale[0]}); pass --force to replace that evidence (they are "
+                "removed; files added by hand stay)")
         for rel in new:
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(staging / rel, target / rel)
+            copy_atomic(staging / rel, target / rel)
+        for rel in stale:
+            (target / rel).unlink()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / "README.md"

@@ -7,6 +7,7 @@ built-in fixture when the lane asks for it), injects their paths into every note
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import yaml
 
 from mtplib import paths
 from mtplib.errors import InputError, MtplibError
+from mtplib.files import make_dirs, remove_dirs, safe_component
 from mtplib.records.raw_metrics import read_seam_bytes
 from mtplib.records.run_record import base_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
@@ -81,6 +83,11 @@ NOTEBOOK_KEYS = {"notebook", "parameters"}
 #: parameters the runner itself injects into every notebook (models, threads, run folder,
 #: the lane's bench/wan sections): a lane never has to declare them
 INJECTED = {"trunk", "sidecar", "threads", "run_dir", "bench", "wan"}
+
+
+#: a lane's `threads` beyond this is a typo on any machine (upstream's thread pool crashed
+#: at 100000); the machine's own CPU count is checked by `check_lane_requirements`
+MAX_LANE_THREADS = 1024
 
 
 def _bad(p: Path, key: str, expected: str, got: object) -> LaneError:
@@ -239,8 +246,8 @@ def load_lane(path: str | Path) -> Lane:
             if not isinstance(v, str) or not v:
                 raise _bad(p, f"models.{k}", "a file name (string)", v)
     threads = data.get("threads", 2)
-    if not _is_int(threads) or threads < 1:
-        raise _bad(p, "threads", "an int >= 1", threads)
+    if not _is_int(threads) or not 1 <= threads <= MAX_LANE_THREADS:
+        raise _bad(p, "threads", f"an int >= 1 and <= {MAX_LANE_THREADS}", threads)
     params = data.get("parameters")
     params = {} if params is None else _mapping(p, "parameters", params)
     for key in ("bench", "wan"):
@@ -305,7 +312,8 @@ def resolve_models(lane: Lane, run_dir: Path) -> dict:
 
 def check_lane_requirements(lane: Lane) -> None:
     """Stop before anything runs when the lane's bench section is malformed or needs what
-    this machine lacks (e.g. a GPU build); and when it asks for an unknown evidence story."""
+    this machine lacks (e.g. a GPU build, more threads than CPUs); and when it asks for an
+    unknown evidence story."""
     if lane.evidence:
         from mtplib.records.evidence import WRITERS
 
@@ -335,6 +343,11 @@ def check_lane_requirements(lane: Lane) -> None:
         from mtplib.runtime.devices import gpu_devices
 
         check_gpus(lane, gpu_devices())
+    from mtplib.runtime.model import max_threads
+
+    if lane.threads > max_threads():  # every context and shard would refuse it mid-run
+        raise LaneError(f"{lane.path}: threads: {lane.threads} exceeds this machine's "
+                        f"{max_threads()} CPUs{needs}; lower it (or run the lane where it fits)")
 
 
 def check_gpus(lane: Lane, gpus: list[dict]) -> None:
@@ -399,33 +412,95 @@ def new_run_id(lane: str) -> str:
     return run_stamp() + "-" + re.sub(r"[^\w.-]", "_", lane)
 
 
+RECORD = "run_record.json"
+
+
+def claim_run_dir(run_dir: Path, *, unique: bool = False, what: str = "--run-id"
+                  ) -> tuple[Path, list[Path]]:
+    """Make ``run_dir`` this run's own, atomically: ``mkdir`` (never ``exist_ok``) and an
+    exclusive create of its run record, so of two runs started at once only one gets a
+    folder. ``unique`` (a generated name): on a collision try ``NAME-2``, ``NAME-3``, ...;
+    otherwise an existing folder is refused unless it is empty (and no other run claims
+    it first). Returns (the folder, the folders created) for `discard_run_dir`."""
+    try:
+        made = make_dirs(run_dir.parent)
+    except OSError as e:
+        raise LaneError(f"cannot create the output folder {run_dir.parent}: "
+                        f"{e.strerror or e}") from None
+    names = [run_dir] + ([run_dir.with_name(f"{run_dir.name}-{i}") for i in range(2, 1000)]
+                         if unique else [])
+    def refuse(msg: str) -> LaneError:  # nothing of this claim is left behind
+        remove_dirs(made)
+        return LaneError(msg)
+
+    for d in names:
+        try:
+            d.mkdir()
+            made.append(d)
+        except FileExistsError:
+            if unique:
+                continue
+            if not d.is_dir() or any(d.iterdir()):
+                raise refuse(f"{d} already exists and is not empty; pick another "
+                             f"{what}") from None
+        except OSError as e:
+            raise refuse(f"cannot create the run folder {d}: {e.strerror or e}") from None
+        try:  # the claim: of two runs that found one empty folder, one makes the record
+            with open(d / RECORD, "x"):
+                pass
+        except FileExistsError:
+            if unique and d not in made:
+                continue
+            raise refuse(f"{d} was just claimed by another run; pick another {what}") from None
+        except OSError as e:
+            raise refuse(f"cannot write in the run folder {d}: {e.strerror or e}") from None
+        return d, made
+    raise refuse(f"every run folder name from {names[0]} to {names[-1]} is taken; pick "
+                 f"another {what}")
+
+
+def discard_run_dir(run_dir: Path, made: list[Path]) -> None:
+    """Undo `claim_run_dir` after a failure before any notebook ran: remove what this run
+    wrote (the whole folder when it made it; else the folder's content, which was empty),
+    then the parent folders it made, so nothing is left that looks like a run."""
+    if run_dir in made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        for p in list(run_dir.iterdir()) if run_dir.is_dir() else []:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+    remove_dirs([m for m in made if m != run_dir])
+
+
 def open_run(lane: Lane, run_dir: Path, *, argv: list[str] | None = None,
-             what: str = "--run-id") -> tuple[dict, dict]:
-    """Create the run folder (refusing a non-empty one), write its first run record,
-    resolve the lane's models (generating fixtures into the folder). Returns (record,
-    models); the caller updates the record and writes it again with `write_json`. The one
-    run-record setup of lanes (`run_lane`) and `mtplib bench`."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise LaneError(f"{run_dir} already exists and is not empty; pick another {what}")
+             what: str = "--run-id", unique: bool = False) -> tuple[dict, dict]:
+    """Claim the run folder (`claim_run_dir`: atomic, refusing a non-empty one; with
+    ``unique`` a taken generated name gets a suffix), write its first run record (status
+    "running"), resolve the lane's models (generating fixtures into the folder). Returns
+    (record, models); ``record["run_dir"]`` is the folder. The caller updates the record
+    and writes it again with `write_json`. Any failure here (a refusal, a full or
+    read-only disk) removes what was created. The one run-record setup of lanes
+    (`run_lane`) and `mtplib bench`."""
     if lane.models is not None:  # real files: find them before any folder is made
         models = resolve_models(lane, run_dir)
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, made = claim_run_dir(run_dir, unique=unique, what=what)
     try:
         record = base_record(REPO, argv=argv)
         record.update({"lane": lane.name, "params_file": str(lane.path),
                        "run_dir": str(run_dir), "threads": lane.threads,
                        "network": "loopback", "notebooks": [], "fixture": lane.fixture,
-                       "backend": _backend()})
-        write_json(run_dir / "run_record.json", record)
+                       "backend": _backend(), "status": "running"})
+        write_json(run_dir / RECORD, record)
         if lane.models is None:
             models = resolve_models(lane, run_dir)
-    except MtplibError:
-        if created:  # refused before anything ran: leave no partial run folder
-            shutil.rmtree(run_dir, ignore_errors=True)
+        record["models"] = models
+        record["model_sha256"] = file_hashes(list(models.values()))
+    except BaseException:  # refused or failed before anything ran: leave no partial run
+        discard_run_dir(run_dir, made)
         raise
-    record["models"] = models
-    record["model_sha256"] = file_hashes(list(models.values()))
     return record, models
 
 
@@ -438,12 +513,15 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
 
     from mtplib.runtime.routing import POLICY_ENV, resolve_policy
 
+    if run_id is not None:
+        safe_component(run_id, "--run-id")  # one folder inside --out, never outside it
     lane = load_lane(params)
     check_lane_requirements(lane)
     kenv = kernel_env()  # before the run folder exists: a wrong kernel leaves nothing behind
-    run_dir = Path(out_root) / (run_id or new_run_id(lane.name))
-    record, models = open_run(lane, run_dir, argv=argv)
-    record_path = run_dir / "run_record.json"
+    record, models = open_run(lane, Path(out_root) / (run_id or new_run_id(lane.name)),
+                              argv=argv, unique=run_id is None)
+    run_dir = Path(record["run_dir"])
+    record_path = run_dir / RECORD
     status = "failed"  # until every notebook (and evidence README) is done
     # the lane's policy holds for every MTP path in its notebooks' kernels (they inherit
     # this environment: MTPRuntime and RangedMTP default to it)

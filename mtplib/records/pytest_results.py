@@ -31,6 +31,7 @@ from pathlib import Path
 
 from mtplib import paths, pins
 from mtplib.errors import InputError
+from mtplib.files import write_json
 from mtplib.host import git_state
 from mtplib.stamps import now_iso
 
@@ -133,7 +134,7 @@ def record_tests(targets: Sequence[tuple[str | Path, str]], *, python: str = sys
     out = []
     for run_dir, story in targets:
         p = Path(run_dir) / results_file(story)
-        p.write_text(json.dumps(story_results(run, story), indent=1) + "\n")
+        write_json(p, story_results(run, story), indent=1)
         out.append(p)
     return out
 

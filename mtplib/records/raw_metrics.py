@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtplib import files
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -48,9 +50,7 @@ def _rows(table: pd.DataFrame | Sequence[dict]) -> list[dict]:
 
 def _write(run_dir: str | Path, rel: str, data: Any, *, indent: int,
            default: Any = None) -> Path:
-    p = Path(run_dir) / rel
-    p.write_text(json.dumps(data, indent=indent, default=default))
-    return p
+    return files.write_json(Path(run_dir) / rel, data, indent=indent, default=default, end="")
 
 
 def _read(run_dir: str | Path, rel: str) -> Any:

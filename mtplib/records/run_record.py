@@ -7,7 +7,8 @@ import platform
 import sys
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import files, pins
+from mtplib.errors import InputError
 from mtplib.host import cpu_info, git_state, gpu_info
 from mtplib.stamps import now_iso, sha256_file
 
@@ -29,5 +30,24 @@ def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
     }
 
 
+def read_record(run_dir: str | Path) -> dict:
+    """A run folder's ``run_record.json``, or InputError saying why it cannot be used
+    (missing, unreadable, truncated or not a JSON object)."""
+    p = Path(run_dir) / "run_record.json"
+    if not p.is_file():
+        raise InputError(f"{run_dir} is not a run directory (no run_record.json)")
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else " ".join(str(e).split())
+        raise InputError(f"{p} cannot be read as JSON ({why}): the run record is damaged "
+                         "or was cut short; rerun the lane") from None
+    if not isinstance(rec, dict):
+        raise InputError(f"{p} is not a run record (a JSON object), got "
+                         f"{type(rec).__name__}")
+    return rec
+
+
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    """A run record, atomically (a kill or a full disk never leaves half of one)."""
+    files.write_json(path, data, indent=2, sort_keys=True, default=str)

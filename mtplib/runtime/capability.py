@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mtplib.contract.capabilities import Policy, ShardAdvert, Status, policy_statuses
 from mtplib.contract.types import CONTRACT_VERSION, MAX_DRAFT, MTP_OFF
+from mtplib.files import write_json
 from mtplib.runtime.routing import PIN, resolve_policy
 from mtplib.stamps import now_iso, sha256_file
 
@@ -137,5 +138,5 @@ def certify(trunk: str, sidecar: str, *, cert_dir: str | Path = "certifications"
         rec["recipes"][f"mtp.v4.draft{k}"] = {"passed": all(equal), "equal": equal}
     out = Path(cert_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{rec['model_key']}.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    write_json(out / f"{rec['model_key']}.json", rec, indent=2, sort_keys=True)
     return rec

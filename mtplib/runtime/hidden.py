@@ -581,14 +581,12 @@ def _load_decision(key: dict) -> RowSourceDecision | None:
 
 
 def _store_decision(key: dict, d: RowSourceDecision) -> None:
-    import json
+    from mtplib.files import write_json
 
     p = _cache_dir() / f"{_key_id(key)}.json"
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, **d.to_dict()}, default=str))
-        os.replace(tmp, p)
+        write_json(p, {"key": key, **d.to_dict()}, indent=None, default=str, end="")
     except OSError:  # a read-only home: the decision is still made, just not kept
         pass
 

@@ -46,6 +46,32 @@ def _is_int(v: object) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+def check_n_new(n_new: object) -> int:
+    """How many tokens to generate: an int >= 0 (0 generates none, as llama.cpp's
+    n_predict 0), else RuntimeInputError."""
+    if not _is_int(n_new) or n_new < 0:
+        raise RuntimeInputError(f"n_new (the number of tokens to generate, --n) must be an "
+                                f"int >= 0, got {n_new!r}")
+    return int(n_new)
+
+
+def check_tokens(tokens: object, n_vocab: int, what: str = "prompt") -> list[int]:
+    """``tokens`` as a list of ints in [0, n_vocab), else RuntimeInputError naming the
+    first bad one: a float id (1.5) would otherwise be truncated silently, and an id out of
+    range aborts upstream."""
+    if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | np.ndarray):
+        raise RuntimeInputError(f"{what} must be a sequence of token ids, got "
+                                f"{type(tokens).__name__}")
+    for i, t in enumerate(tokens):
+        if not _is_int(t):
+            raise RuntimeInputError(f"{what} token {i} is {t!r} ({type(t).__name__}), not an "
+                                    "integer token id")
+        if not 0 <= t < n_vocab:
+            raise RuntimeInputError(f"token id {t} out of range [0, {n_vocab}) ({what} token "
+                                    f"{i})")
+    return [int(t) for t in tokens]
+
+
 def max_threads() -> int:
     """The most threads a context or a shard may use: this machine's CPU count."""
     return os.cpu_count() or 1
@@ -327,7 +353,14 @@ class Context:
             raise UpstreamError("upstream refused to create the context (see --verbose log)")
         self.ptr = ctx
         self.mem = llama.llama_get_memory(ctx)
-        self.n_ctx = int(llama.llama_n_ctx(ctx))
+        #: upstream pads n_ctx up to a multiple of 256 (src/llama-context.cpp, GGML_PAD)
+        #: and gives each of n_seq_max sequences n_ctx_seq cells of it (padded again)
+        self.n_ctx_upstream = int(llama.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx))
+        #: positions one sequence may use: what was asked, within its share of the cache
+        #: (a --ctx 64 context holds 256 cells, but positions stop at 64; with n_seq_max 2
+        #: a sequence past its share would fail mid-generation with "no KV slot")
+        self.n_ctx = min(cfg.n_ctx, self.n_ctx_seq)
         self.n_batch = int(llama.llama_n_batch(ctx))
         self.n_ubatch = int(llama.llama_n_ubatch(ctx))
         self.n_seq_max = int(llama.llama_n_seq_max(ctx))
@@ -379,6 +412,9 @@ class Context:
             raise RuntimeInputError(f"{n} tokens but {len(positions)} positions")
         seq_id = self._seq(seq_id)
         # plain Python on the (small) per-step batches: cheaper than numpy round trips
+        if not all(_is_int(t) for t in tokens):  # int(1.5) would silently decode id 1
+            bad = next(t for t in tokens if not _is_int(t))
+            raise RuntimeInputError(f"token id {bad!r} is not an integer")
         toks = [int(t) for t in tokens]
         if min(toks) < 0 or max(toks) >= self.n_vocab:
             bad = next(t for t in toks if t < 0 or t >= self.n_vocab)
@@ -483,6 +519,11 @@ class Context:
     def clear(self) -> None:
         self._live()
         self.llama.llama_memory_clear(self.mem, True)
+
+    def state_size(self, seq_id: int) -> int:
+        """Bytes of the sequence's cache state (what `state_get` would return)."""
+        self._live()
+        return int(self.llama.llama_state_seq_get_size(self.ptr, self._seq(seq_id)))
 
     def state_get(self, seq_id: int) -> bytes:
         self._live()

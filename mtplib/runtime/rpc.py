@@ -24,13 +24,14 @@ src/llama-model.cpp):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import re
 import socket
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,8 +270,30 @@ def serve(endpoint: str, *, threads: int, cache_dir: str | None = None,
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
     devs = (ctypes.c_void_p * 1)(cpu_device())
-    libs()["rpc"].ggml_backend_rpc_start_server(
-        endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
+    with _c_stdout_to_stderr():
+        libs()["rpc"].ggml_backend_rpc_start_server(
+            endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
+
+
+@contextlib.contextmanager
+def _c_stdout_to_stderr() -> Iterator[None]:
+    """Upstream's RPC server printf()s its banner and connection lines to stdout: point
+    file descriptor 1 at stderr meanwhile, so stdout carries only mtplib's own output (one
+    JSON object under --json). C's buffer is flushed before fd 1 is restored, so nothing
+    of upstream's reaches the real stdout later."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def add_server(endpoint: str, *, timeout_s: float = 5.0, allow_remote: bool = False) -> list:

@@ -26,7 +26,13 @@ from mtplib.contract.session import Session
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
-from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
+from mtplib.runtime.model import (
+    Context,
+    RuntimeInputError,
+    check_n_ctx,
+    check_n_new,
+    check_tokens,
+)
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings, RowSource
 
@@ -592,11 +598,25 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
                      result: dict | None = None) -> Iterator[list[int]]:
     """The one generation loop: open a session, yield the tokens each step emits (the first
     from the prefill), then put ``"tokens"`` and ``"metrics"`` (and the trace) into
-    ``result`` and close the session. Closing the iterator early closes the session too."""
+    ``result`` and close the session. Closing the iterator early closes the session too.
+    ``n_new`` 0 generates nothing (no decode at all)."""
+    n_new = check_n_new(n_new)
+    prompt = check_tokens(prompt, engine.target.n_vocab)
+    if not prompt:
+        raise RuntimeInputError("the prompt is empty: give at least one token")
     if len(prompt) + n_new > engine.target.n_ctx:
         raise RuntimeInputError(
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
             f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
+    if n_new == 0:  # the prefill would emit a first token: decode nothing instead
+        m = Metrics(k=engine.k)
+        m.n_prompt = len(prompt)
+        metrics = {**m.to_dict(), "hidden_rows": engine.hidden_rows}
+        if memory is not None:
+            metrics["memory"] = memory(0 if seq_id is None else seq_id)
+        if result is not None:
+            result["tokens"], result["metrics"] = [], metrics
+        return
     s = engine.open(prompt, seq_id=seq_id)
     try:
         yield [s.last]
@@ -713,10 +733,13 @@ class MTPRuntime:
     before any model is loaded: with a sidecar and k > 0 a policy that disables MTP
     (alpha) raises RouteRefused naming it. Plain decoding is always allowed.
 
-    Thread-safe by serializing: one generation at a time (`generate`, `stream` and the
-    tokenizer take one lock; a second caller waits), because upstream's context is not safe
-    for concurrent decodes. ``warm=True`` runs `warm_up` at load (``setup`` in `generate`'s
-    metrics), so no generation pays first-use graph allocation.
+    Thread-safe by serializing: every method takes one lock while it calls upstream
+    (`generate`, `stream` from its first step until it is exhausted or closed, the
+    tokenizer, `memory`, `close`), so concurrent callers run one after another: upstream's
+    context is not safe for concurrent decodes, even on different sequences (that crashed
+    the process). ``engine`` and ``target`` used directly are not locked. After ``close()``
+    every method raises RuntimeInputError. ``warm=True`` runs `warm_up` at load (``setup``
+    in `generate`'s metrics), so no generation pays first-use graph allocation.
     """
 
     def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
@@ -742,7 +765,8 @@ class MTPRuntime:
                                   checkpoints=checkpoints, reserve=reserve
                                   ).resolved(ranged=False)
         self._owned: list = []
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # serializes every call into upstream (class doc)
+        self.closed = False
         self.setup: dict | None = None
         use_mtp = sidecar is not None and k > 0 and drafter is None
         # each header is read once: the pair check and the Model share it
@@ -786,8 +810,7 @@ class MTPRuntime:
 
     def _steps(self, prompt, n_new, seq_id, sampler, result) -> Iterator[list[int]]:
         with self._lock:
-            if not self._owned:
-                raise RuntimeInputError("the runtime is closed")
+            self._live()
             e = self.engine
             saved = e.sampler
             e.sampler = sampler or saved
@@ -808,31 +831,38 @@ class MTPRuntime:
             pass
         return g.tokens, g.metrics
 
+    def _live(self) -> None:
+        if self.closed:
+            raise RuntimeInputError("this MTPRuntime is closed: create a new one")
+
     def tokenize(self, text: str) -> list[int]:
         with self._lock:
+            self._live()
             return self.trunk.tokenize(text)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._lock:
+            self._live()
             return self.trunk.detokenize(tokens)
 
     def memory(self, seq: int = 0) -> dict:
         """Process peak RSS and upstream's own sizes: weights and per-sequence cache state."""
         import resource
 
-        llama = self.trunk.llama
-        mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "trunk_weights_bytes": self.trunk.size_bytes,
-               "target_seq_state_bytes": int(llama.llama_state_seq_get_size(self.target.ptr,
-                                                                            seq))}
-        if self.mtp_ctx is not None:
-            mem["mtp_weights_bytes"] = self.sidecar.size_bytes
-            mem["mtp_seq_state_bytes"] = int(llama.llama_state_seq_get_size(self.mtp_ctx.ptr,
-                                                                            seq))
+        with self._lock:
+            self._live()
+            mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                   "trunk_weights_bytes": self.trunk.size_bytes,
+                   "target_seq_state_bytes": self.target.state_size(seq)}
+            if self.mtp_ctx is not None:
+                mem["mtp_weights_bytes"] = self.sidecar.size_bytes
+                mem["mtp_seq_state_bytes"] = self.mtp_ctx.state_size(seq)
         return mem
 
     def close(self) -> None:
+        """Free the contexts and models (waits for a generation in progress); idempotent."""
         with self._lock:
+            self.closed = True
             for obj in reversed(self._owned):
                 obj.close()
             self._owned.clear()
