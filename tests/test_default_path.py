@@ -150,7 +150,9 @@ def test_ranged_stream_and_warm_setup(pair):
         with pytest.raises(RuntimeInputError, match="not finished"):
             _ = g2.tokens
         assert r.generate(PROMPT, N_NEW)[0] == ref  # the early close left nothing behind
-        assert r.detokenize(r.tokenize("abc")) .endswith("abc")
+        toks = r.tokenize("abc")  # in the worker (the tiny fixture's test tokenizer)
+        assert toks and all(isinstance(t, int) for t in toks)
+        assert isinstance(r.detokenize(toks), str)
 
 
 def test_whole_stream_sampler_and_threads(pair):
@@ -195,3 +197,22 @@ def test_every_entry_package_loads_the_default_build_first():
                                              if k != "MTPLIB_UPSTREAM"})
         assert p.returncode == 0, (mod, p.stderr[-800:])
         assert p.stdout.strip().startswith(str(R.PATCHED_DIR)), (mod, p.stdout)
+
+
+def _llama_file(models) -> str:
+    """Runs in the ranged worker: which llama_cpp it imported."""
+    import llama_cpp
+
+    return llama_cpp.__file__
+
+
+@patched
+def test_ranged_worker_loads_the_build_it_is_told(pair, monkeypatch):
+    """The worker's import path is this process's, less the patched build's folder: a
+    worker started with MTPLIB_UPSTREAM=stock imported the patched llama_cpp (and reported
+    stock) before."""
+    for build in ("stock", "patched"):
+        monkeypatch.setenv("MTPLIB_UPSTREAM", build)
+        with RangedMTP(str(pair.trunk), plan="0-1,2-3", warm=False) as r:
+            where = r.rt.call(_llama_file)
+        assert where.startswith(str(R.PATCHED_DIR)) == (build == "patched"), (build, where)

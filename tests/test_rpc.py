@@ -310,12 +310,15 @@ def test_rollback_and_checkpoint_move_no_cache_between_shards(pair, shards):
                 (lab, i, tensors)
 
 
-def test_decode_cache_traffic_between_shards(pair, shards):
+def test_decode_cache_traffic_between_shards(pair, shards, monkeypatch):
     """Without rollback planes (n_rs_seq = 0) no cache tensor crosses any shard connection
-    while decoding. With n_rs_seq > 0 upstream's scheduler places the compressor-state
-    restore (get_rows of a state with no weights) next to the previous layer, so the state
-    planes of the first compressed layer of shard 1 (layer 2's CSA state here) travel to
-    shard 0 through the client on every step: a pinned-upstream deviation, measured."""
+    while decoding. With n_rs_seq > 0 the stock upstream's scheduler places the
+    compressor-state restore (get_rows of a state with no weights) next to the previous
+    layer, so the state planes of the first compressed layer of shard 1 (layer 2's CSA state
+    here) travel to shard 0 through the client on every step: a pinned-upstream deviation,
+    measured on the stock build (the client worker's, where the scheduler runs; the patched
+    build is the default and keeps the state local, tests/test_patches.py)."""
+    monkeypatch.setenv("MTPLIB_UPSTREAM", "stock")
     crossing = {}
     for rs in (0, 4):
         with RangedRuntime(pair.trunk, "0-1,2-3", shards.endpoints[:2]) as rt, \

@@ -264,7 +264,12 @@ class RangedRuntime:
     def _start_worker(self) -> None:
         parent, child = socket.socketpair()
         # the parent's import path, so functions given to call() unpickle in the worker
-        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        # (less the patched build's folder: the child's own mtplib.runtime puts it back
+        # only when $MTPLIB_UPSTREAM says so, so the worker loads the build it reports)
+        from mtplib.runtime import PATCHED_DIR
+
+        path = os.pathsep.join(p for p in sys.path
+                               if p and os.path.isdir(p) and Path(p) != PATCHED_DIR)
         env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1", PYTHONPATH=path)
         try:
             self._worker = _spawn(
