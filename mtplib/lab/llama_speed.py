@@ -3,7 +3,8 @@
 held-out prompts, greedy, streamed through `create_completion` as a user calls it.
 
 Decode speed is timed from the first streamed token to the last (the prompt's evaluation
-is TTFT, reported apart); runs alternate plain / MTP per prompt so both see the same load.
+is TTFT, reported apart), and a non-streamed call is timed whole (prompt included); runs
+alternate plain / MTP per prompt so both see the same load.
 On the tiny pair a target decode costs about as much as an MTP draft, so drafting cannot
 pay on a CPU; over a WAN, where a token costs round trips rather than compute, it does
 (`mtplib.lab.wan`). ``python -m mtplib.lab.llama_speed --out FILE.json`` writes the result.
@@ -35,6 +36,14 @@ def _stream(llm, prompt: Sequence[int], n_new: int) -> tuple[list[str], float | 
     return pieces, rate, (t_first or t_end) - t0
 
 
+def _whole(llm, prompt: Sequence[int], n_new: int) -> tuple[str, float]:
+    """(text, tokens/s of the whole non-streamed call, prompt evaluation included)."""
+    t0 = time.perf_counter()
+    r = llm.create_completion(list(prompt), max_tokens=n_new, temperature=0.0)
+    dt = time.perf_counter() - t0
+    return r["choices"][0]["text"], r["usage"]["completion_tokens"] / dt
+
+
 def compare(trunk: str | Path, sidecar: str | Path, prompts: Sequence[Sequence[int]], *,
             draft: int = 3, n_new: int = 128, n_ctx: int = 512, n_threads: int = 1,
             reps: int = 1) -> dict:
@@ -49,9 +58,12 @@ def compare(trunk: str | Path, sidecar: str | Path, prompts: Sequence[Sequence[i
             for i, p in enumerate(prompts):
                 a, ra, ta = _stream(plain, p, n_new)
                 b, rb, tb = _stream(mtp, p, n_new)
+                wa, qa = _whole(plain, p, n_new)
+                wb, qb = _whole(mtp, p, n_new)
                 rows.append({"prompt": i, "rep": rep, "plain_tok_s": ra, "mtp_tok_s": rb,
                              "plain_ttft_s": ta, "mtp_ttft_s": tb, "n_tokens": len(a),
-                             "same_text": "".join(a) == "".join(b)})
+                             "plain_whole_tok_s": qa, "mtp_whole_tok_s": qb,
+                             "same_text": "".join(a) == "".join(b) == wa == wb})
         stats = mtp.draft_model.stats
         drafts = {"drafted": stats.drafted, "accepted": stats.accepted,
                   "accepted_per_position": stats.accepted_per_position}
@@ -68,6 +80,8 @@ def compare(trunk: str | Path, sidecar: str | Path, prompts: Sequence[Sequence[i
     return {"config": {"draft": draft, "n_new": n_new, "n_ctx": n_ctx, "n_threads": n_threads,
                        "reps": reps, "n_prompts": len(prompts)},
             "plain_tok_s": spread("plain_tok_s"), "mtp_tok_s": spread("mtp_tok_s"),
+            "plain_whole_tok_s": spread("plain_whole_tok_s"),
+            "mtp_whole_tok_s": spread("mtp_whole_tok_s"),
             "speedup": {"median": float(np.median(ratios)), "min": min(ratios),
                         "max": max(ratios)},
             "same_text": all(r["same_text"] for r in rows), "drafts": drafts, "rows": rows,
@@ -98,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     res["command"] = "python -m mtplib.lab.llama_speed " + " ".join(args)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps({k: res[k] for k in ("plain_tok_s", "mtp_tok_s", "speedup", "same_text",
+    print(json.dumps({k: res[k] for k in ("plain_tok_s", "mtp_tok_s", "plain_whole_tok_s",
+                                          "mtp_whole_tok_s", "speedup", "same_text",
                                           "drafts")}))
     return 0
 
