@@ -1,4 +1,5 @@
-"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU device."""
+"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU (or GPU)
+device."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
 def serve(a: argparse.Namespace) -> int:
     setup_logging(a)
     from mtplib.runtime.model import check_threads
-    from mtplib.runtime.rpc import parse_endpoint, serve
+    from mtplib.runtime.rpc import parse_endpoint, serve, shard_device
 
     parse_endpoint(a.endpoint, allow_remote=a.allow_remote)  # refuse before anything starts
     check_threads(a.threads, "--threads")
+    shard_device(a.device)  # a GPU asked of a CPU build: refused here, not in the thread
     host, _ = a.endpoint.split(":")
     if a.allow_remote and not host.startswith("127."):
         print(f"mtplib shard serve: WARNING: serving {a.endpoint} beyond loopback. Upstream's "
@@ -34,7 +36,7 @@ def serve(a: argparse.Namespace) -> int:
     def run() -> None:
         try:
             serve(a.endpoint, threads=a.threads, cache_dir=a.cache_dir,
-                  allow_remote=a.allow_remote)
+                  allow_remote=a.allow_remote, device=a.device)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             result["error"] = e
         finally:
@@ -76,6 +78,9 @@ def register(sub) -> None:
                       "authentication.")
     v.add_argument("--endpoint", required=True, help="HOST:PORT to bind, e.g. 127.0.0.1:50052")
     v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs")
+    v.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                   help="what to serve: this process's CPU, or the first local GPU of a CUDA "
+                   "build (default: $MTPLIB_SHARD_DEVICE, else cpu)")
     v.add_argument("--cache-dir", help="upstream's tensor cache dir (large weights by hash)")
     v.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback endpoint (UNAUTHENTICATED; a warning is printed)")
