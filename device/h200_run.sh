@@ -5,8 +5,11 @@
 # layer cost, and write everything under $OUT (at most 8 files, 2 folders deep).
 #
 #   bash device/h200_run.sh            # on the device: carry [".device"] (./dev.sh gpu-bundle)
-#   MTPLIB_DEVICE_REHEARSAL=1 OUT=/tmp/out bash device/h200_run.sh   # CPU rehearsal here:
-#                                      # CUDA off, the CPU lane, the same phases and record
+#   MTPLIB_DEVICE_REHEARSAL=1 OUT=/tmp/out PYTHON=.venv/bin/python bash device/h200_run.sh
+#                                      # CPU rehearsal: CUDA off, the CPU lane
+#                                      # (params/cpu-fixture.yaml), the same phases and record
+# Knobs: MTPLIB_DEVICE_LANE (lane file), MTPLIB_DEVICE_SKIP (phases to leave out),
+# MTPLIB_DEVICE_JOBS (build jobs, default nproc), MTPLIB_LAYER_STEPS (slice steps, 30).
 #
 # Phases (each timed into $OUT/device_record.json): probe, unpack, wheels, build, install,
 # check, lane, slice, pack. A failing phase stops the script; the record and the log are
@@ -38,12 +41,20 @@ else
   LANE="$ROOT/params/gpu-fixture.yaml"
   SHARD_DEVICE=gpu
 fi
+LANE="${MTPLIB_DEVICE_LANE:-$LANE}"
 LAYER_STEPS="${MTPLIB_LAYER_STEPS:-30}"
+# phases to leave out (space-separated names); the rehearsal leaves out the slice, which
+# `mtplib layer-cost` measures on its own here (evidence/layer-cost/)
+SKIP=" ${MTPLIB_DEVICE_SKIP-${REHEARSAL:+slice}} "
 
 now() { date +%s.%N; }
 T0="$(now)"
 phase() {  # phase NAME CMD...: run, time, record; stop the script on failure
   local name="$1"; shift
+  if [[ "$SKIP" == *" $name "* ]]; then
+    echo "=== phase $name: skipped"; printf '%s\t%s\t%s\n' "$name" skipped 0 >>"$REC"
+    return 0
+  fi
   local t="$(now)"
   echo "=== phase $name: start $(date -u +%H:%M:%S)"
   "$@"
@@ -67,7 +78,8 @@ def sh(*cmd):
 phases = []
 for line in open(rec):
     name, prc, secs = line.rstrip("\n").split("\t")
-    phases.append({"phase": name, "rc": int(prc), "seconds": round(float(secs), 1)})
+    phases.append({"phase": name, "rc": prc if prc == "skipped" else int(prc),
+                   "seconds": round(float(secs), 1)})
 d = {"schema": "mtplib.device_record/1", "exit": int(rc), "rehearsal": bool(rehearsal),
      "cmake_args": cmake_args, "phases": phases,
      "total_seconds": round(time.time() - float(t0), 1),
@@ -150,8 +162,9 @@ b = backend_info()
 print(b)
 assert b["gpu_devices"], "the CUDA build registered no GPU device"
 EOF
-  # the kernel papermill starts: this interpreter's (the rehearsal's venv has its own)
-  [ -n "$REHEARSAL" ] || "$PY" -m ipykernel install --sys-prefix --name mtplib \
+  # the kernel papermill starts: this interpreter's, in a prefix of our own (the image's
+  # stays untouched; JUPYTER_PATH, exported below, points there); the rehearsal's venv has one
+  [ -n "$REHEARSAL" ] || "$PY" -m ipykernel install --prefix "$WORK/jupyter" --name mtplib \
     --display-name "mtplib (device)" >/dev/null
 }
 
@@ -183,6 +196,7 @@ pack() {  # at most 8 files come back: the run folder (models left out) as one a
 }
 
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+[ -n "$REHEARSAL" ] || export JUPYTER_PATH="$WORK/jupyter/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 export MTPLIB_UPSTREAM=stock  # the build installed here is the patched one (its marker says)
 phase probe probe
 phase unpack unpack

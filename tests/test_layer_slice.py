@@ -241,3 +241,21 @@ def test_committed_cpu_measurement_is_read_by_the_report():
         assert c.steps >= LC.MIN_STEPS
         assert all(len(d["raw"]["slice"]["plain"]) == c.steps for _ in (0,))
         assert c.layer_s == d["derived"]["layer_s"] > 0
+
+
+@pytest.mark.slow
+def test_time_models_pairs_steps_and_feeds_derive(tmp_path):
+    """`time_models` on a small converter-dtype pair (the slice's code path at tiny widths):
+    one entry per step per series, positive, and `derive` takes them."""
+    t, m = _write_small(tmp_path)
+    cfg = LC.LayerCostConfig(steps=20, warmup=1, n_prompt=8, n_ctx=128, threads=1,
+                             bootstrap=100)
+    a, b = LC.time_models([(t, m), (t, None)], cfg)
+    for raw in (a, b):
+        assert len(raw["plain"]) == 20 and all(x > 0 for x in raw["plain"])
+        assert set(raw["verify"]) == {"1", "2", "3"}
+        assert all(len(v) == 20 for v in raw["verify"].values())
+    assert len(a["mtp"]) == 20 and "mtp" not in b
+    d = LC.derive(a, b, cfg)  # the same file twice: the "layer" is noise around 0
+    assert d["draft_ms"] > 0 and np.isfinite(d["verify_token_cost"])
+    assert abs(d["layer_ms"]) < d["v4_flash_decode_ms"]

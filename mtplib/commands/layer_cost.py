@@ -40,7 +40,7 @@ def run(a: argparse.Namespace) -> int:
         if not a.json:
             print(s, file=sys.stderr, flush=True)
 
-    res = measure(a.fixtures, cfg, seed=a.seed,
+    res = measure(a.fixtures, cfg, seed=a.seed, reuse=a.reuse,
                   command=shlex.join(["mtplib", *sys.argv[1:]]), progress=progress)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(res.to_dict(), indent=1) + "\n")
@@ -75,6 +75,9 @@ def register(sub) -> None:
     p.add_argument("--ctx", type=int, default=d.n_ctx, help="context size")
     p.add_argument("--threads", type=int, default=d.threads, help="upstream threads")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed")
+    p.add_argument("--reuse", action="store_true",
+                   help="time the slice files already in --fixtures as they are, instead of "
+                   "writing them again (their sha256 is recorded either way)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
     add_json_arg(p, "the summary on one line")
     add_log_args(p)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,124 +122,147 @@ def summary(xs_s: Sequence[float]) -> dict:
             "min_ms": float(ms.min()), "max_ms": float(ms.max())}
 
 
-def time_model(trunk: str | Path, sidecar: str | Path | None, cfg: LayerCostConfig,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Raw timings on one trunk (and, with ``sidecar``, its MTP block): per step, a verify
-    batch of k+1 tokens for each k (then rolled back), then the plain one-token decode
-    that advances the context, then (with a sidecar) one MTP draft decode. Seconds."""
-    from mtplib.runtime.model import Context, ContextConfig, Model
+class _Runner:
+    """One model's contexts and timers inside `time_models`: one step at a time."""
 
+    def __init__(self, stack: ExitStack, trunk, sidecar, cfg: LayerCostConfig,
+                 rng: np.random.Generator) -> None:
+        from mtplib.runtime.model import Context, ContextConfig, Model
+
+        self.cfg, self.rng = cfg, rng
+        tm = self.tm = stack.enter_context(Model(trunk))
+        tcfg = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, n_rs_seq=max(cfg.ks) + 1)
+        self.tc = stack.enter_context(Context(tm, tcfg))
+        self.mc = None
+        if sidecar:
+            sm = stack.enter_context(Model(sidecar, load_mtp=True))
+            self.mc = stack.enter_context(Context(sm, ContextConfig(
+                n_ctx=cfg.n_ctx, n_threads=cfg.threads, mtp=True, nextn_rows="masked")))
+        self.raw: dict = {"plain": [], "verify": {str(k): [] for k in cfg.ks}}
+        if self.mc:
+            self.raw["mtp"] = []
+        prompt = seeded_prompt(cfg.seed, cfg.n_prompt, tm.n_vocab)
+        self.tc.decode(prompt, range(cfg.n_prompt),
+                       logits=[False] * (cfg.n_prompt - 1) + [True])
+        self.tok = int(np.argmax(self.tc.logits(-1)))
+        # the draft's input row: a fixed random hc*n_embd row (its values change which
+        # experts the block routes to, not how much it computes per token)
+        self.row = rng.standard_normal((1, tm.n_embd_out)).astype(np.float32)
+        self.tt = _SyncTimer(self.tc.llama)
+        self.tc.llama = self.tt
+        stack.callback(setattr, self.tc, "llama", self.tt._llama)
+        if self.mc:
+            self.mt = _SyncTimer(self.mc.llama)
+            self.mc.llama = self.mt
+            stack.callback(setattr, self.mc, "llama", self.mt._llama)
+
+    def step(self, i: int) -> None:
+        """Verify batches of k+1 tokens (each rolled back), the plain decode that advances
+        the context, the MTP draft; kept after the warm-up."""
+        cfg, tc, tok = self.cfg, self.tc, self.tok
+        p = cfg.n_prompt + i
+        keep = i >= cfg.warmup
+        for k in cfg.ks:
+            drafts = [int(t) for t in self.rng.integers(0, self.tm.n_vocab, k)]
+            tc.decode([tok, *drafts], range(p, p + k + 1), logits=True)
+            if keep:
+                self.raw["verify"][str(k)].append(self.tt.last)
+            if not tc.seq_rm(0, p):
+                raise InputError(f"upstream refused to roll back the {k + 1}-token verify "
+                                 f"batch at {p}")
+        tc.decode([tok], [p], logits=True)
+        if keep:
+            self.raw["plain"].append(self.tt.last)
+        self.tok = int(np.argmax(tc.logits(-1)))
+        if self.mc:
+            self.mc.decode([tok], [p], logits=True, rows=self.row)
+            if keep:
+                self.raw["mtp"].append(self.mt.last)
+
+
+def time_models(models: Sequence[tuple[str | Path, str | Path | None]],
+                cfg: LayerCostConfig, progress: Callable[[str], None] | None = None
+                ) -> list[dict]:
+    """Raw timings (seconds) of each (trunk, sidecar or None), all loaded at once and run
+    step by step in turn (the order alternating), so that a change in the machine's load
+    hits every model's step i alike and differences can be taken step by step."""
     cfg = cfg.validate()
-    k_max = max(cfg.ks)
-    raw: dict = {"plain": [], "verify": {str(k): [] for k in cfg.ks}, "mtp": []}
     rng = np.random.default_rng(cfg.seed)
-    with Model(trunk) as tm:
-        sm = Model(sidecar, load_mtp=True) if sidecar else None
-        try:
-            tcfg = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, n_rs_seq=k_max + 1)
-            with Context(tm, tcfg) as tc:
-                mc = Context(sm, ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads,
-                                               mtp=True, nextn_rows="masked")) if sm else None
-                try:
-                    prompt = seeded_prompt(cfg.seed, cfg.n_prompt, tm.n_vocab)
-                    tc.decode(prompt, range(cfg.n_prompt),
-                              logits=[False] * (cfg.n_prompt - 1) + [True])
-                    tok = int(np.argmax(tc.logits(-1)))
-                    # the draft's input row: a fixed random hc*n_embd row (its values do
-                    # not change what the block computes per token, only which experts)
-                    row = rng.standard_normal((1, tm.n_embd_out)).astype(np.float32)
-                    tt = _SyncTimer(tc.llama)
-                    tc.llama = tt
-                    mt = _SyncTimer(mc.llama) if mc else None
-                    if mc:
-                        mc.llama = mt
-                    try:
-                        for i in range(cfg.warmup + cfg.steps):
-                            p = cfg.n_prompt + i
-                            keep = i >= cfg.warmup
-                            for k in cfg.ks:
-                                drafts = [int(t) for t in rng.integers(0, tm.n_vocab, k)]
-                                tc.decode([tok, *drafts], range(p, p + k + 1), logits=True)
-                                if keep:
-                                    raw["verify"][str(k)].append(tt.last)
-                                if not tc.seq_rm(0, p):
-                                    raise InputError(f"upstream refused to roll back the "
-                                                     f"{k + 1}-token verify batch at {p}")
-                            tc.decode([tok], [p], logits=True)
-                            if keep:
-                                raw["plain"].append(tt.last)
-                            nxt = int(np.argmax(tc.logits(-1)))
-                            if mc:
-                                mc.decode([tok], [p], logits=True, rows=row)
-                                if keep:
-                                    raw["mtp"].append(mt.last)
-                            tok = nxt
-                            if progress and keep:
-                                progress(f"step {i - cfg.warmup + 1}/{cfg.steps}")
-                    finally:
-                        tc.llama = tt._llama
-                        if mc:
-                            mc.llama = mt._llama
-                finally:
-                    if mc:
-                        mc.close()
-        finally:
-            if sm:
-                sm.close()
-    if not sidecar:
-        del raw["mtp"]
-    return raw
+    with ExitStack() as stack:
+        runners = [_Runner(stack, t, s, cfg, rng) for t, s in models]
+        for i in range(cfg.warmup + cfg.steps):
+            for r in (runners if i % 2 == 0 else runners[::-1]):
+                r.step(i)
+            if progress and i >= cfg.warmup:
+                progress(f"step {i - cfg.warmup + 1}/{cfg.steps}")
+        return [r.raw for r in runners]
 
 
-def _boot(rng: np.random.Generator, xs: Sequence[float], n: int) -> np.ndarray:
-    a = np.asarray(xs, dtype=float)
-    return np.median(a[rng.integers(0, a.size, (n, a.size))], axis=1)
+def _boot_idx(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
+    return rng.integers(0, n, (b, n))
 
 
 def derive(slice_raw: dict, l4_raw: dict, cfg: LayerCostConfig) -> dict:
-    """The projection's inputs from the two files' raw timings (seconds), with bootstrap
-    10-90 % intervals: each series is resampled on its own (they ran at other moments)."""
+    """The projection's inputs from the two files' raw timings (seconds), step by step
+    (step i of both ran back to back), with bootstrap 10-90 % intervals over the steps."""
     rng = np.random.default_rng(cfg.seed)
-    B = cfg.bootstrap
-    med = {}  # name -> (point, bootstrap samples), seconds
-    for name, a, b in [("1", slice_raw["plain"], l4_raw["plain"])] + [
-            (str(k + 1), slice_raw["verify"][str(k)], l4_raw["verify"][str(k)])
-            for k in cfg.ks]:
-        layer = (np.median(a) - np.median(b)) / DIFF_LAYERS
-        layer_b = (_boot(rng, a, B) - _boot(rng, b, B)) / DIFF_LAYERS
-        l4_b = _boot(rng, b, B)
-        med[name] = {"layer": (layer, layer_b),
-                     "v4": (np.median(b) + EXTRA_LAYERS * layer, l4_b + EXTRA_LAYERS * layer_b)}
-    v1, v1_b = med["1"]["v4"]
+    n = len(slice_raw["plain"])
+    if any(len(x) != n for x in [l4_raw["plain"], *slice_raw["verify"].values(),
+                                 *l4_raw["verify"].values()]):
+        raise InputError("the slice's and its partner's series must have one entry per step")
+    idx = _boot_idx(rng, n, cfg.bootstrap)
+    series = {"1": (slice_raw["plain"], l4_raw["plain"])}
+    series.update({str(k + 1): (slice_raw["verify"][str(k)], l4_raw["verify"][str(k)])
+                   for k in cfg.ks})
+    layer, v4 = {}, {}  # batch size -> per-step seconds
+    for b, (a, c) in series.items():
+        a, c = np.asarray(a, float), np.asarray(c, float)
+        layer[b] = (a - c) / DIFF_LAYERS
+        v4[b] = c + EXTRA_LAYERS * layer[b]
 
-    def iv(x: np.ndarray, scale: float = 1e3) -> list[float]:
-        return [float(np.percentile(x, 10)) * scale, float(np.percentile(x, 90)) * scale]
+    def med(x: np.ndarray) -> float:
+        return float(np.median(x))
+
+    def iv(x: np.ndarray | Callable[[np.ndarray], float], scale: float = 1e3) -> list[float]:
+        """10-90 % of a statistic (the median of ``x``, or ``x(steps)``) over resamples."""
+        stat = x if callable(x) else (lambda j: med(x[j]))
+        boots = np.array([stat(j) for j in idx])
+        return [float(np.percentile(boots, 10)) * scale,
+                float(np.percentile(boots, 90)) * scale]
 
     ks = np.asarray(cfg.ks, dtype=float)
-    ys = np.asarray([med[str(k + 1)]["v4"][0] / v1 - 1 for k in cfg.ks])
-    ys_b = np.stack([med[str(k + 1)]["v4"][1] / v1_b - 1 for k in cfg.ks])
-    beta = float((ks @ ys) / (ks @ ks))
-    beta_b = (ks @ ys_b) / (ks @ ks)
+
+    def beta(j: np.ndarray | slice) -> float:
+        v1 = np.median(v4["1"][j])
+        ys = np.asarray([np.median(v4[str(k + 1)][j]) / v1 - 1 for k in cfg.ks])
+        return float((ks @ ys) / (ks @ ks))
+
+    whole = slice(None)
+    v1 = med(v4["1"])
     out = {
-        "layer_ms": float(med["1"]["layer"][0]) * 1e3,
-        "layer_ms_p10_p90": iv(med["1"]["layer"][1]),
-        "v4_flash_decode_ms": float(v1) * 1e3,
-        "v4_flash_decode_ms_p10_p90": iv(v1_b),
-        "layer_s": float(v1) / V4_FLASH_LAYERS,
+        "layer_ms": med(layer["1"]) * 1e3,
+        "layer_ms_p10_p90": iv(layer["1"]),
+        "v4_flash_decode_ms": v1 * 1e3,
+        "v4_flash_decode_ms_p10_p90": iv(v4["1"]),
+        "layer_s": v1 / V4_FLASH_LAYERS,
         "layer_s_note": "V4-Flash plain decode / 43 (head and embedding folded in, as the "
                         "assumption it replaces)",
-        "verify_token_cost": beta,
-        "verify_token_cost_p10_p90": iv(beta_b, 1.0),
-        "verify_by_k": {str(k): {"v4_flash_ms": float(med[str(k + 1)]["v4"][0]) * 1e3,
-                                 "per_extra_token": float(y / k),
-                                 "layer_ms": float(med[str(k + 1)]["layer"][0]) * 1e3}
-                        for k, y in zip(cfg.ks, ys, strict=True)},
+        "verify_token_cost": beta(whole),
+        "verify_token_cost_p10_p90": iv(beta, scale=1.0),
+        "verify_by_k": {str(k): {"v4_flash_ms": med(v4[str(k + 1)]) * 1e3,
+                                 "per_extra_token": (med(v4[str(k + 1)]) / v1 - 1) / k,
+                                 "layer_ms": med(layer[str(k + 1)]) * 1e3}
+                        for k in cfg.ks},
+        "method": "paired: step i of the slice and of its partner ran back to back; layer = "
+                  "(slice - partner) / 2 per step, V4-Flash = partner + 39 x layer per step; "
+                  "medians over the steps; 10-90 % of a bootstrap over the steps",
     }
     if "mtp" in slice_raw:
-        m = np.median(slice_raw["mtp"])
-        m_b = _boot(rng, slice_raw["mtp"], B)
-        out.update({"draft_ms": float(m) * 1e3, "draft_ms_p10_p90": iv(m_b),
-                    "draft_cost": float(m / v1), "draft_cost_p10_p90": iv(m_b / v1_b, 1.0)})
+        m = np.asarray(slice_raw["mtp"], float)
+        out.update({"draft_ms": med(m) * 1e3, "draft_ms_p10_p90": iv(m),
+                    "draft_cost": med(m) / v1,
+                    "draft_cost_p10_p90": iv(lambda j: med(m[j]) / med(v4["1"][j]),
+                                             scale=1.0)})
     return out
 
 
@@ -286,10 +310,23 @@ LIMITATIONS = [
 ]
 
 
+def _existing(fixture_dir: Path, preset: str, seed: int, sidecar: bool):
+    """The pair `write_fixture` would write, if its files are all there (else None)."""
+    from mtplib.model.fixture import FixturePair, fixture_names
+    from mtplib.model.presets import get_preset
+
+    t, m = (fixture_dir / n for n in fixture_names(preset, seed))
+    if not t.is_file() or (sidecar and not m.is_file()):
+        return None
+    return FixturePair(t, m if sidecar else None, get_preset(preset), seed, preset)
+
+
 def measure(fixture_dir: str | Path, cfg: LayerCostConfig | None = None, *, seed: int = 0,
-            command: str = "", progress: Callable[[str], None] | None = None
-            ) -> LayerCostResult:
-    """Generate (or reuse) the slice and its partner in ``fixture_dir``, time both, derive."""
+            command: str = "", progress: Callable[[str], None] | None = None,
+            reuse: bool = False) -> LayerCostResult:
+    """Generate the slice and its partner in ``fixture_dir`` (``reuse``: take the files
+    already there as they are; the result records the sha256 of what was timed either
+    way), time both step by step, derive."""
     from mtplib.model.fixture import write_fixture
     from mtplib.runtime.devices import backend_info
 
@@ -297,18 +334,18 @@ def measure(fixture_dir: str | Path, cfg: LayerCostConfig | None = None, *, seed
     la0 = loadavg()
     secs: dict = {}
     t0 = time.perf_counter()
-    sl = write_fixture(fixture_dir, seed=seed, preset=SLICE)
-    l4 = write_fixture(fixture_dir, seed=seed, preset=PARTNER, sidecar=False)
+    d = Path(fixture_dir)
+    sl = (reuse and _existing(d, SLICE, seed, True)) or write_fixture(d, seed=seed,
+                                                                      preset=SLICE)
+    l4 = (reuse and _existing(d, PARTNER, seed, False)) or write_fixture(
+        d, seed=seed, preset=PARTNER, sidecar=False)
     secs["generate"] = round(time.perf_counter() - t0, 1)
+    secs["reused_files"] = bool(reuse and secs["generate"] < 1)
     files = {"slice": sl.summary(), "partner": l4.summary()}
     t0 = time.perf_counter()
-    raw_slice = time_model(sl.trunk, sl.sidecar, cfg,
-                           progress=(lambda s: progress(f"{SLICE}: {s}")) if progress else None)
-    secs["time_slice"] = round(time.perf_counter() - t0, 1)
-    t0 = time.perf_counter()
-    raw_l4 = time_model(l4.trunk, None, cfg,
-                        progress=(lambda s: progress(f"{PARTNER}: {s}")) if progress else None)
-    secs["time_partner"] = round(time.perf_counter() - t0, 1)
+    raw_slice, raw_l4 = time_models([(sl.trunk, sl.sidecar), (l4.trunk, None)], cfg,
+                                    progress=progress)
+    secs["time"] = round(time.perf_counter() - t0, 1)
     summaries = {
         "slice": {"plain": summary(raw_slice["plain"]), "mtp": summary(raw_slice["mtp"]),
                   **{f"verify_k{k}": summary(raw_slice["verify"][str(k)]) for k in cfg.ks}},

@@ -438,8 +438,8 @@ class ComputeInputs:
             return cls(name=name or ("measured-gpu" if gpu else "measured-cpu"),
                        layer_s=float(der["layer_s"]), hardware=str(hw["label"]),
                        source=(f"measured on the V4-Flash-width slice by `{d.get('command')}`"
-                               f" ({cfg['steps']} steps per series, {cfg['threads']} "
-                               f"threads{', ' + PurePath(path).name if path else ''})"),
+                               f" ({cfg['steps']} steps per series, threads "
+                               f"{cfg['threads']}{', ' + PurePath(path).name if path else ''})"),
                        verify_token_cost=float(der["verify_token_cost"]),
                        draft_cost=float(der["draft_cost"]), spread=spread,
                        steps=int(cfg["steps"]))
