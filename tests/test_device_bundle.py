@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -69,3 +70,25 @@ def test_device_script_parses_and_names_its_phases():
         assert f"phase {phase} {phase}" in text, phase
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in text and "-DGGML_RPC=ON" in text
     assert "--no-build-isolation" in text  # the device has no network
+
+
+def test_shard_device_choice(monkeypatch):
+    """A shard serves the CPU unless --device/$MTPLIB_SHARD_DEVICE asks for the GPU; a GPU
+    asked of a CPU-only build, or an unknown kind, is refused before upstream serves."""
+    from mtplib.errors import MtplibError
+    from mtplib.runtime import rpc
+    from mtplib.runtime.devices import gpu_devices
+
+    monkeypatch.delenv(rpc.SHARD_DEVICE_ENV, raising=False)
+    assert rpc.shard_device() == rpc.cpu_device() == rpc.shard_device("cpu")
+    monkeypatch.setenv(rpc.SHARD_DEVICE_ENV, "tpu")
+    with pytest.raises(InputError, match="shard device must be one of cpu, gpu"):
+        rpc.shard_device()
+    if not gpu_devices():
+        monkeypatch.setenv(rpc.SHARD_DEVICE_ENV, "gpu")
+        with pytest.raises(MtplibError, match="no GPU device"):
+            rpc.shard_device()
+    r = subprocess.run([sys.executable, "-m", "mtplib.cli", "shard", "serve", "--endpoint",
+                        "127.0.0.1:1", "--device", "tpu"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 2 and "invalid choice: 'tpu'" in r.stderr

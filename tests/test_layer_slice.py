@@ -239,7 +239,7 @@ def test_committed_cpu_measurement_is_read_by_the_report():
         c = P.load_compute(f)
         d = json.loads(f.read_text())
         assert c.steps >= LC.MIN_STEPS
-        assert all(len(d["raw"]["slice"]["plain"]) == c.steps for _ in (0,))
+        assert len(d["raw"]["slice"]["plain"]) == len(d["raw"]["partner"]["plain"]) == c.steps
         assert c.layer_s == d["derived"]["layer_s"] > 0
 
 
