@@ -256,6 +256,8 @@ def test_time_models_pairs_steps_and_feeds_derive(tmp_path):
         assert set(raw["verify"]) == {"1", "2", "3"}
         assert all(len(v) == 20 for v in raw["verify"].values())
     assert len(a["mtp"]) == 20 and "mtp" not in b
+    assert len(a["cpu"]["plain"]) == len(a["cpu"]["mtp"]) == len(b["cpu"]["verify"]["3"]) == 20
+    assert all(x >= 0 for x in a["cpu"]["plain"])
     d = LC.derive(a, b, cfg)  # the same file twice: the "layer" is noise around 0
     assert d["draft_ms"] > 0 and np.isfinite(d["verify_token_cost"])
     assert abs(d["layer_ms"]) < d["v4_flash_decode_ms"]

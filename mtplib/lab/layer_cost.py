@@ -100,16 +100,19 @@ class _SyncTimer:
 
     def __init__(self, llama) -> None:
         self._llama = llama
-        self.last = 0.0
+        self.last = self.last_cpu = 0.0
 
     def __getattr__(self, name):
         return getattr(self._llama, name)
 
     def llama_decode(self, ctx, batch):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         rc = self._llama.llama_decode(ctx, batch)
         self._llama.llama_synchronize(ctx)
         self.last = time.perf_counter() - t0
+        # the process's CPU time (all threads): with one thread, what the decode cost this
+        # CPU whatever else the machine ran meanwhile
+        self.last_cpu = time.process_time() - c0
         return rc
 
 
@@ -141,6 +144,8 @@ class _Runner:
         self.raw: dict = {"plain": [], "verify": {str(k): [] for k in cfg.ks}}
         if self.mc:
             self.raw["mtp"] = []
+        self.raw["cpu"] = {key: ({} if key == "verify" else []) for key in self.raw}
+        self.raw["cpu"]["verify"] = {str(k): [] for k in cfg.ks}
         prompt = seeded_prompt(cfg.seed, cfg.n_prompt, tm.n_vocab)
         self.tc.decode(prompt, range(cfg.n_prompt),
                        logits=[False] * (cfg.n_prompt - 1) + [True])
@@ -167,17 +172,20 @@ class _Runner:
             tc.decode([tok, *drafts], range(p, p + k + 1), logits=True)
             if keep:
                 self.raw["verify"][str(k)].append(self.tt.last)
+                self.raw["cpu"]["verify"][str(k)].append(self.tt.last_cpu)
             if not tc.seq_rm(0, p):
                 raise InputError(f"upstream refused to roll back the {k + 1}-token verify "
                                  f"batch at {p}")
         tc.decode([tok], [p], logits=True)
         if keep:
             self.raw["plain"].append(self.tt.last)
+            self.raw["cpu"]["plain"].append(self.tt.last_cpu)
         self.tok = int(np.argmax(tc.logits(-1)))
         if self.mc:
             self.mc.decode([tok], [p], logits=True, rows=self.row)
             if keep:
                 self.raw["mtp"].append(self.mt.last)
+                self.raw["cpu"]["mtp"].append(self.mt.last_cpu)
 
 
 def time_models(models: Sequence[tuple[str | Path, str | Path | None]],
@@ -185,7 +193,8 @@ def time_models(models: Sequence[tuple[str | Path, str | Path | None]],
                 ) -> list[dict]:
     """Raw timings (seconds) of each (trunk, sidecar or None), all loaded at once and run
     step by step in turn (the order alternating), so that a change in the machine's load
-    hits every model's step i alike and differences can be taken step by step."""
+    hits every model's step i alike and differences can be taken step by step. Wall time;
+    ``["cpu"]`` holds the same series in process CPU time."""
     cfg = cfg.validate()
     rng = np.random.default_rng(cfg.seed)
     with ExitStack() as stack:
@@ -278,6 +287,12 @@ class LayerCostResult:
     summaries: dict
     derived: dict
     limitations: list[str]
+    #: the same derivation on each decode's process CPU time
+    derived_cpu: dict = field(default_factory=dict)
+    #: which of the two the projection takes: "cpu" for a one-thread run without a GPU (on a
+    #: shared machine the wall time counts the other jobs' share; one thread's CPU time is
+    #: the decode's own cost), else "wall"
+    projection_basis: str = "wall"
     command: str = ""
     loadavg_before: list[float] = field(default_factory=list)
     loadavg_after: list[float] = field(default_factory=list)
@@ -346,15 +361,21 @@ def measure(fixture_dir: str | Path, cfg: LayerCostConfig | None = None, *, seed
     raw_slice, raw_l4 = time_models([(sl.trunk, sl.sidecar), (l4.trunk, None)], cfg,
                                     progress=progress)
     secs["time"] = round(time.perf_counter() - t0, 1)
-    summaries = {
-        "slice": {"plain": summary(raw_slice["plain"]), "mtp": summary(raw_slice["mtp"]),
-                  **{f"verify_k{k}": summary(raw_slice["verify"][str(k)]) for k in cfg.ks}},
-        "partner": {"plain": summary(raw_l4["plain"]),
-                    **{f"verify_k{k}": summary(raw_l4["verify"][str(k)]) for k in cfg.ks}},
-    }
+    def summaries(a: dict, b: dict) -> dict:
+        return {"slice": {"plain": summary(a["plain"]), "mtp": summary(a["mtp"]),
+                          **{f"verify_k{k}": summary(a["verify"][str(k)]) for k in cfg.ks}},
+                "partner": {"plain": summary(b["plain"]),
+                            **{f"verify_k{k}": summary(b["verify"][str(k)]) for k in cfg.ks}}}
+
+    backend = backend_info()
+    basis = "cpu" if cfg.threads == 1 and not backend["gpu_devices"] else "wall"
     return LayerCostResult(
-        config=asdict(cfg), files=files, hardware=hardware(), backend=backend_info(),
-        raw={"slice": raw_slice, "partner": raw_l4}, summaries=summaries,
-        derived=derive(raw_slice, raw_l4, cfg), limitations=list(LIMITATIONS),
+        config=asdict(cfg), files=files, hardware=hardware(), backend=backend,
+        raw={"slice": raw_slice, "partner": raw_l4},
+        summaries={"wall": summaries(raw_slice, raw_l4),
+                   "cpu": summaries(raw_slice["cpu"], raw_l4["cpu"])},
+        derived=derive(raw_slice, raw_l4, cfg),
+        derived_cpu=derive(raw_slice["cpu"], raw_l4["cpu"], cfg),
+        projection_basis=basis, limitations=list(LIMITATIONS),
         command=command, loadavg_before=la0, loadavg_after=loadavg(), seconds=secs)
 

@@ -428,7 +428,9 @@ class ComputeInputs:
             raise InputError(f"{path or 'the layer-cost result'} is not a "
                              f"{LAYER_COST_SCHEMA} result (mtplib layer-cost writes one)")
         try:
-            der, hw, cfg = d["derived"], d["hardware"], d["config"]
+            basis = d.get("projection_basis", "wall")
+            der = d["derived_cpu"] if basis == "cpu" else d["derived"]
+            hw, cfg = d["hardware"], d["config"]
             gpu = bool(hw.get("gpus")) and bool(d.get("backend", {}).get("gpu_devices"))
             spread = {k: der[k] for k in ("layer_ms_p10_p90", "v4_flash_decode_ms_p10_p90",
                                           "verify_token_cost_p10_p90", "draft_cost_p10_p90",
@@ -438,7 +440,7 @@ class ComputeInputs:
             return cls(name=name or ("measured-gpu" if gpu else "measured-cpu"),
                        layer_s=float(der["layer_s"]), hardware=str(hw["label"]),
                        source=(f"measured on the V4-Flash-width slice by `{d.get('command')}`"
-                               f" ({cfg['steps']} steps per series, threads "
+                               f" ({cfg['steps']} steps per series, {basis} time, threads "
                                f"{cfg['threads']}{', ' + PurePath(path).name if path else ''})"),
                        verify_token_cost=float(der["verify_token_cost"]),
                        draft_cost=float(der["draft_cost"]), spread=spread,
