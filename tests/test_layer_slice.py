@@ -240,7 +240,13 @@ def test_committed_cpu_measurement_is_read_by_the_report():
         d = json.loads(f.read_text())
         assert c.steps >= LC.MIN_STEPS
         assert len(d["raw"]["slice"]["plain"]) == len(d["raw"]["partner"]["plain"]) == c.steps
-        assert c.layer_s == d["derived"]["layer_s"] > 0
+        der = d["derived_cpu"] if d.get("projection_basis") == "cpu" else d["derived"]
+        assert c.layer_s == der["layer_s"] > 0
+        assert (c.verify_token_cost, c.draft_cost) == (der["verify_token_cost"],
+                                                       der["draft_cost"])
+        # a CPU-time basis only for a one-thread run without a GPU
+        if d.get("projection_basis") == "cpu":
+            assert d["config"]["threads"] == 1 and not d["backend"]["gpu_devices"]
 
 
 @pytest.mark.slow
