@@ -48,20 +48,30 @@ LAYER_STEPS="${MTPLIB_LAYER_STEPS:-30}"
 SKIP=" ${MTPLIB_DEVICE_SKIP-${REHEARSAL:+slice}} "
 
 now() { date +%s.%N; }
+child_cpu() {  # CPU seconds (user + sys) of the finished children of THIS shell, from
+  # `times` run here (a $(...) subshell has no children of its own): sets CHILD_CPU
+  times >"$WORK/.times"
+  CHILD_CPU="$(tail -1 "$WORK/.times" | awk '{ for (i = 1; i <= 2; i++) {
+    split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } } END { printf "%.1f", t }')"
+}
 T0="$(now)"
 phase() {  # phase NAME CMD...: run, time, record; stop the script on failure
   local name="$1"; shift
   if [[ "$SKIP" == *" $name "* ]]; then
-    echo "=== phase $name: skipped"; printf '%s\t%s\t%s\n' "$name" skipped 0 >>"$REC"
+    echo "=== phase $name: skipped"; printf '%s\t%s\t%s\t%s\n' "$name" skipped 0 0 >>"$REC"
     return 0
   fi
-  local t="$(now)"
+  local t c
+  t="$(now)"; child_cpu; c="$CHILD_CPU"
   echo "=== phase $name: start $(date -u +%H:%M:%S)"
   "$@"
   local rc=$?
-  local dt; dt="$(awk -v a="$(now)" -v b="$t" 'BEGIN { printf "%.1f", a - b }')"
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$dt" >>"$REC"
-  echo "=== phase $name: rc=$rc, ${dt}s"
+  local dt cpu
+  dt="$(awk -v a="$(now)" -v b="$t" 'BEGIN { printf "%.1f", a - b }')"
+  child_cpu
+  cpu="$(awk -v a="$CHILD_CPU" -v b="$c" 'BEGIN { printf "%.1f", a - b }')"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$dt" "$cpu" >>"$REC"
+  echo "=== phase $name: rc=$rc, ${dt}s wall, ${cpu}s CPU (children)"
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
 }
 
@@ -77,9 +87,9 @@ def sh(*cmd):
         return f"unavailable: {e}"
 phases = []
 for line in open(rec):
-    name, prc, secs = line.rstrip("\n").split("\t")
+    name, prc, secs, cpu = line.rstrip("\n").split("\t")
     phases.append({"phase": name, "rc": prc if prc == "skipped" else int(prc),
-                   "seconds": round(float(secs), 1)})
+                   "seconds": round(float(secs), 1), "cpu_seconds": round(float(cpu), 1)})
 d = {"schema": "mtplib.device_record/1", "exit": int(rc), "rehearsal": bool(rehearsal),
      "cmake_args": cmake_args, "phases": phases,
      "total_seconds": round(time.time() - float(t0), 1),
@@ -108,8 +118,8 @@ probe() {
     echo "no bundle in $BUNDLE: run ./dev.sh gpu-bundle and carry .device"; return 3; }
   if [ -z "$REHEARSAL" ]; then  # cuBLAS: the toolkit's, else the pip wheel's (hints)
     local inc
-    inc="$(ls /usr/local/cuda/include/cublas_v2.h 2>/dev/null || find / -xdev -name \
-      cublas_v2.h -not -path '/proc/*' 2>/dev/null | head -1)"
+    inc="$(ls /usr/local/cuda/include/cublas_v2.h 2>/dev/null || find /usr/local /opt \
+      /usr/include /usr/lib -name cublas_v2.h 2>/dev/null | head -1)"
     echo "cublas_v2.h: ${inc:-NOT FOUND}"
     [ -n "$inc" ] || return 4
     if [ "$inc" != /usr/local/cuda/include/cublas_v2.h ]; then
