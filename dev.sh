@@ -7,6 +7,8 @@
 #   ./dev.sh notebooks              sync notebooks/*.py <-> *.ipynb (jupytext) and strip outputs
 #   ./dev.sh setup                  only create/refresh .venv (and the patched upstream)
 #   ./dev.sh patched                only build/install the patched upstream (patches/*.patch)
+#   ./dev.sh gpu-bundle             write .device/ (pruned patched sdist + wheels) for the
+#                                   one-command GPU device run (evidence/DGR-066/DEVICE.md)
 #
 # The pinned llama-cpp-python is an sdist: it is compiled once (about 7 minutes on 2 cores)
 # with the RPC backend into a wheel cache outside the repo, keyed on version, build flags,
@@ -167,6 +169,19 @@ for p in sys.argv[1:]:  # committed notebooks carry no outputs
     nbformat.write(nb, p)
 EOF
     ;;
-  help|-h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) log "unknown command '$cmd'"; sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  gpu-bundle)
+    # standard library + git + pip only: no venv needed; the sdist comes from --sdist or
+    # the project's copy, else pip downloads it (network)
+    cd "$ROOT"
+    args=("$@")
+    if [ ! -f /work/upstream-src/llama_cpp_python-"$LLAMA_VERSION".tar.gz ] && \
+       [[ " $* " != *" --sdist "* ]]; then
+      src="$(mktemp -d)"
+      "$(find_python)" -m pip download -q --no-deps --no-binary :all: -d "$src" \
+        "llama-cpp-python==$LLAMA_VERSION"
+      args+=(--sdist "$src/llama_cpp_python-$LLAMA_VERSION.tar.gz")
+    fi
+    exec "$(find_python)" -m mtplib.records.device_bundle "${args[@]}" ;;
+  help|-h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) log "unknown command '$cmd'"; sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -182,6 +182,9 @@ def _error_cases(short, tmp_path) -> dict[str, tuple[list, int, str]]:
         "info": (["info", "--json", "--no-such-option"], 2, "--no-such-option"),
         "check-hidden": (["check-hidden", tmp_path / "none.gguf", "--json"], 2, "not found"),
         "compare-upstream": (["compare-upstream", "--json"], 2, "--model and --mtp"),
+        "layer-cost": (["layer-cost", "--fixtures", tmp_path / "fx", "--out",
+                        tmp_path / "lc.json", "--steps", "5", "--json"], 2,
+                       "steps must be an int >= 20"),
     }
 
 

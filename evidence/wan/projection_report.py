@@ -73,9 +73,92 @@ def _waits(sw: P.StepWaits) -> str:
     return f"{sw.per_seam:g} / {sw.fixed:g} / {sw.tail:g}"
 
 
-def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
+#: Results of `mtplib layer-cost` (issue 24): the compute inputs measured on the V4-Flash-
+#: width slice. A GPU result, when one is committed, replaces the assumption in every table.
+LAYER_COST = REPO / "evidence" / "layer-cost"
+
+
+def computes(folder: Path = LAYER_COST) -> list[P.ComputeInputs]:
+    """The assumption, then every committed measurement (sorted by file name)."""
+    return [P.ASSUMED_COMPUTE] + [P.load_compute(p) for p in sorted(folder.glob("*.json"))]
+
+
+def main_compute(cs: list[P.ComputeInputs]) -> P.ComputeInputs:
+    """What the tables use: a GPU measurement where there is one, else the assumption (a
+    CPU figure is not what a shard of H200s computes at: it is shown beside it)."""
+    return next((c for c in cs if c.name == "measured-gpu"), P.ASSUMED_COMPUTE)
+
+
+def _compute_section(inv: Inventory, cs: list[P.ComputeInputs], main: P.ComputeInputs
+                     ) -> list[str]:
+    L: list[str] = []
+    w = L.append
+    w("## Compute: measured on the V4-Flash-width slice, beside the assumption")
+    w("")
+    w("`mtplib layer-cost` (`mtplib.lab.layer_cost`, issue 24) times the slice "
+      "(`--preset v4-flash-slice`: V4-Flash's widths, layer kinds and dtypes in its first six "
+      "layers + the MTP block, 16 routed experts of which 6 active) against its first four "
+      "layers alone: one CSA + one HCA layer = the difference / 2, and V4-Flash's plain "
+      "decode = the four-layer file + 39 such layers. `layer_s` = that decode / 43 (the head "
+      "folded in, as in the assumption); `verify_token_cost` = each extra verified token as a "
+      "fraction of a plain decode (slope over k = 1..3); `draft_cost` = one MTP draft (its "
+      "block + the real 129,280-row head) over a plain decode. Spread: 10-90 % bootstrap "
+      f"interval of the medians. The tables below use **{main.name}**"
+      + (" (no GPU measurement is committed yet: a CPU's per-layer time is not an H200 "
+         "shard's, so it is shown here, not used below)." if main is P.ASSUMED_COMPUTE
+         else "."))
+    w("")
+    def rng(sp: dict, key: str, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
+        v = sp.get(key)
+        return f" ({fmt.format(v[0] * scale)}-{fmt.format(v[1] * scale)})" if v else ""
+
+    rows = []
+    for c in cs:
+        cm = P.compute_model(inv, c.params())
+        sp = c.spread
+
+        rows.append([
+            f"`{c.name}`", c.hardware,
+            f"{c.layer_s * 1e3:.3f} ms" + rng(sp, "v4_flash_decode_ms_p10_p90", 1 / 43),
+            f"{sp['layer_ms']:.3f} ms" + rng(sp, "layer_ms_p10_p90") if "layer_ms" in sp
+            else "-",
+            f"{cm.decode_s * 1e3:.1f} ms",
+            f"{cm.verify_token_cost:.4f}" + rng(sp, "verify_token_cost_p10_p90", 1, "{:.4f}")
+            + ("" if c.verify_token_cost is not None else " (calibrated)"),
+            f"{cm.draft_cost:.4f}" + rng(sp, "draft_cost_p10_p90", 1, "{:.4f}")
+            + ("" if c.draft_cost is not None else " (from bytes)"),
+            f"{c.steps}" if c.steps else "-", c.source])
+    L += _table(["compute", "hardware", "layer_s (p10-p90)", "one CSA/HCA layer, no head",
+                 "plain decode (43 x layer_s)", "verify_token_cost", "draft_cost",
+                 "steps", "source"], rows)
+    w("What each gives (whole model on one machine, RTT 0, and the 2-shard even plan at "
+      "RTT 0 and 50 ms; scenario draft@client, head@client; tokens/s, speed-up over MTP off):")
+    w("")
+    sc = P.DEFAULT_SCENARIOS[2]
+    prow = []
+    for c in cs:
+        for plan, rtt in (("0-42", 0), (str(even_plan(inv.config.n_layer, 2)), 0),
+                          (str(even_plan(inv.config.n_layer, 2)), 50)):
+            rs = {r["k"]: r for r in P.project(inv, plans=[plan], rtts_ms=(rtt,),
+                                               scenarios=(sc,), params=c.params())}
+            prow.append([f"`{c.name}`", f"`{plan}`", rtt] + [
+                f"{rs[k]['tok_s']:.2f}" + (f" ({rs[k]['speedup']:.2f}x)" if k else "")
+                for k in (0, 1, 2, 3)])
+    L += _table(["compute", "plan", "RTT ms", "MTP off", "k=1", "k=2", "k=3"], prow)
+    w("The slice's limitations (each result file lists them): 16 routed experts, so a "
+      "verify batch touches fewer distinct experts than V4-Flash's 256 would (the measured "
+      "`verify_token_cost` is a lower bound); random weights; a short context; layers 4-42 "
+      "taken as the CSA/HCA average.")
+    w("")
+    return L
+
+
+def render(inv: Inventory, hashes: dict, tr: Inventory,
+           compute: list[P.ComputeInputs] | None = None) -> str:
     cfg = inv.config
-    prm = P.ProjectionParams()
+    cs = computes() if compute is None else compute
+    main = main_compute(cs)
+    prm = main.params()
     cm = P.compute_model(inv, prm)
     ab = P.active_bytes(inv)
     L: list[str] = []
@@ -119,6 +202,9 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
         v = getattr(prm, f.name)
         src = P.DEFAULT_SOURCES.get(f.name, "llama_context setting (upstream's C default "
                                     "where one exists)")
+        if main is not P.ASSUMED_COMPUTE and f.name in ("layer_s", "verify_token_cost",
+                                                        "draft_cost"):
+            src = f"{main.source}, on {main.hardware}"
         if f.name == "layer_s":
             v = f"{v * 1e3:.3f} ms"
         elif f.name == "bandwidth_bps":
@@ -146,6 +232,7 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
         ["output head on the client CPU per step (head bytes / client_bw)",
          f"{cm.head_client_s * 1e3:.1f} ms"],
     ])
+    L += _compute_section(inv, cs, main)
     w("The message structure (`MessageStructure`; waits per step as per-seam / fixed / tail, "
       "see its docstring; `MessageStructure.from_run` reads a WAN run's per-shard counts):")
     w("")
@@ -276,7 +363,8 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
       "`measured`, acceptance "
       f"{', '.join(f'{a:g}' for a in prm.acceptance)}. Cells: tokens/s (speed-up over MTP off).")
     w("")
-    rows_all = P.project(inv, n_shards=TABLE_SHARDS, plan_kinds=("even",), rtts_ms=RTTS)
+    rows_all = P.project(inv, n_shards=TABLE_SHARDS, plan_kinds=("even",), rtts_ms=RTTS,
+                         params=prm)
     for sc in P.DEFAULT_SCENARIOS:
         w(f"**{sc.name}**")
         w("")
@@ -302,7 +390,8 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
             c0 = P.cycle(inv, plan, 0, sc, P.MEASURED, prm, cm)
             c2 = P.cycle(inv, plan, 2, sc, P.MEASURED, prm, cm)
             lim = c2["tokens"] * c0["waits"] / c2["waits"]
-            far = P.project(inv, plans=[plan], ks=(2,), rtts_ms=(1e6,), scenarios=(sc,))[0]
+            far = P.project(inv, plans=[plan], ks=(2,), rtts_ms=(1e6,), scenarios=(sc,),
+                            params=prm)[0]
             lrows.append([sc.name, n, f"{c0['waits']:g}", f"{c2['waits']:g}", f"{lim:.3f}",
                           f"{lim / c2['tokens']:.3f}", f"{far['speedup']:.3f}"])
     L += _table(["scenario", "shards", "waits plain", "waits per k=2 cycle", "limit (x)",
@@ -352,11 +441,17 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
     w("")
     w("## Limitations")
     w("")
-    w("- Compute is an assumption anchored to one published number of unknown hardware "
-      "(16.4 tok/s); a verify step's cost is calibrated to the PR's 1.5x with vLLM's "
-      "acceptance, a draft's from weight bytes. On an H200 the weights one token reads "
-      f"({_gb(ab['trunk'])} GB) take {ab['trunk'] / 4.8e12 * 1e3:.1f} ms at its 4.8 TB/s, "
-      "so GPU compute may be far below the default and the RTT terms dominate sooner.")
+    if main is P.ASSUMED_COMPUTE:
+        w("- Compute is an assumption anchored to one published number of unknown hardware "
+          "(16.4 tok/s); a verify step's cost is calibrated to the PR's 1.5x with vLLM's "
+          "acceptance, a draft's from weight bytes. On an H200 the weights one token reads "
+          f"({_gb(ab['trunk'])} GB) take {ab['trunk'] / 4.8e12 * 1e3:.1f} ms at its 4.8 "
+          "TB/s, so GPU compute may be far below the default and the RTT terms dominate "
+          "sooner. The slice's CPU measurement (above) replaces it only once it is an "
+          "H200's (`evidence/DGR-066/DEVICE.md`).")
+    else:
+        w(f"- Compute is measured on the V4-Flash-width slice on {main.hardware} "
+          "(section 'Compute'), with the slice's limitations.")
     w("- The structure is the trained pair's, on 2 shards, counted per RPC command; how "
       "waits scale with more shards is an assumption (`measured`: 2 per seam) until the WAN "
       "benchmark counts 3-shard plans; plug its counts in with `MessageStructure.from_run`.")
@@ -372,13 +467,13 @@ def render(inv: Inventory, hashes: dict, tr: Inventory) -> str:
     return "\n".join(L)
 
 
-def plot(inv: Inventory, path: Path) -> None:
+def plot(inv: Inventory, path: Path, params: P.ProjectionParams | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = P.project(inv, n_shards=(2, 8), plan_kinds=("even",))
+    rows = P.project(inv, n_shards=(2, 8), plan_kinds=("even",), params=params)
     sc = P.DEFAULT_SCENARIOS[2].name
     fig, axes = plt.subplots(2, 2, figsize=(14, 8), constrained_layout=True)
     for col, n in enumerate((2, 8)):
@@ -394,7 +489,7 @@ def main() -> None:
         inv, hashes = v4_flash(Path(tmp))
         text = render(inv, hashes, trained())
         (HERE / "PROJECTION.md").write_text(text)
-        plot(inv, HERE / "projection.png")
+        plot(inv, HERE / "projection.png", main_compute(computes()).params())
     print(f"wrote {HERE / 'PROJECTION.md'} and {HERE / 'projection.png'}")
 
 

@@ -4,5 +4,4 @@ Adding a command = adding a module here and its name to COMMANDS (order = --help
 """
 
 COMMANDS = ["fixture", "inventory", "generate", "serve", "shard", "tls", "run", "bench",
-            "evidence",
-            "info", "check-hidden", "compare-upstream"]
+            "evidence", "info", "check-hidden", "compare-upstream", "layer-cost"]

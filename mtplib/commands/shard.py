@@ -1,4 +1,5 @@
-"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU device.
+"""`mtplib shard serve`: one shard, an upstream RPC server process with a CPU (or GPU)
+device.
 
 With ``--tls DIR`` upstream's server binds a free loopback port and the mutual-TLS gateway
 (mtplib.distributed.gateway) serves ENDPOINT; without it ENDPOINT must be loopback, unless
@@ -26,7 +27,7 @@ def serve(a: argparse.Namespace) -> int:
     setup_logging(a)
     from mtplib.errors import InputError
     from mtplib.runtime.model import check_threads
-    from mtplib.runtime.rpc import parse_endpoint, serve
+    from mtplib.runtime.rpc import parse_endpoint, serve, shard_device
 
     if a.allow_remote:
         raise InputError("--allow-remote is gone: give --tls DIR (mutual TLS, see `mtplib tls "
@@ -36,6 +37,7 @@ def serve(a: argparse.Namespace) -> int:
     remote_ok = tls is not None or a.insecure_plaintext
     host, port = parse_endpoint(a.endpoint, allow_remote=remote_ok)  # refuse before starting
     check_threads(a.threads, "--threads")
+    shard_device(a.device)  # a GPU asked of a CPU build: refused here, not in the thread
     rpc_endpoint, gateway = a.endpoint, None
     if tls is not None:
         from mtplib.distributed.gateway import Gateway
@@ -61,7 +63,7 @@ def serve(a: argparse.Namespace) -> int:
     def run() -> None:
         try:
             serve(rpc_endpoint, threads=a.threads, cache_dir=a.cache_dir,
-                  allow_remote=a.insecure_plaintext)
+                  allow_remote=a.insecure_plaintext, device=a.device)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             result["error"] = e
         finally:
@@ -117,6 +119,9 @@ def register(sub) -> None:
                       "ENDPOINT could not be served (e.g. the port is taken).")
     v.add_argument("--endpoint", required=True, help="HOST:PORT to bind, e.g. 127.0.0.1:50052")
     v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs")
+    v.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                   help="what to serve: this process's CPU, or the first local GPU of a CUDA "
+                   "build (default: $MTPLIB_SHARD_DEVICE, else cpu)")
     v.add_argument("--cache-dir", help="upstream's tensor cache dir (large weights by hash)")
     add_tls_args(v, "serve ENDPOINT through the mutual-TLS gateway with DIR's ca.pem, "
                  "shard.pem and shard.key (see `mtplib tls init`)")

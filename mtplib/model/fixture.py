@@ -39,7 +39,7 @@ WEIGHTLESS_KEY = "mtplib.weightless"
 @dataclass(frozen=True)
 class FixturePair:
     trunk: Path
-    sidecar: Path
+    sidecar: Path | None  # None: written without its sidecar (write_fixture(sidecar=False))
     config: V4Config
     seed: int
     preset: str
@@ -59,7 +59,7 @@ class FixturePair:
             "preset": self.preset,
             "seed": self.seed,
             "trunk": entry(self.trunk),
-            "sidecar": entry(self.sidecar),
+            "sidecar": entry(self.sidecar) if self.sidecar is not None else None,
             "config": self.config.to_dict(),
         }
 
@@ -130,6 +130,56 @@ def _init(spec: TensorSpec, cfg: V4Config, seed: int, key: str) -> np.ndarray:
     return np.ascontiguousarray(w.astype(np.float32))
 
 
+#: RMS of an MXFP4 value's code (kvalues_mxfp4 of ggml-common.h: 0,1,2,3,4,6,8,12 and their
+#: negatives, uniform nibbles), before the block scale 2^(e - 128) (GGML_E8M0_TO_FP32_HALF).
+_MXFP4_CODE_RMS = float(np.sqrt(np.mean(np.square(
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]))))
+#: Bytes generated at a time for one quantized tensor: a 1 GB BF16 head never sits in memory.
+_CHUNK_BYTES = 64 << 20
+
+
+def _scale(spec: TensorSpec, cfg: V4Config) -> float:
+    """The standard deviation `_init` gives a matrix of this kind."""
+    if spec.kind == "token_embd":
+        return 1.0
+    if spec.kind == "output":
+        return 3.0 / np.sqrt(cfg.n_embd)
+    return 1.0 / np.sqrt(spec.ne[0])
+
+
+def _raw_chunks(spec: TensorSpec, cfg: V4Config, seed: int, key: str):
+    """The bytes of a BF16 / Q8_0 / MXFP4 tensor, row chunk by row chunk, as ggml lays them
+    out (ggml-common.h: block_q8_0 = fp16 d + 32 int8; block_mxfp4 = e8m0 e + 16 bytes of
+    nibbles), with the scale `_init` would give it. Random codes, not quantized normals:
+    the cost of decoding them is the same, and writing 1 GB takes seconds, not minutes."""
+    rng = _rng(seed, key)
+    ne0 = spec.ne[0]
+    n_rows = spec.n_elements // ne0
+    row_bytes = spec.nbytes // n_rows
+    per = max(1, _CHUNK_BYTES // row_bytes)
+    sd = _scale(spec, cfg)
+    for r0 in range(0, n_rows, per):
+        rows = min(per, n_rows - r0)
+        if spec.dtype == "BF16":
+            w = rng.standard_normal(rows * ne0, dtype=np.float32) * np.float32(sd)
+            yield (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        elif spec.dtype == "Q8_0":
+            nb = rows * ne0 // 32
+            blk = np.empty((nb, 34), np.uint8)
+            d = np.float16(sd / (127 / np.sqrt(3)))  # uniform int8 in [-127, 127]: sd 73.3
+            blk[:, :2] = np.frombuffer(d.tobytes(), np.uint8)
+            blk[:, 2:] = rng.integers(-127, 128, (nb, 32), dtype=np.int8).view(np.uint8)
+            yield blk.reshape(-1)
+        elif spec.dtype == "MXFP4":
+            nb = rows * ne0 // 32
+            blk = np.empty((nb, 17), np.uint8)
+            blk[:, 0] = int(round(128 + np.log2(sd / _MXFP4_CODE_RMS)))
+            blk[:, 1:] = np.frombuffer(rng.bytes(nb * 16), np.uint8).reshape(nb, 16)
+            yield blk.reshape(-1)
+        else:
+            raise InputError(f"no raw writer for dtype {spec.dtype} ({spec.name})")
+
+
 def _tensor_key(spec: TensorSpec, sidecar: bool) -> str:
     # the sidecar's hc head is the MTP's own; every other root tensor is shared data
     if sidecar and spec.kind in ROOT_HC_HEAD:
@@ -192,6 +242,39 @@ def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sideca
         os.replace(tmp, path)
 
 
+def _write_typed(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int,
+                 sidecar: bool, name: str) -> None:
+    """A file in the dtypes the specs name (the converter's policy), streamed: tensor infos
+    first, then each tensor's bytes chunk by chunk, so a multi-GB slice needs little RAM.
+    F32 and I32 tensors get `_init`'s values; BF16 / Q8_0 / MXFP4 `_raw_chunks`'."""
+    import gguf
+
+    tmp = path.with_name(path.name + ".tmp")
+    with _removed_on_failure(tmp):
+        w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+        _add_keys(w, cfg, sidecar, name)
+        for spec in specs:
+            raw = None if spec.dtype in ("F32", "I32") else gguf.GGMLQuantizationType[spec.dtype]
+            w.add_tensor_info(spec.name, tuple(reversed(spec.ne)),
+                              np.dtype(np.int32 if spec.dtype == "I32" else np.float32),
+                              spec.nbytes, raw_dtype=raw)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        f = w.fout[0]
+        for spec in specs:
+            w.write_padding(f, f.tell())
+            key = _tensor_key(spec, sidecar)
+            if spec.dtype in ("F32", "I32"):
+                _init(spec, cfg, seed, key).tofile(f)
+            else:
+                for chunk in _raw_chunks(spec, cfg, seed, key):
+                    chunk.tofile(f)
+            w.write_padding(f, spec.nbytes)
+        w.close()
+        os.replace(tmp, path)
+
+
 def _write_sparse(path: Path, cfg: V4Config, specs: list[TensorSpec], sidecar: bool,
                   name: str) -> None:
     """Header + tensor infos only; the data region is extended with truncate, so it is a
@@ -233,12 +316,14 @@ def fixture_names(preset: str, seed: int) -> tuple[str, str]:
 
 
 def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_PRESET,
-                  force: bool = False) -> FixturePair:
+                  force: bool = False, sidecar: bool = True) -> FixturePair:
     """Write (or reuse, when byte-identical) the trunk and sidecar for ``preset``/``seed``.
 
     An existing file with the same name but other bytes is never overwritten without
     ``force``: it may be someone's model. A weight-less preset (``v4-flash``) writes the
-    header and tensor table only, with a sparse data region (seed unused).
+    header and tensor table only, with a sparse data region (seed unused). ``sidecar=False``
+    writes the trunk alone (the pair's ``sidecar`` is None): a multi-GB slice's partner
+    needs no MTP block of its own.
     """
     if seed < 0 or seed >= 2**32:
         raise InputError(f"seed must be in [0, 2**32), got {seed}")
@@ -249,16 +334,20 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
     trunk_name, side_name = fixture_names(preset, seed)
     paths: list[Path] = []
     new: list[Path] = []  # files this call created (not replaced): removed if it fails
+    jobs = [(trunk_name, trunk_tensors(cfg), False)]
+    if sidecar:
+        jobs.append((side_name, sidecar_tensors(cfg), True))
     try:
-        for fname, specs, sidecar in ((trunk_name, trunk_tensors(cfg), False),
-                                      (side_name, sidecar_tensors(cfg), True)):
+        for fname, specs, is_sidecar in jobs:
             path = out / fname
             staged = out / (fname + ".new")
             try:
                 if weightless:
-                    _write_sparse(staged, cfg, specs, sidecar, fname[: -len(".gguf")])
+                    _write_sparse(staged, cfg, specs, is_sidecar, fname[: -len(".gguf")])
+                elif cfg.extra.get("dtype_policy", "f32") != "f32":
+                    _write_typed(staged, cfg, specs, seed, is_sidecar, fname[: -len(".gguf")])
                 else:
-                    _write(staged, cfg, specs, seed, sidecar, fname[: -len(".gguf")])
+                    _write(staged, cfg, specs, seed, is_sidecar, fname[: -len(".gguf")])
                 if path.exists() and not force and not _same_file(path, staged, weightless):
                     raise WouldOverwrite(
                         f"{path} exists with different contents; remove it or pass --force")
@@ -277,7 +366,7 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
                 f.unlink()
         remove_dirs(made)
         raise
-    return FixturePair(paths[0], paths[1], cfg, seed, preset, weightless)
+    return FixturePair(paths[0], paths[1] if sidecar else None, cfg, seed, preset, weightless)
 
 
 def write_combined(trunk: str | Path, sidecar: str | Path, out_dir: str | Path) -> Path:

@@ -122,8 +122,44 @@ V4_RATIO_CPU_MEASURED: dict = {
                "FX/mtp-v4-v4-ratio-cpu-s0.gguf --threads 2 --cost-tokens 300",
 }
 
+#: V4-Flash-width slice (issue 24): V4-Flash's real widths, layer kinds and weight dtypes in
+#: a few layers, for measuring what one layer, one extra verified token and one MTP draft
+#: cost (`mtplib.lab.layer_cost`). What is V4-Flash's: hidden 4096, 64 query heads x 512,
+#: rope 64, q_lora 1024, o_lora 1024 x 8 groups, sliding window 128, the compressed
+#: attention (CSA ratio 4 with the 64 x 128 lightning indexer, top-k 512; HCA ratio 128),
+#: hyper-connections (4 streams, Sinkhorn 20), 6 active routed experts of FFN 2048 + 1
+#: shared expert, the 129,280-token vocabulary (so the output head a draft reads is the
+#: real one), and the converter's dtypes (arch.CONVERTER_DTYPES: routed experts MXFP4, FP8
+#: sources Q8_0, BF16 matrices BF16, norms/1-D F32), random weights.
+#: What differs, and why: 6 trunk layers instead of 43 (V4-Flash's first six: 0-1 SWA only,
+#: 2 CSA, 3 HCA, 4 CSA, 5 HCA; the first 3 hash-routed, as in the real model) + the MTP
+#: block (ratio 0); 16 routed experts in total instead of 256 (a 256-expert layer is 3.4 GB
+#: of MXFP4; 16 keep the file about 4 GB). One token still runs exactly 6 routed experts
+#: + the shared one, so a one-token decode does the real per-token work; a verify batch of
+#: n tokens can touch at most 16 distinct experts (expected 6, 9.8, 12.1, 13.6 for n = 1..4
+#: under uniform routing) where the real model touches about 6n (6, 11.9, 17.6, 23.2), so
+#: the routed-expert part of a verify's extra tokens is UNDER-counted: the measured verify
+#: cost per extra token is a lower bound (`layer_cost.distinct_experts` gives both).
+V4_FLASH_SLICE_RATIOS = (0, 0, 4, 128, 4, 128, 0)
+V4_FLASH_SLICE = replace(
+    V4_FLASH,
+    n_layer=6,
+    n_expert=16,
+    compress_ratios=V4_FLASH_SLICE_RATIOS,
+    extra={"dtype_policy": "converter",
+           "gguf_keys": V4_FLASH.extra["gguf_keys"]},
+)
+#: The slice's first four trunk layers alone (V4-Flash's layers 0-3: the same tensors,
+#: the same bytes for the same seed): the partner `layer_cost` subtracts from the slice,
+#: so that (slice - slice-l4) / 2 is one CSA + one HCA layer with no head or embedding in
+#: it, the kinds 41 of V4-Flash's 43 layers are.
+V4_FLASH_SLICE_L4 = replace(V4_FLASH_SLICE, n_layer=4,
+                            compress_ratios=V4_FLASH_SLICE_RATIOS[:4] + (0,))
+
 PRESETS: dict[str, V4Config] = {"tiny": TINY, "v4-flash": V4_FLASH,
-                                "v4-ratio-cpu": V4_RATIO_CPU}
+                                "v4-ratio-cpu": V4_RATIO_CPU,
+                                "v4-flash-slice": V4_FLASH_SLICE,
+                                "v4-flash-slice-l4": V4_FLASH_SLICE_L4}
 DEFAULT_PRESET = "tiny"
 
 

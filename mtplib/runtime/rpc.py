@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
+import os
 import re
 import socket
 import struct
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
-from mtplib.runtime.model import check_threads
+from mtplib.runtime.model import RuntimeInputError, check_threads
 
 #: upstream's RPC client serves at most this many servers (ggml-rpc.cpp)
 MAX_RPC_SERVERS = 16
@@ -47,6 +48,7 @@ RPC_PROTO_MINOR = 0
 RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_BACKEND_DEVICE_TYPE_GPU = 1
 
 # -- upstream's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp at the pin) -----------------
 # request: | cmd (1 byte) | size (8 bytes LE) | payload |; a reply: | size (8) | payload |
@@ -261,15 +263,39 @@ def cpu_device() -> int:
     return dev
 
 
+#: What a shard can serve: its process's CPU, or the first local GPU (a CUDA build).
+SHARD_DEVICES = ("cpu", "gpu")
+#: The default of `mtplib shard serve --device` (so that LocalShards' children, which a
+#: lane starts, serve the GPU on a GPU machine: the device run sets it).
+SHARD_DEVICE_ENV = "MTPLIB_SHARD_DEVICE"
+
+
+def shard_device(kind: str | None = None) -> int:
+    """The device a shard serves: ``kind`` (default $MTPLIB_SHARD_DEVICE, else cpu)."""
+    kind = kind or os.environ.get(SHARD_DEVICE_ENV) or "cpu"
+    if kind not in SHARD_DEVICES:
+        raise RuntimeInputError(f"shard device must be one of {', '.join(SHARD_DEVICES)}, "
+                                f"got {kind!r} (--device or ${SHARD_DEVICE_ENV})")
+    if kind == "cpu":
+        return cpu_device()
+    dev = libs()["ggml"].ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU)
+    if not dev:
+        raise UpstreamError("this llama.cpp build has no GPU device to serve (a CUDA build "
+                            "is needed for --device gpu)")
+    return dev
+
+
 def serve(endpoint: str, *, threads: int, cache_dir: str | None = None,
-          allow_remote: bool = False) -> None:
-    """Serve the CPU device on ``endpoint`` until the process ends (blocks in upstream's
-    accept loop; returns only if upstream gives up, e.g. the port is taken)."""
+          allow_remote: bool = False, device: str | None = None) -> None:
+    """Serve one device (the CPU unless ``device``/$MTPLIB_SHARD_DEVICE says gpu) on
+    ``endpoint`` until the process ends (blocks in upstream's accept loop; returns only if
+    upstream gives up, e.g. the port is taken)."""
     parse_endpoint(endpoint, allow_remote=allow_remote)
     check_threads(threads, "--threads")  # thousands of threads crash upstream's thread pool
+    dev = shard_device(device)
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    devs = (ctypes.c_void_p * 1)(cpu_device())
+    devs = (ctypes.c_void_p * 1)(dev)
     with _c_stdout_to_stderr():
         libs()["rpc"].ggml_backend_rpc_start_server(
             endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
