@@ -3,7 +3,7 @@ seam tensor is (the names a counting relay saw on plan 0-1,2-3 of the trained pa
 
 from mtplib.contract.seam import FORBIDDEN_KINDS, SEAM_VALUES
 from mtplib.contract.wire import (
-    DERIVED,
+    OTHER,
     SEAM_TENSORS,
     classify_step,
     seam_by_value,
@@ -32,11 +32,11 @@ def test_classes_of_a_stock_decode():
 def test_seam_tensors_are_the_boundary_value_and_a_derived_norm():
     assert seam_value("RPC0[127.0.0.1:2]#l_last-1#1") == "boundary_hidden"
     assert seam_value("l_last-41") == "boundary_hidden"
-    assert seam_value("node_343") == DERIVED
-    assert seam_by_value(STOCK) == {"boundary_hidden": 4096, "mtp_hidden": 0, DERIVED: 4096}
-    # every named value is one of the contract's, the derived one is forbidden by it
+    assert seam_value("node_343") == OTHER  # stock's rms_norm(reshape(l_last)): unnamed
+    assert seam_by_value(STOCK) == {"boundary_hidden": 4096, "mtp_hidden": 0, OTHER: 4096}
+    # every named value is one of the contract's; the norm of one is forbidden by it
     assert set(SEAM_TENSORS.values()) <= set(SEAM_VALUES)
-    assert DERIVED in FORBIDDEN_KINDS and DERIVED not in SEAM_VALUES
+    assert "boundary_norm" in FORBIDDEN_KINDS and OTHER not in SEAM_VALUES
 
 
 def test_patched_decode_moves_one_value_per_seam_and_no_constant():
@@ -46,6 +46,6 @@ def test_patched_decode_moves_one_value_per_seam_and_no_constant():
     ]
     c = classify_step(patched)
     assert (c["seam"], c["constants"]) == (4096, 0)
-    assert seam_by_value(patched)[DERIVED] == 0
+    assert seam_by_value(patched)[OTHER] == 0
     # the once-per-context copy is a constant too (patches/0003), wherever it is counted
     assert classify_step([{("up", "attn_k_rot"): 65536}])["constants"] == 65536

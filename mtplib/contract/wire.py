@@ -29,9 +29,9 @@ What crosses a seam of upstream's V4 graph (src/models/deepseek4.cpp at the pin)
 - on the stock build also an unnamed ``node_<n>``, the same hc*n_embd values reshaped and
   RMS-normalised without a weight (``build_hc_pre``: ``rms_norm(reshape(x))``, the input of
   the next layer's ``hc_attn_fn`` mix): a function of ``l_last`` that the scheduler runs on
-  the upstream shard because it reads no weight. It is redundant (`DERIVED`: the contract's
-  ``boundary_norm``, forbidden); patches/0004 keeps it on the layer's own shard, so one
-  value per seam crosses, the contract's minimum.
+  the upstream shard because it reads no weight. It is redundant (the contract's
+  ``boundary_norm``, forbidden; `seam_value` counts it as `OTHER`); patches/0004 keeps it
+  on the layer's own shard, so one value per seam crosses, the contract's minimum.
 
 Upstream's names at the pin: llama-kv-cache.cpp ``cache_%sk_l%d`` / ``cache_%sv_l%d``,
 llama-kv-cache-dsv4.cpp ``dsv4_%s_state_kv_l%d`` / ``dsv4_%s_state_score_l%d``; the
@@ -54,8 +54,10 @@ MTP_SEAM_INPUTS = ("mtp_h_state",)
 
 SEAM_TENSORS = {"l_last": "boundary_hidden", "mtp_h_state": "mtp_hidden"}
 """Upstream's boundary tensors (name without the ``-<layer>``) -> the contract's seam value."""
-DERIVED = "boundary_norm"
-"""What any other seam-class tensor is: a value the receiving shard could compute itself."""
+OTHER = "other"
+"""Seam-class bytes of any other tensor: no contract value (stock: the weightless norm of
+``l_last``, the contract's forbidden ``boundary_norm``; with ``n_rs_seq > 0`` also
+compressor-state rows, evidence/upstream-bugs bug 4)."""
 
 _CACHE = re.compile(r"^(cache_\w*?[kvrs]_l\d+|dsv4_[a-z]+_state_(kv|score)_l\d+)$")
 _WEIGHT = re.compile(r"(^blk\.\d+\.|^token_embd|^output|\.weight$|\.bias$)")
@@ -107,15 +109,15 @@ def classify_step(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[st
 
 def seam_value(name: str) -> str:
     """The contract's seam value (`mtplib.contract.seam.SEAM_VALUES`) a seam-class tensor
-    carries, or `DERIVED`."""
-    return SEAM_TENSORS.get(re.sub(r"-\d+$", "", base_name(name)), DERIVED)
+    carries, or `OTHER`."""
+    return SEAM_TENSORS.get(re.sub(r"-\d+$", "", base_name(name)), OTHER)
 
 
 def seam_by_value(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[str, int]:
     """Seam-class data bytes of one step kind on all connections, by contract value."""
     per_relay = list(per_relay)
     fetched = {base_name(n) for d in per_relay for (dr, n) in d if dr == "down"}
-    out = dict.fromkeys((*sorted(set(SEAM_TENSORS.values())), DERIVED), 0)
+    out = dict.fromkeys((*sorted(set(SEAM_TENSORS.values())), OTHER), 0)
     for d in per_relay:
         for (direction, name), n in d.items():
             if classify(direction, name, fetched) == "seam":
