@@ -1,13 +1,16 @@
 """Markdown tables for README.md from the committed result files of this folder:
 seam-<build>.json (seam_waits.py) and wan/<build>/wan.json (python -m mtplib.lab.wan).
 
-    PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/report.py
+    PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/report.py [--write]
+
+--write puts them into README.md between its <!-- side by side --> and <!-- wan --> markers.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -23,7 +26,7 @@ def side_by_side() -> list[str]:
     runs = {b: r for b, r in runs.items() if r}
     out = ["| plan | k | step | " + " | ".join(f"{b}: waits" for b in runs) + " | "
            + " | ".join(f"{b}: seam B / constants B / cache B per step" for b in runs)
-           + " | seam values, last build | tokens equal |", "|" + "---|" * (4 + 2 * len(runs))]
+           + " | seam values, last build | tokens equal |", "|" + "---|" * (5 + 2 * len(runs))]
     first = next(iter(runs.values()))
     for i, row in enumerate(first["rows"]):
         step = "decode" if row["k"] == 0 else "verify"
@@ -60,7 +63,7 @@ def wan_tables() -> list[str]:
     out = ["| plan | RTT ms | k | " + " | ".join(
         f"{b}: tok/s median [min-max] (n) | {b}: waits/token" for b in res)
         + " | patched / " + ("baseline" if "baseline" in res else "stock")
-        + " | tokens = MTP off (all builds) |", "|" + "---|" * (4 + 2 * len(res))]
+        + " | tokens = MTP off (all builds) |", "|" + "---|" * (5 + 2 * len(res))]
     ref = "baseline" if "baseline" in res else "stock"
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
         g = groups[key]
@@ -105,7 +108,21 @@ def wan_tables() -> list[str]:
     return out
 
 
+def write_readme(path: Path = HERE / "README.md") -> None:
+    """Replace the text between each pair of markers in README.md with the tables."""
+    text = path.read_text()
+    for name, lines in (("side by side", side_by_side()), ("wan", wan_tables())):
+        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        i, j = text.index(start) + len(start), text.index(end)
+        text = text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:]
+    path.write_text(text)
+
+
 def main() -> None:
+    if "--write" in sys.argv:
+        write_readme()
+        print(f"wrote {HERE / 'README.md'}")
+        return
     print("\n".join(["<!-- side by side -->", *side_by_side(), "", "<!-- wan -->",
                      *wan_tables()]))
 
