@@ -126,6 +126,22 @@ def test_trained_pair_message_counts_match_the_issue(trained):
     assert sum(st.bytes[0].values()) == 71808 and st.bytes[0]["constants"] == 65536
 
 
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_seam_once_structure_waits_once_per_shard(trained, flash, n):
+    """patches/0002-0004 as measured on the trained pair: a plain decode waits once per
+    shard, one boundary tensor crosses each seam, and no rotation matrix is re-sent."""
+    for inv in (trained, flash):
+        plan = even_plan(inv.config.n_layer, n) if n <= inv.config.n_layer else None
+        if plan is None:
+            continue
+        once = P.step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT,
+                              structure=P.SEAM_ONCE)
+        stock = P.step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT)
+        assert sum(once.waits) == n and sum(stock.waits) == 2 * (n - 1) + 1
+        assert once.total()["constants"] == 0 < stock.total()["constants"]
+        assert 2 * once.total()["seam"] == stock.total()["seam"]
+
+
 def test_masks_follow_context_and_swa_full(flash):
     cfg = flash.config
     prm = P.ProjectionParams()

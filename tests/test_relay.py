@@ -120,6 +120,41 @@ def test_rpc_framing_is_sorted_into_data_graph_control():
     echo.close()
 
 
+def _get_request(name: bytes, size: int) -> bytes:
+    desc = bytearray(RPC_TENSOR_SIZE)
+    desc[228:228 + len(name) + 1] = name + b"\0"
+    payload = bytes(desc) + struct.pack("<QQ", 0, size)
+    return bytes([8]) + struct.pack("<Q", len(payload)) + payload
+
+
+def test_pipelined_gets_are_one_wait_sequential_gets_two():
+    """Two GET_TENSORs sent before either is answered (the patched client's batched
+    boundary reads, patches/0002) cost one round trip; one after the other's reply, two."""
+    one = _get_request(b"a", 8)
+    seen = bytearray()
+
+    def reply(b: bytes) -> bytes:  # one 8-byte answer per complete request
+        before = len(seen) // len(one)
+        seen.extend(b)
+        return (len(seen) // len(one) - before) * (struct.pack("<Q", 8) + b"r" * 8)
+
+    echo = Echo(reply)
+    with CountingRelay(echo.endpoint, link=WanLink(20)) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        with r.step("pipelined"):
+            s.sendall(one + one)
+            recv_exact(s, 32)
+        with r.step("sequential"):
+            for _ in range(2):
+                s.sendall(one)
+                recv_exact(s, 16)
+        snap = r.snapshot()
+        assert (snap["pipelined"]["waits"], snap["sequential"]["waits"]) == (1, 2)
+        assert snap["pipelined"]["data"] == snap["sequential"]["data"] == 16
+        s.close()
+    echo.close()
+
+
 def test_upstream_close_closes_client_and_is_recorded():
     echo = Echo()
     with CountingRelay(echo.endpoint, check_replies=False) as r:

@@ -378,6 +378,26 @@ def render(inv: Inventory, hashes: dict, tr: Inventory,
                     + [f"{sel[0]['waits_per_token']:g} / {sel[2]['waits_per_token']:.2f}"])
         L += _table(["shards", "RTT ms", "MTP off", "k=1", "k=2", "k=3",
                      "waits per token off / k=2"], prow)
+    once_sc = P.Scenario(placement="client", head="client")
+    w(f"**{once_sc.name}, structure `seam_once`** (patches/0002-0004 as measured on the "
+      "trained pair, evidence/upstream-patches/README.md: one wait per shard and step, one "
+      "boundary tensor per seam, no rotation matrix per step); last column: tokens/s with "
+      "MTP on (k=2) over the same cell under `measured`:")
+    w("")
+    once = P.project(inv, n_shards=TABLE_SHARDS, plan_kinds=("even",), rtts_ms=RTTS,
+                     scenarios=(once_sc,), structure=P.SEAM_ONCE)
+    orow = []
+    for n in TABLE_SHARDS:
+        for rtt in RTTS:
+            sel = {r["k"]: r for r in once if r["n_shards"] == n and r["rtt_ms"] == rtt}
+            base = next(r for r in rows_all if r["n_shards"] == n and r["rtt_ms"] == rtt
+                        and r["scenario"] == once_sc.name and r["k"] == 2)
+            orow.append([n, rtt] + [f"{sel[k]['tok_s']:.2f}" + (
+                f" ({sel[k]['speedup']:.2f}x)" if k else "") for k in (0, 1, 2, 3)]
+                + [f"{sel[0]['waits_per_token']:g} / {sel[2]['waits_per_token']:.2f}",
+                   f"{sel[2]['tok_s'] / base['tok_s']:.2f}x"])
+    L += _table(["shards", "RTT ms", "MTP off", "k=1", "k=2", "k=3",
+                 "waits per token off / k=2", "k=2 over `measured`"], orow)
     w("**The RTT-bound limit.** As RTT grows the speed-up tends to tokens-per-verify x "
       "(waits per plain token) / (waits per cycle). Per scenario and shard count, k=2 "
       f"(tokens per verify {prm.tokens_per_verify(2):.2f}):")

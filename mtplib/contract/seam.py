@@ -77,7 +77,9 @@ SEAM_VALUES: Mapping[str, SeamValue] = MappingProxyType(
                 _hidden,
                 FLOAT_DTYPES,
                 "token",
-                "hc*n_embd residual stream handed from one layer range to the next",
+                "hc*n_embd residual stream handed from one layer range to the next (upstream: "
+                "the range's last layer output l_last, mtplib.contract.wire.SEAM_TENSORS); the "
+                "only value a plain step needs per seam",
             ),
             SeamValue("token_ids", _one, _I32, "token", "int32 token id per position"),
             SeamValue("positions", _one, _I32, "token", "int32 position per token"),
@@ -124,6 +126,9 @@ FORBIDDEN_KINDS: Mapping[str, str] = MappingProxyType(
         "indexer_state": _CACHE_REASON,
         "past_key_values": _CACHE_REASON,
         "sequence_state": "a llama_state_seq blob is shard-local cache state",
+        "boundary_norm": "a function of boundary_hidden (upstream's weightless RMS norm of the "
+                         "next layer's hc mix input): the receiving shard computes it; one "
+                         "value per seam",
     }
 )
 """Kind -> why it is refused."""

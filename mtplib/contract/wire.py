@@ -15,10 +15,23 @@ Classes (every data byte gets exactly one):
 - ``inputs``: per-step graph inputs the client builds: token ids, the token embedding,
   positions, masks, cache index vectors, output ids;
 - ``constants``: inputs that are the same every step but re-sent as graph inputs
-  (``attn_inp_k_rot``: the indexer's Hadamard rotation, llama-kv-cache.cpp);
+  (``attn_inp_k_rot``: the indexer's Hadamard rotation, llama-kv-cache.cpp; with
+  patches/0003 it is uploaded once per context as ``attn_k_rot`` into each shard's cache
+  buffer and no longer sent per step);
 - ``cache``: KV and auxiliary cache tensors (``cache_*_l<N>``, ``dsv4_*_state_{kv,score}_l<N>``);
   forbidden on the wire while decoding;
 - ``weights``: model tensors uploaded at load time.
+
+What crosses a seam of upstream's V4 graph (src/models/deepseek4.cpp at the pin), per token:
+
+- ``l_last-<il>``: the last layer's output on the upstream shard, the hc*n_embd residual
+  stream, the contract's ``boundary_hidden`` (`SEAM_TENSORS`);
+- on the stock build also an unnamed ``node_<n>``, the same hc*n_embd values reshaped and
+  RMS-normalised without a weight (``build_hc_pre``: ``rms_norm(reshape(x))``, the input of
+  the next layer's ``hc_attn_fn`` mix): a function of ``l_last`` that the scheduler runs on
+  the upstream shard because it reads no weight. It is redundant (the contract's
+  ``boundary_norm``, forbidden; `seam_value` counts it as `OTHER`); patches/0004 keeps it
+  on the layer's own shard, so one value per seam crosses, the contract's minimum.
 
 Upstream's names at the pin: llama-kv-cache.cpp ``cache_%sk_l%d`` / ``cache_%sv_l%d``,
 llama-kv-cache-dsv4.cpp ``dsv4_%s_state_kv_l%d`` / ``dsv4_%s_state_score_l%d``; the
@@ -35,9 +48,16 @@ SHARD_LOCAL_CLASSES = frozenset({"cache"})
 """Classes that must never appear on a shard connection after load."""
 
 OUTPUT_TENSORS = frozenset({"result_output", "h_nextn", "result_norm"})
-CONSTANT_INPUTS = frozenset({"attn_inp_k_rot", "attn_inp_v_rot"})
+CONSTANT_INPUTS = frozenset({"attn_inp_k_rot", "attn_inp_v_rot", "attn_k_rot"})
 MTP_SEAM_INPUTS = ("mtp_h_state",)
 """The MTP graph's hidden-row input (graph_mtp): the trunk's h rows, a boundary value."""
+
+SEAM_TENSORS = {"l_last": "boundary_hidden", "mtp_h_state": "mtp_hidden"}
+"""Upstream's boundary tensors (name without the ``-<layer>``) -> the contract's seam value."""
+OTHER = "other"
+"""Seam-class bytes of any other tensor: no contract value (stock: the weightless norm of
+``l_last``, the contract's forbidden ``boundary_norm``; with ``n_rs_seq > 0`` also
+compressor-state rows, evidence/upstream-bugs bug 4)."""
 
 _CACHE = re.compile(r"^(cache_\w*?[kvrs]_l\d+|dsv4_[a-z]+_state_(kv|score)_l\d+)$")
 _WEIGHT = re.compile(r"(^blk\.\d+\.|^token_embd|^output|\.weight$|\.bias$)")
@@ -84,6 +104,24 @@ def classify_step(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[st
     for d in per_relay:
         for (direction, name), n in d.items():
             out[classify(direction, name, fetched)] += n
+    return out
+
+
+def seam_value(name: str) -> str:
+    """The contract's seam value (`mtplib.contract.seam.SEAM_VALUES`) a seam-class tensor
+    carries, or `OTHER`."""
+    return SEAM_TENSORS.get(re.sub(r"-\d+$", "", base_name(name)), OTHER)
+
+
+def seam_by_value(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[str, int]:
+    """Seam-class data bytes of one step kind on all connections, by contract value."""
+    per_relay = list(per_relay)
+    fetched = {base_name(n) for d in per_relay for (dr, n) in d if dr == "down"}
+    out = dict.fromkeys((*sorted(set(SEAM_TENSORS.values())), OTHER), 0)
+    for d in per_relay:
+        for (direction, name), n in d.items():
+            if classify(direction, name, fetched) == "seam":
+                out[seam_value(name)] += n
     return out
 
 

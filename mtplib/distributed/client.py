@@ -540,6 +540,7 @@ class RangedRuntime:
         from mtplib.contract.wire import (
             cache_tensors_on_wire,
             classify_step,
+            seam_by_value,
             wire_violations,
         )
 
@@ -564,7 +565,8 @@ class RangedRuntime:
                    "unparsed": c["unparsed"], "per_shard": c["per_shard"],
                    "waits": c["waits"], "waits_per_shard": c["waits_per_shard"],
                    "waits_per_step": c["waits"] / n_steps if n_steps else None,
-                   "classes": classes[label], "steps": n_steps, "tokens": n_tok,
+                   "classes": classes[label], "seam_values": seam_by_value(per_dir),
+                   "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,
                    "data_bytes_per_token": c["data"] / n_tok if n_tok else None}
             if key:
@@ -596,7 +598,7 @@ class RangedRuntime:
         out = {"seam_bytes": rep["seam_bytes"], "seam_bytes_per_token": {},
                "seam_data_bytes_per_token": {}, "seam_contract_min_per_token": {},
                "seam_ratio": {}, "waits_per_step": {}, "wire_bytes_by_class": {},
-               "steps_by_label": {},
+               "seam_bytes_by_value": {}, "steps_by_label": {},
                "cache_bytes_crossing": rep["cache_bytes_crossing"],
                "wire_violations": rep["wire_violations"], "wan": rep["links"]}
         for label, row in rep["steps"].items():
@@ -606,6 +608,7 @@ class RangedRuntime:
                 out["steps_by_label"][label] = row["steps"]
                 out["waits_per_step"][label] = row["waits_per_step"]
                 out["wire_bytes_by_class"][label] = row["classes"]
+                out["seam_bytes_by_value"][label] = row["seam_values"]
             if row["tokens"]:
                 out["seam_bytes_per_token"][label] = row["bytes_per_token"]
                 out["seam_data_bytes_per_token"][label] = row["data_bytes_per_token"]

@@ -13,10 +13,14 @@ it at a link rate (`WanLink`). Chunks are timestamped on arrival and released in
 ``max(arrival + delay, previous release) + size / rate``, so back-to-back messages travel
 together (pipelined) as on a real link rather than one round trip each.
 
-Besides bytes, the relay counts **waits**: requests the client blocks on until the shard
+Besides bytes, the relay counts **waits**: round trips the client blocks on until the shard
 answers (upstream's RPC client sends each answered command and waits for its reply on that
-connection: ggml-rpc.cpp `send_rpc_cmd` with an output). Over a WAN each wait costs a
-round trip, so waits per step kind are what a WAN-bound loop pays for.
+connection: ggml-rpc.cpp `send_rpc_cmd` with an output). An answered request that arrives
+while an earlier one is still unanswered rides in the same round trip (pipelined, as the
+patched client sends a split's boundary reads: patches/0002) and is not counted again. Over
+a WAN each wait costs a round trip, so waits per step kind are what a WAN-bound loop pays
+for. (Over plain loopback a reply can overtake a pipelined request in the relay; then that
+request counts as a wait of its own.)
 
 Checks: every reply a shard sends is checked (`mtplib.runtime.rpc.check_reply`: sizes,
 device count, alignment, memory; a reply nobody asked for) before it is forwarded to
@@ -121,10 +125,13 @@ class ReplyError(Exception):
 
 class _RpcParser:
     """Sorts one direction of an RPC byte stream into CATEGORIES (see above); on the way
-    down, checks each reply (ReplyError) before the chunk holding it is forwarded."""
+    down, checks each reply (ReplyError) before the chunk holding it is forwarded.
+    ``unanswered``: answered requests of the connection whose reply header has not come yet
+    (shared by both directions' parsers, one element)."""
 
-    def __init__(self, up: bool, expect: deque, check: bool = True) -> None:
-        self.up, self.expect, self.check = up, expect, check
+    def __init__(self, up: bool, expect: deque, unanswered: list[int],
+                 check: bool = True) -> None:
+        self.up, self.expect, self.unanswered, self.check = up, expect, unanswered, check
         self.broken = False  # unchecked streams only: a reply nobody asked for
         self.desc = b""
         self.name = ""
@@ -158,13 +165,16 @@ class _RpcParser:
                     self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
                                       else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)
                     if self.cmd in RPC_ANSWERED:
-                        out["waits"] += 1
+                        if self.unanswered[0] == 0:  # else pipelined: same round trip
+                            out["waits"] += 1
+                        self.unanswered[0] += 1
                     if self.cmd in RPC_ANSWERED and self.cmd != RPC_GET_TENSOR:
                         self.expect.append((self.cmd, ""))
                     if self.cmd == RPC_GET_TENSOR and self.left < RPC_TENSOR_SIZE:
                         self.expect.append((self.cmd, "?"))
                 else:
                     (self.left,) = struct.unpack("<Q", self.hdr)
+                    self.unanswered[0] = max(0, self.unanswered[0] - 1)
                     try:
                         self.cmd, self.name = self.expect.popleft()
                     except IndexError:
@@ -236,7 +246,9 @@ class _Conn:
         self.queues: tuple[deque, deque] = (deque(), deque())
         self.ready = (threading.Condition(), threading.Condition())
         expect: deque = deque()
-        self.parsers = (_RpcParser(True, expect, check), _RpcParser(False, expect, check))
+        unanswered = [0]
+        self.parsers = (_RpcParser(True, expect, unanswered, check),
+                        _RpcParser(False, expect, unanswered, check))
         self.closed = threading.Event()
         self.closed_by: str | None = None
         self.lock = threading.Lock()

@@ -173,6 +173,8 @@ class MessageStructure:
         SET through the client);
     other_bytes_per_shard_pass: graph descriptions and RPC control bytes per shard and pass
         (0: not modelled; a WAN run's relays measure them);
+    constants_per_step: the rotation matrices (``attn_inp_k_rot``) are re-sent to their
+        shards on every step (stock); False: uploaded once per context (patches/0003);
     source: where the numbers come from.
     """
 
@@ -183,6 +185,7 @@ class MessageStructure:
     feed_on_tail: StepWaits = StepWaits()
     seam_tensors: int = 2
     other_bytes_per_shard_pass: int = 0
+    constants_per_step: bool = True
     source: str = ("issue 14, trained pair, plan 0-1,2-3: MTP off 2 GETs on shard 0 (the "
                    "two 2,048 B hc*n_embd tensors of the seam) + 1 on shard 1 (logits) = 3 "
                    "waits per token; verify = plain + 1 (the separate h_nextn fetch) with "
@@ -200,6 +203,8 @@ class MessageStructure:
         if not isinstance(self.other_bytes_per_shard_pass, int) \
                 or self.other_bytes_per_shard_pass < 0:
             raise InputError("other_bytes_per_shard_pass must be an int >= 0")
+        if not isinstance(self.constants_per_step, bool):
+            raise InputError("constants_per_step must be a bool")
 
     def verify(self, head: str) -> StepWaits:
         return self.verify_head_client if head == "client" else self.verify_head_tail
@@ -261,6 +266,7 @@ class MessageStructure:
             fields[key] = sw
         return cls(**fields, seam_tensors=seam_tensors,
                    other_bytes_per_shard_pass=run.get("other_bytes_per_shard_pass", 0),
+                   constants_per_step=run.get("constants_per_step", True),
                    source=str(run.get("source", "a WAN run (from_run)")))
 
 
@@ -279,7 +285,19 @@ CONTRACT = replace(MEASURED, plain=StepWaits(per_seam=1, tail=1),
                    verify_head_client=StepWaits(per_seam=1, tail=1), seam_tensors=1,
                    source="mtplib.contract.seam: one hc*n_embd row per seam and token, one "
                           "wait per seam; output and draft waits as MEASURED")
-STRUCTURES = {"measured": MEASURED, "today": TODAY, "contract": CONTRACT}
+#: Measured on the patched build (patches/0002-0004; evidence/upstream-patches/README.md):
+#: one round trip per seam, one boundary tensor per seam, no constant re-sent.
+SEAM_ONCE = replace(MEASURED, plain=StepWaits(per_seam=1, tail=1),
+                    verify_head_tail=StepWaits(per_seam=1, tail=2),
+                    verify_head_client=StepWaits(per_seam=1, tail=1), seam_tensors=1,
+                    constants_per_step=False,
+                    source="patches/0002-0004, trained pair, plans 0-1,2-3 and 0-0,1-2,3-3, "
+                           "every shard behind a WAN link, head and drafter in the client: "
+                           "1 wait per shard per plain decode and per verify step (2 and 3), "
+                           "l_last alone crosses each seam, attn_inp_k_rot 0 B per step; "
+                           "verify with the head on the tail and tail drafts as MEASURED")
+STRUCTURES = {"measured": MEASURED, "today": TODAY, "seam_once": SEAM_ONCE,
+              "contract": CONTRACT}
 
 
 # -- scenario and parameters ---------------------------------------------------------------
@@ -666,7 +684,7 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
     n_rs = 0 if kind == "plain" else k
     for r in roles:
         gi = graph_inputs(cfg, r, params, n_tok=n_tok, n_out=n_out, n_rs_seq=n_rs)
-        co = constants(cfg, r, params)
+        co = constants(cfg, r, params) if structure.constants_per_step else {}
         detail[r.index].update(gi)
         detail[r.index].update(co)
         per_shard[r.index]["graph_inputs"] = sum(gi.values())

@@ -1,0 +1,131 @@
+"""Markdown tables for README.md from the committed result files of this folder:
+seam-<build>.json (seam_waits.py) and wan/<build>/wan.json (python -m mtplib.lab.wan).
+
+    PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/report.py [--write]
+
+--write puts them into README.md between its <!-- side by side --> and <!-- wan --> markers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BUILDS = ("stock", "baseline", "patched")
+
+
+def _load(p: Path) -> dict | None:
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def side_by_side() -> list[str]:
+    runs = {b: _load(HERE / f"seam-{b}.json") for b in BUILDS}
+    runs = {b: r for b, r in runs.items() if r}
+    out = ["| plan | k | step | " + " | ".join(f"{b}: waits" for b in runs) + " | "
+           + " | ".join(f"{b}: seam B / constants B / cache B per step" for b in runs)
+           + " | seam values, last build | tokens equal |", "|" + "---|" * (5 + 2 * len(runs))]
+    first = next(iter(runs.values()))
+    for i, row in enumerate(first["rows"]):
+        step = "decode" if row["k"] == 0 else "verify"
+        cells = [f"`{row['plan']}`", str(row["k"]), step]
+        rs = [runs[b]["rows"][i] for b in runs]
+        cells += [f"{r['waits_per_step'][step]:g}" for r in rs]
+        for r in rs:
+            n = r["steps"][step]
+            c = r["bytes_by_class"][step]
+            cells.append(f"{c['seam'] / n:,.0f} / {c['constants'] / n:,.0f} / "
+                         f"{c['cache'] / n:,.0f}")
+        last = rs[-1]
+        pv = last.get("seam_bytes_by_value", {}).get(step, {})
+        n = last["steps"][step]
+        cells.append(", ".join(f"{k} {v / n:,.0f}" for k, v in pv.items()) or "-")
+        cells.append("yes" if all(r["tokens"] == rs[0]["tokens"] for r in rs) else "**no**")
+        out.append("| " + " | ".join(cells) + " |")
+    builds = ", ".join(f"{b}: `{r['upstream']['build']}` {r['upstream']['patches']}"
+                       for b, r in runs.items())
+    return out + ["", f"Builds: {builds}. Per step = the step kind's bytes over its count; "
+                  "12 new tokens after a 48-token prompt, one run per row."]
+
+
+def wan_tables() -> list[str]:
+    res = {b: _load(HERE / "wan" / b / "wan.json") for b in BUILDS}
+    res = {b: r for b, r in res.items() if r}
+    if not res:
+        return ["(no WAN run)"]
+    groups: dict[tuple, dict[str, list]] = {}
+    for b, r in res.items():
+        for x in r["rows"]:
+            key = (x["plan"], x["rtt_ms"], x["k"])
+            groups.setdefault(key, {}).setdefault(b, []).append(x)
+    out = ["| plan | RTT ms | k | " + " | ".join(
+        f"{b}: tok/s median [min-max] (n) | {b}: waits/token" for b in res)
+        + " | patched / " + ("baseline" if "baseline" in res else "stock")
+        + " | tokens = MTP off (all builds) |", "|" + "---|" * (5 + 2 * len(res))]
+    ref = "baseline" if "baseline" in res else "stock"
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
+        g = groups[key]
+        cells = [f"`{key[0]}`", f"{key[1]:g}", str(key[2])]
+        med = {}
+        for b in res:
+            xs = g.get(b, [])
+            t = [x["decode_tok_s"] for x in xs]
+            w = [x["waits_decode_phase"] for x in xs if x["waits_decode_phase"] is not None]
+            med[b] = statistics.median(t) if t else None
+            cells.append(f"{med[b]:.2f} [{min(t):.2f}-{max(t):.2f}] ({len(t)})" if t else "-")
+            cells.append(f"{statistics.median(w):.2f}" if w else "-")
+        cells.append(f"{med['patched'] / med[ref]:.2f}x" if med.get("patched") and med.get(ref)
+                     else "-")
+        same = []
+        for b in res:
+            off = {(x["prompt"], x["rep"]): x["tokens"] for x in res[b]["rows"]
+                   if x["plan"] == key[0] and x["rtt_ms"] == key[1] and x["k"] == 0}
+            same += [x["tokens"] == off.get((x["prompt"], x["rep"])) for x in g.get(b, [])]
+        cells.append("yes" if all(same) else "**no**")
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("MTP on over MTP off (median tok/s ratio), per build:")
+    out.append("")
+    out.append("| plan | RTT ms | " + " | ".join(res) + " |")
+    out.append("|" + "---|" * (2 + len(res)))
+    for plan, rtt in sorted({(k[0], k[1]) for k in groups}):
+        cells = [f"`{plan}`", f"{rtt:g}"]
+        for b in res:
+            on = [x["decode_tok_s"] for x in groups.get((plan, rtt, 2), {}).get(b, [])]
+            off = [x["decode_tok_s"] for x in groups.get((plan, rtt, 0), {}).get(b, [])]
+            cells.append(f"{statistics.median(on) / statistics.median(off):.2f}x"
+                         if on and off else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    info = ", ".join(f"{b}: `{r['upstream']['build']}` {r['upstream'].get('patches')}, "
+                     f"{r['wall_s']:.0f} s" for b, r in res.items())
+    cfg = next(iter(res.values()))["config"]
+    out += ["", f"Runs: {info}. Config: {cfg['n_prompts']} held-out prompts of "
+            f"{cfg['prompt_len']} tokens, {cfg['n_new']} new tokens, {cfg['reps']} rep, "
+            f"warm-up {cfg['warmup']}, topology {cfg['topologies']}, drafter "
+            f"{cfg['placements']}, head `{cfg['head']}`."]
+    return out
+
+
+def write_readme(path: Path = HERE / "README.md") -> None:
+    """Replace the text between each pair of markers in README.md with the tables."""
+    text = path.read_text()
+    for name, lines in (("side by side", side_by_side()), ("wan", wan_tables())):
+        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        i, j = text.index(start) + len(start), text.index(end)
+        text = text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:]
+    path.write_text(text)
+
+
+def main() -> None:
+    if "--write" in sys.argv:
+        write_readme()
+        print(f"wrote {HERE / 'README.md'}")
+        return
+    print("\n".join(["<!-- side by side -->", *side_by_side(), "", "<!-- wan -->",
+                     *wan_tables()]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The V4-Flash projection (mtplib.lab.projection, its defaults) for three message
+structures: today's star (`measured`: 2 waits per seam + 1), the star with one wait per seam
+(`seam_once`, patches/0002-0004, measured on the trained pair) and a shard-to-shard seam
+(`RING` below: an assumption, nothing of it is implemented). Prints a markdown table.
+
+    PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/ring_projection.py
+
+The ring: the client sends the step's inputs to every shard (SETs: no wait), each shard
+pushes its boundary value to the next, the tail answers the client. With every link at the
+same RTT r, a step is n_shards + 1 one-way hops = (n_shards + 1) / 2 round trips, against
+the star's n_shards. In the cost model `t = compute + RTT x waits + bytes / bandwidth` that
+is per_seam 0.5 and tail 1 (`StepWaits.on_shards`); bytes are counted as in the star (each
+boundary value twice), which overstates the ring's by one hop per seam.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO))
+
+from mtplib.lab import projection as P  # noqa: E402
+from mtplib.model.fixture import write_fixture  # noqa: E402
+from mtplib.ownership.derivation import inventory_from_paths  # noqa: E402
+
+RING = replace(P.SEAM_ONCE, plain=P.StepWaits(per_seam=0.5, tail=1),
+               verify_head_client=P.StepWaits(per_seam=0.5, tail=1),
+               verify_head_tail=P.StepWaits(per_seam=0.5, tail=2),
+               source="assumed: a shard-to-shard seam, the client waits once per step")
+STRUCTURES = (("star today", P.MEASURED), ("star, one wait per seam", P.SEAM_ONCE),
+              ("shard-to-shard ring", RING))
+SHARDS = (2, 4, 8)
+RTTS = (10, 25, 50, 100, 200)
+SCENARIO = P.Scenario(placement="client", head="client")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pair = write_fixture(tmp, preset="v4-flash")
+        inv = inventory_from_paths(pair.trunk, pair.sidecar)
+    rows = {}
+    for name, st in STRUCTURES:
+        for r in P.project(inv, n_shards=SHARDS, plan_kinds=("even",), ks=(0, 2),
+                           rtts_ms=RTTS, scenarios=(SCENARIO,), structure=st):
+            rows[(name, r["n_shards"], r["rtt_ms"], r["k"])] = r
+    head = ["shards", "RTT ms"] + [f"{n}: off / k=2 tok/s (waits per token)"
+                                   for n, _ in STRUCTURES]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for n in SHARDS:
+        for rtt in RTTS:
+            cells = []
+            for name, _ in STRUCTURES:
+                off, on = rows[(name, n, float(rtt), 0)], rows[(name, n, float(rtt), 2)]
+                cells.append(f"{off['tok_s']:.2f} / {on['tok_s']:.2f} "
+                             f"({off['waits_per_token']:g} / {on['waits_per_token']:.2f})")
+            print(f"| {n} | {rtt} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
