@@ -216,3 +216,11 @@ def test_ranged_worker_loads_the_build_it_is_told(pair, monkeypatch):
         with RangedMTP(str(pair.trunk), plan="0-1,2-3", warm=False) as r:
             where = r.rt.call(_llama_file)
         assert where.startswith(str(R.PATCHED_DIR)) == (build == "patched"), (build, where)
+
+
+def test_run_records_name_the_build():
+    from mtplib.paths import REPO
+    from mtplib.records.run_record import base_record
+
+    rec = base_record(REPO, argv=["mtplib", "run"])
+    assert rec["upstream"] == R.build_info() and rec["upstream"]["build"] in ("stock", "patched")

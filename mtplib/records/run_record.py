@@ -18,10 +18,14 @@ def file_hashes(paths: list[str | Path]) -> dict[str, str]:
 
 
 def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
+    from mtplib.runtime import build_info
+
     return {
         "command": " ".join(argv if argv is not None else sys.argv),
         "git": git_state(repo),
         "pins": pins.as_dict(),
+        # the upstream build this run and its children load (stock / patched, patch ids)
+        "upstream": build_info(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": cpu_info(),
