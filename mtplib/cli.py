@@ -34,6 +34,9 @@ EXIT_CODES = """exit codes:
   1    a check ran and found a fault (check failed)
   2    bad input, a refusal, or a file that cannot be read or written
        (one line; with --json one JSON object whose "exit" says 2)
+  3    generate --plan: the ranged run moved cache state across a shard
+       connection (only with --allow-cache-crossing; the output is printed
+       first and metrics.wire_violations names each crossing)
   4    shard serve: upstream could not serve the endpoint (port taken)
   130  interrupted (Ctrl-C); a shard stopped by signal N exits 128 + N
 """

@@ -54,3 +54,15 @@ def _stock_only_allows_cache_crossing(monkeypatch):
         check = rm.check_cache_locality
         monkeypatch.setattr(rm, "check_cache_locality",
                             lambda opts, n, *, allow: check(opts, n, allow=True))
+
+
+def decode_waits(n_shards: int) -> int:
+    """Waits (synchronous round trips) of a plain ranged decode step on the loaded build:
+    one per shard where patches/0002 and 0004 are in (one boundary tensor per seam, read in
+    one round trip: evidence/upstream-patches), else two reads per seam plus the tail's
+    output row."""
+    from mtplib.runtime import build_info
+
+    b = build_info()
+    seam_once = b["build"] == "patched" and any("0004" in p for p in b["patches"])
+    return n_shards if seam_once else 2 * (n_shards - 1) + 1

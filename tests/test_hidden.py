@@ -5,7 +5,10 @@ API rows are wrong with n_ubatch 7 in every kv/flash-attention combination, with
 rows at the default n_ctx 2048, and in many other configurations; the default
 configuration with unmasked rows is right (evidence/upstream-bugs/hidden-matrix.json).
 A re-reserve of the scheduler (`force_reserve`) repairs them. These tests pin those
-observations.
+observations, which are the stock build's: with the full patch set (patches/0004 copies the
+residual stream onto each device, changing the graph) the API rows come out right in the
+failing configurations too, so the module runs on stock (`.ci/run` runs it a second time
+with MTPLIB_UPSTREAM=stock) and is skipped on the patched default.
 """
 
 import json
@@ -15,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+from mtplib.runtime import build_info
 from mtplib.runtime.hidden import (
     CapturedRows,
     CaptureError,
@@ -28,6 +32,11 @@ from mtplib.runtime.hidden import (
     read_rows,
 )
 from mtplib.runtime.model import Context, ContextConfig, Model
+
+pytestmark = pytest.mark.skipif(
+    build_info()["build"] != "stock",
+    reason="pins the stock build's wrong-row observations; .ci/run runs it with "
+           "MTPLIB_UPSTREAM=stock")
 
 # one thread: the outcome is the same with 1 and 2 (hidden-matrix runs), and ggml's spinning
 # workers make 2 threads many times slower when other processes share the 2 cores

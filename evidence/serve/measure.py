@@ -10,6 +10,7 @@ the library's first generation are the warm-up; requests 2..N are reported: deco
 definition), the client's end-to-end tok/s, and whether the tokens are identical.
 
     PYTHONPATH=. .venv/bin/python evidence/serve/measure.py [--prompts 12] [--n 64]
+        [--plan 0-1,2-3 --wan 100 --out evidence/serve/serve-vs-library-ranged-100ms.json]
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=64, help="new tokens per request")
     ap.add_argument("--draft", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plan", help="ranged: layer ranges on local shards (both sides start "
+                    "their own), e.g. 0-1,2-3")
+    ap.add_argument("--wan", help="with --plan: the emulated WAN RTT in ms, e.g. 100")
     ap.add_argument("--out", default=str(HERE / "serve-vs-library.json"))
     a = ap.parse_args()
 
@@ -72,6 +76,8 @@ def main() -> int:
     pair = trained_paths()
     engine = ["-m", str(pair.trunk), "-md", str(pair.sidecar), "--draft", str(a.draft),
               "-c", "512", "-t", str(a.threads)]
+    if a.plan:
+        engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
     serve_cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0",
                  "--json"]
     prompts = trained_prompts(a.prompts, a.prompt_len)

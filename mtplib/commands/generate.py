@@ -239,11 +239,8 @@ def register(sub) -> None:
         "in one batch (output identical to plain decoding). Greedy unless --temp > 0 "
         "(sample-and-match with position-keyed randomness: the same tokens with and without "
         "MTP for one --seed). llama.cpp's spellings work too: -m, -md/--model-draft, "
-        "--draft-max, -n/--n-predict, -c/--ctx-size, -t, -p.",
-        epilog=f"exit status: 0 done, 2 bad input or a refusal, {EXIT_CONTRACT} a "
-        "ranged run moved cache state across a shard connection (only possible with "
-        "--allow-cache-crossing; the output is printed first and metrics.wire_violations "
-        "names each crossing)")
+        "--draft-max, -n/--n-predict, -c/--ctx-size, -t, -p. Exit 3: a "
+        "ranged run moved cache state across a shard connection (see the exit codes).")
     add_engine_args(g)
     g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
     add_option(g, "--prompt", help="prompt text (tokenized by the model's tokenizer)")

@@ -194,8 +194,13 @@ def time_models(models: Sequence[tuple[str | Path, str | Path | None]],
     """Raw timings (seconds) of each (trunk, sidecar or None), all loaded at once and run
     step by step in turn (the order alternating), so that a change in the machine's load
     hits every model's step i alike and differences can be taken step by step. Wall time;
-    ``["cpu"]`` holds the same series in process CPU time."""
+    ``["cpu"]`` holds the same series in process CPU time. Timing the MTP block runs it:
+    the deployment policy is asked first ($MTPLIB_POLICY; alpha refuses)."""
+    from mtplib.runtime.routing import require_mtp
+
     cfg = cfg.validate()
+    if any(s is not None for _, s in models):
+        require_mtp("layer-cost (times the MTP block's draft)")
     rng = np.random.default_rng(cfg.seed)
     with ExitStack() as stack:
         runners = [_Runner(stack, t, s, cfg, rng) for t, s in models]
