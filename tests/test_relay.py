@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from rpc_fakes import recv_exact
 
 from mtplib.distributed.relay import (
     RPC_TENSOR_SIZE,
@@ -57,15 +58,6 @@ class Echo:
             c.close()
         self.srv.close()
         self.t.join(timeout=5)
-
-
-def recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        assert chunk, "closed early"
-        buf += chunk
-    return buf
 
 
 def test_counts_per_step_and_both_directions():
