@@ -169,10 +169,15 @@ def test_wan_rtt_lines_are_all_distinct():
     plan = "0-1,2-3"
     fig = W.plot_rtt_pair(d["summary"], plan=plan, build="patched")
     check_figure(fig, names=(f"plan {plan}", "trained tiny V4", "patched"))
+    # one line per measured (topology, placement, k) series, no two alike (the committed
+    # sweep: 2 topologies x MTP off and k=1..3 with the drafter in the client)
+    series = {(s["topology"], s["placement"], s["k"]) for s in d["summary"]
+              if s["plan"] == plan}
+    assert len(series) >= 8
     for ax in fig.axes:
         styles = [(to_hex(ln.get_color()), ln.get_linestyle()) for ln in ax.get_lines()
                   if not ln.get_label().startswith("_")]
-        assert len(styles) == len(set(styles)) > 10
+        assert len(styles) == len(set(styles)) == len(series)
     ax = W.plot_rtt(d["summary"], what="speedup", plan=plan)
     check_figure(ax.figure, names=(plan,))
     with pytest.raises(Exception, match="what"):
