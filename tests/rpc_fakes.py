@@ -231,5 +231,3 @@ def bad_sessions(rng: random.Random) -> list[bytes]:
     for _ in range(10):
         out.append(hello() + rng.randbytes(rng.randint(9, 4096)))
     return out
-
-

@@ -383,4 +383,3 @@ def measure(fixture_dir: str | Path, cfg: LayerCostConfig | None = None, *, seed
         derived_cpu=derive(raw_slice["cpu"], raw_l4["cpu"], cfg),
         projection_basis=basis, limitations=list(LIMITATIONS),
         command=command, loadavg_before=la0, loadavg_after=loadavg(), seconds=secs)
-
