@@ -292,6 +292,7 @@ class CountingRelay:
         self.events: list[dict] = []  # connection opened / closed (by whom), with times
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
+        self._opening = False  # a connection accepted, its pumps not started yet
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -351,6 +352,25 @@ class CountingRelay:
             time.sleep(0.001)
         return False
 
+    def settled(self) -> bool:
+        """True if every byte that reached this relay is counted: no socket holds unread
+        bytes, then no pump holds read but uncounted ones (in that order: a pump marks itself
+        busy before it takes bytes out). Chunks held for the emulated delay are counted
+        already, so unlike `quiesce` this does not wait for them: one check, microseconds."""
+        if self._opening:
+            return False
+        with self._lock:
+            conns = [c for c in self._conns if not c.closed.is_set()]
+        socks = [s for c in conns for s in (c.client, c.upstream)]
+        try:  # the listening socket too: a connection not yet accepted holds bytes
+            if select.select([self._srv, *socks], [], [], 0)[0]:
+                return False
+        except (OSError, ValueError):  # a socket closed under us: nothing more comes
+            pass
+        if any(s.pending() for s in socks if hasattr(s, "pending")):
+            return False
+        return not any(any(c.busy) for c in conns)
+
     # -- plumbing -----------------------------------------------------------------------
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -360,6 +380,7 @@ class CountingRelay:
                 continue
             except OSError:
                 return
+            self._opening = True
             client.settimeout(None)
             try:
                 up = self._connect()
@@ -367,6 +388,7 @@ class CountingRelay:
                 self._event("upstream_unreachable", error=str(e))
                 with contextlib.suppress(OSError):
                     client.close()
+                self._opening = False
                 continue
             for s in (client, up):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -383,6 +405,7 @@ class CountingRelay:
                                      daemon=True, name=f"relay-{self.endpoint}-{key}-out")
                 t.start()
                 self._threads.append(t)
+            self._opening = False
 
     def _connect(self):
         """The shard connection: plain TCP, or mutual TLS to its gateway (retrying "busy"
@@ -398,8 +421,16 @@ class CountingRelay:
               key: str) -> None:
         free_at = 0.0  # when the emulated link finishes sending the previous chunk
         q, ready = conn.queues[i], conn.ready[i]
+        # a plain socket is peeked first, so `busy` is set while the bytes still sit in it:
+        # `settled` (no socket readable, then no pump busy) cannot miss bytes in between.
+        # TLS streams cannot be peeked (they only carry replies, all awaited within a step)
+        peek = isinstance(src, socket.socket)
         try:
             while True:
+                if peek:
+                    if not src.recv(1, socket.MSG_PEEK):
+                        break
+                    conn.busy[i] = True
                 data = src.recv(CHUNK)
                 if not data:
                     break
@@ -512,19 +543,35 @@ class RelaySet:
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:
-        """Count the bytes of the block under ``label`` (nested steps: innermost wins)."""
-        self._quiesce()
+        """Count the bytes of the block under ``label`` (nested steps: innermost wins).
+
+        The label switches once every byte sent before it is counted (`settle`): the client
+        has handed its bytes to the relays' sockets by then (`mtplib.distributed.worker`
+        flushes its shard sockets before it reports a step boundary)."""
+        self.settle()
         prev = [r.label for r in self.relays]
         for r in self.relays:
             r.label = label
         try:
             yield
         finally:
-            self._quiesce()
+            self.settle()
             for r, p in zip(self.relays, prev, strict=True):
                 r.label = p
 
+    def settle(self, timeout_s: float = 0.5) -> bool:
+        """Wait until every relay has counted what reached it (`CountingRelay.settled`);
+        one pass when idle. At a step boundary nothing is left to arrive: the step's answered
+        requests were answered inside it, the rest are in the relays' sockets already."""
+        end = time.monotonic() + timeout_s
+        while not all(r.settled() for r in self.relays):
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.0001)
+        return True
+
     def _quiesce(self) -> None:
+        """Wait until nothing is in flight at all, delayed chunks included (between runs)."""
         for r in self.relays:
             r.quiesce()
 

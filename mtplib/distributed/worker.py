@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import struct
 import sys
 import threading
 import time
@@ -39,6 +41,65 @@ HEARTBEAT_S = 1.0
 def _send(conn: Connection, msg: tuple) -> None:
     with _send_lock:
         conn.send(msg)
+
+
+#: (the fd names of this process when looked at, their loopback TCP connections)
+_loopback: tuple[tuple[str, ...], list[int]] = ((), [])
+
+
+def _loopback_sockets() -> list[int]:
+    """File descriptors of this process's TCP connections to loopback peers: upstream's RPC
+    client talks to the relays (and local shards) through them. Looked up again only when
+    the process's descriptors change (connections open at load); [] without /proc."""
+    global _loopback
+    try:
+        names = tuple(os.listdir("/proc/self/fd"))
+    except OSError:
+        return []
+    if names == _loopback[0]:
+        return _loopback[1]
+    fds = []
+    for name in names:
+        try:
+            fd = int(name)
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except (OSError, ValueError):
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                host = s.getpeername()[0]
+                if host.startswith("127.") or host == "::1":
+                    fds.append(fd)
+        except OSError:  # not connected (e.g. listening)
+            pass
+        finally:
+            s.close()
+    _loopback = (names, fds)
+    return fds
+
+
+def flush_shard_sockets(timeout_s: float = 0.05) -> None:
+    """Return once the loopback peers (the relays) have received every byte this process
+    sent them (no unacknowledged bytes: Linux SIOCOUTQ), so a step boundary reported next
+    finds the step's bytes in the relays' sockets; at most ``timeout_s``."""
+    import fcntl
+    import termios
+
+    end = None
+    for fd in _loopback_sockets():
+        while True:
+            try:
+                unacked = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]
+            except OSError:
+                break
+            if unacked <= 0:
+                break
+            end = end or time.monotonic() + timeout_s
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.0001)
 
 
 def _advance() -> None:
@@ -70,12 +131,14 @@ def worker_step(label: str, n_tokens: int | None = None) -> Iterator[None]:
         yield
         return
     _advance()
+    flush_shard_sockets()
     _send(conn, ("step_begin", label))
     conn.recv()
     try:
         yield
     finally:
         _advance()
+        flush_shard_sockets()
         _send(conn, ("step_end", label, n_tokens))
         conn.recv()
 
@@ -188,6 +251,7 @@ def main() -> None:
                 reply = ("err", e)
             except Exception:  # noqa: BLE001
                 reply = ("err", UpstreamError(f"{type(e).__name__}: {e}"))
+        flush_shard_sockets()  # the parent may close a step when it reads the reply
         with _send_lock:  # no beat after the reply: the parent reads it as the answer
             _busy_since = None
             _advance()
