@@ -1,9 +1,11 @@
 """Markdown tables for README.md from the committed result files of this folder:
-seam-<build>.json (seam_waits.py) and wan/<build>/wan.json (python -m mtplib.lab.wan).
+seam-<build>.json (seam_waits.py), wan/<build>/wan.json and target/<build>/<mode>/wan.json
+(python -m mtplib.lab.wan; the target cell: measure_target.sh).
 
     PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/report.py [--write]
 
---write puts them into README.md between its <!-- side by side --> and <!-- wan --> markers.
+--write puts them into README.md between its <!-- side by side -->, <!-- wan --> and
+<!-- target --> markers.
 """
 
 from __future__ import annotations
@@ -108,10 +110,71 @@ def wan_tables() -> list[str]:
     return out
 
 
+def _spread(xs: list[float]) -> str:
+    return (f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}] (n={len(xs)})"
+            if xs else "-")
+
+
+def target_tables() -> list[str]:
+    """The target cell (100 ms, k=2, every shard remote, 16 prompts x 64 tokens): tok/s
+    per build and mode, and the speed-ups paired by prompt (patched over baseline; MTP on
+    over MTP off)."""
+    runs = {(b, m): _load(HERE / "target" / b / m / "wan.json")
+            for b in ("baseline", "patched") for m in ("warm", "cold")}
+    runs = {bm: r for bm, r in runs.items() if r}
+    if not runs:
+        return ["(no target run)"]
+    rows: dict[tuple, dict[int, dict]] = {}  # (build, mode, plan, k) -> prompt -> row
+    for (b, m), r in runs.items():
+        for x in r["rows"]:
+            rows.setdefault((b, m, x["plan"], x["k"]), {})[x["prompt"]] = x
+    out = ["| plan | mode | k | baseline tok/s median [min-max] (n) | baseline waits/token "
+           "| patched tok/s median [min-max] (n) | patched waits/token "
+           "| patched / baseline, paired by prompt | tokens = MTP off |",
+           "|" + "---|" * 9]
+    plans = sorted({key[2] for key in rows}, key=lambda p: p.count(","))
+    for plan in plans:
+        for mode in ("warm", "cold"):
+            for k in (0, 2):
+                base, pat = rows.get(("baseline", mode, plan, k)), rows.get(
+                    ("patched", mode, plan, k))
+                if not base or not pat:
+                    continue
+                cells = [f"`{plan}`", mode, str(k)]
+                for g in (base, pat):
+                    t = [x["decode_tok_s"] for x in g.values()]
+                    w = [x["waits_decode_phase"] for x in g.values()]
+                    cells += [f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}] "
+                              f"({len(t)})", f"{statistics.median(w):.2f}"]
+                both = sorted(set(base) & set(pat))
+                cells.append(_spread([pat[i]["decode_tok_s"] / base[i]["decode_tok_s"]
+                                      for i in both]))
+                same = []
+                for b, g in (("baseline", base), ("patched", pat)):
+                    off = rows.get((b, "warm", plan, 0), {})
+                    same += [x["tokens"] == off[i]["tokens"] for i, x in g.items() if i in off]
+                cells.append(("yes" if all(same) else "**no**") + f" ({len(same)})")
+                out.append("| " + " | ".join(cells) + " |")
+    out += ["", "MTP on (k=2) over MTP off, warm, paired by prompt:", "",
+            "| plan | baseline | patched |", "|---|---|---|"]
+    for plan in plans:
+        cells = [f"`{plan}`"]
+        for b in ("baseline", "patched"):
+            on, off = rows.get((b, "warm", plan, 2), {}), rows.get((b, "warm", plan, 0), {})
+            cells.append(_spread([on[i]["decode_tok_s"] / off[i]["decode_tok_s"]
+                                  for i in sorted(set(on) & set(off))]))
+        out.append("| " + " | ".join(cells) + " |")
+    info = "; ".join(f"{b} {m}: `{r['upstream']['build']}` {r['upstream'].get('patches')}, "
+                     f"{r['wall_s']:.0f} s" for (b, m), r in runs.items())
+    out += ["", f"Runs: {info}."]
+    return out
+
+
 def write_readme(path: Path = HERE / "README.md") -> None:
     """Replace the text between each pair of markers in README.md with the tables."""
     text = path.read_text()
-    for name, lines in (("side by side", side_by_side()), ("wan", wan_tables())):
+    for name, lines in (("side by side", side_by_side()), ("wan", wan_tables()),
+                        ("target", target_tables())):
         start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
         i, j = text.index(start) + len(start), text.index(end)
         text = text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:]
@@ -124,7 +187,7 @@ def main() -> None:
         print(f"wrote {HERE / 'README.md'}")
         return
     print("\n".join(["<!-- side by side -->", *side_by_side(), "", "<!-- wan -->",
-                     *wan_tables()]))
+                     *wan_tables(), "", "<!-- target -->", *target_tables()]))
 
 
 if __name__ == "__main__":
