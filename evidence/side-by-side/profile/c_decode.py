@@ -43,8 +43,8 @@ CFG = dict(n_ctx=N_GEN, n_batch=2048, n_ubatch=512, n_threads=NT, kv_type="f16",
 
 
 def python_one() -> dict:
+    from mtplib.lab.sidebyside import _DecodeTimer
     from mtplib.runtime.model import Context, ContextConfig, Model
-    from mtplib.sidebyside import _DecodeTimer
 
     out = {}
     with Model(MODEL) as model, Context(model, ContextConfig(**CFG)) as ctx:

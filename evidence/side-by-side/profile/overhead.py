@@ -36,9 +36,9 @@ import mtplib.runtime.drafters as DR
 import mtplib.runtime.model as MD
 import mtplib.runtime.sampling as SA
 import mtplib.runtime.speculative as SP
-from mtplib.correctness import seeded_prompt
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.sidebyside import _DecodeTimer, loadavg
 from mtplib.runtime.model import RuntimeInputError, UpstreamError
-from mtplib.sidebyside import _DecodeTimer, loadavg
 
 TRUNK, MTP = os.environ["TRUNK"], os.environ["MTP"]
 NT = int(os.environ.get("NT", "2"))
