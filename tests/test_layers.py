@@ -33,15 +33,18 @@ RANK = {"pins": 0, "errors": 0, "stamps": 0, "paths": 0, "host": 0, "files": 0,
         "commands": 6, "cli": 6, "train": 6,
         "notebooks": 7, "evidence": 7}
 PURE = {"contract", "model", "ownership"}
-#: imports that reach native code: C through ctypes, llama-cpp-python, and the runtime's raw
+#: what reaches native code: imports of ctypes, llama-cpp-python and the runtime's raw
 #: bindings (ggml's structs; `lib.load`, which hands out the loaded C libraries, and so the
-#: `lib` module imported whole). `lib`'s other names (errors, upstream_info) are not native.
+#: `lib` module imported whole; `lib`'s other names, errors and upstream_info, are not), and
+#: upstream's C functions called on a runtime object's library handle (``ctx.llama.llama_x``,
+#: ``model.ext.llama_x``: the way the lab once timed decodes)
+C_CALL = "a C call through a handle (.llama.llama_*, .ext.llama_*)"
 NATIVE = ("ctypes", "llama_cpp", "mtplib.runtime.ggml_tensor", "mtplib.runtime.lib.load",
-          "mtplib.runtime.lib")
+          "mtplib.runtime.lib", C_CALL)
 #: the rooms that may import native code, what of it, and why
 NATIVE_ROOMS = {
     "runtime": (set(NATIVE), "the native room: loads upstream and wraps its C API"),
-    "llama": ({"llama_cpp", "mtplib.runtime.lib.load"},
+    "llama": ({"llama_cpp", "mtplib.runtime.lib.load", C_CALL},
               "the adapter for llama-cpp-python's Llama: subclasses llama_cpp's classes and "
               "swaps the Llama's context through the runtime's bindings (no ctypes itself)"),
 }
@@ -58,7 +61,8 @@ NATIVE_SCRIPTS = {
         ({"ctypes", "mtplib.runtime.lib.load"},
          "a generic (non-V4) llama split over RPC, driven through the raw C API"),
     "evidence/side-by-side/profile/overhead.py":
-        ({"ctypes"}, "times the runtime's old ctypes row copies against its current ones"),
+        ({"ctypes", C_CALL},
+         "times the runtime's old C calls and ctypes row copies against its current ones"),
 }
 
 
@@ -115,21 +119,24 @@ def _resolve(target: str) -> str:
     return mod if mod in MODS else target
 
 
-def _imports(name: str, path: Path, source: str | None = None) -> set[str]:
+def _imports(name: str, path: Path) -> set[str]:
     """Every module ``name`` imports, anywhere in its body (mtplib modules resolved to
     the module, other imports to their top-level package)."""
-    text = path.read_text() if source is None else source
-    targets = _import_targets(name, text, path.name == "__init__.py")
+    targets = _import_targets(name, path.read_text(), path.name == "__init__.py")
     return {r for t, _, _ in targets if (r := _resolve(t)) != name}
 
 
 def _native(name: str, source: str, is_package: bool = False) -> set[str]:
-    """The `NATIVE` entries ``source`` imports."""
+    """The `NATIVE` entries ``source`` uses."""
     found = set()
     for t, _, _ in _import_targets(name, source, is_package):
         for n in NATIVE:
             if t == n or (t.startswith(n + ".") and n != "mtplib.runtime.lib"):
                 found.add(n)
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith(("llama_", "ggml_"))
+                and isinstance(node.value, ast.Attribute) and node.value.attr in ("llama", "ext")):
+            found.add(C_CALL)
     return found
 
 
@@ -255,13 +262,13 @@ def _native_offences(name: str, source: str, is_package: bool = False) -> list[s
         allowed = NATIVE_SCRIPTS[name][0]
     elif _room(name) in NATIVE_ROOMS:
         allowed = NATIVE_ROOMS[_room(name)][0]
-    return sorted(f"{name} imports {n}" for n in _native(name, source, is_package) - allowed)
+    return sorted(f"{name} uses {n}" for n in _native(name, source, is_package) - allowed)
 
 
 def test_only_the_native_rooms_import_native_code():
     bad = [b for n, p in (MODS | SCRIPTS).items()
            for b in _native_offences(n, p.read_text(), p.name == "__init__.py")]
-    assert not bad, ("native imports outside runtime, the llama adapter and NATIVE_SCRIPTS "
+    assert not bad, ("native code used outside runtime, the llama adapter and NATIVE_SCRIPTS "
                      "(go through mtplib.runtime, or list the script with a reason):\n"
                      + "\n".join(bad))
 
@@ -288,22 +295,30 @@ def test_the_native_check_fails_on_a_new_offender():
     """The checker itself, on synthetic sources: a lab module, a distributed module and a
     notebook that import native code are refused; what they may import is not."""
     lazy = "def f():\n    import ctypes\n    return ctypes.CDLL(None)\n"
-    assert _native_offences("mtplib.lab.new", lazy) == ["mtplib.lab.new imports ctypes"]
+    assert _native_offences("mtplib.lab.new", lazy) == ["mtplib.lab.new uses ctypes"]
     assert _native_offences("mtplib.distributed.new", "from llama_cpp import Llama\n") == [
-        "mtplib.distributed.new imports llama_cpp"]
+        "mtplib.distributed.new uses llama_cpp"]
     raw = "from mtplib.runtime.lib import load\nfrom mtplib.runtime import ggml_tensor\n"
     assert _native_offences("notebooks/99_new.py", raw) == [
-        "notebooks/99_new.py imports mtplib.runtime.ggml_tensor",
-        "notebooks/99_new.py imports mtplib.runtime.lib.load"]
+        "notebooks/99_new.py uses mtplib.runtime.ggml_tensor",
+        "notebooks/99_new.py uses mtplib.runtime.lib.load"]
     assert _native_offences("mtplib.commands.new", "from mtplib.runtime import lib\n") == [
-        "mtplib.commands.new imports mtplib.runtime.lib"]
+        "mtplib.commands.new uses mtplib.runtime.lib"]
     fine = "from mtplib.runtime.lib import UpstreamError, upstream_info\nimport mtplib.llama\n"
     assert _native_offences("mtplib.lab.new", fine) == []
     # the adapter may import llama_cpp and the bindings, but not ctypes
     bindings = "import llama_cpp\nfrom mtplib.runtime.lib import load\n"
     assert _native_offences("mtplib.llama.new", bindings) == []
-    assert _native_offences("mtplib.llama.new", lazy) == ["mtplib.llama.new imports ctypes"]
+    assert _native_offences("mtplib.llama.new", lazy) == ["mtplib.llama.new uses ctypes"]
     assert _native_offences("mtplib.runtime.new", lazy + raw) == []
+    # a C function called on a runtime context's library handle, as the lab's timers and
+    # the ranged worker once did
+    sync = "def wait(ctx):\n    ctx.llama.llama_synchronize(ctx.ptr)\n"
+    assert _native_offences("mtplib.distributed.new", sync) == [
+        f"mtplib.distributed.new uses {C_CALL}"]
+    assert _native_offences("mtplib.lab.new", "x = m.ext.llama_get_embeddings_nextn\n") == [
+        f"mtplib.lab.new uses {C_CALL}"]
+    assert _native_offences("mtplib.lab.new", "f = mtplib.llama.mtp_llama\n") == []
 
 
 def test_the_resolver_fails_on_a_moved_module():
