@@ -160,4 +160,3 @@ def choose_row_source(model: str | Path | Model, ctx_cfg: ContextConfig | dict, 
         _DECISIONS[kid] = d
         _store_decision(key, d)
     return d
-

@@ -249,4 +249,3 @@ def client_head(path: str | Path) -> HeadWeights:
         _HEADS.clear()  # one trunk at a time in a process
         _HEADS[key] = HeadWeights(p, full=True, dtype=np.float32)
     return _HEADS[key]
-
