@@ -53,6 +53,7 @@ CHECK_VERSION = 2
 
 
 def logits_consistent(diff: float, scale: float) -> bool:
+    """Recomputed and upstream logits agree (`LOGITS_RTOL` of the logits' scale)."""
     return bool(np.isfinite(diff) and diff <= LOGITS_RTOL * max(1.0, scale))
 
 
