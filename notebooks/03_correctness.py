@@ -151,13 +151,11 @@ tp = trained_pair()
 if tp is None:
     print("skipped: the trained pair (evidence/trained-v4/*.gguf) is not in this checkout")
 else:
-    import llama_cpp
-
-    from mtplib.llama import mtp_llama
+    from mtplib.llama import mtp_llama, plain_llama
 
     kw = {"n_ctx": 512, "n_threads": threads, "n_threads_batch": threads}
     texts = ["def main(", "import os\nimport sys\n\n\nclass ", "    def __init__(self"]
-    plain = llama_cpp.Llama(str(tp.trunk), verbose=False, **kw)
+    plain = plain_llama(tp.trunk, **kw)
     mtp = mtp_llama(tp.trunk, tp.sidecar, draft=3, **kw)
     st = mtp.draft_model.stats
     rows = []

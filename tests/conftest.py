@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+# the upstream build is chosen before any test module imports llama_cpp itself
+import mtplib.runtime  # noqa: F401
 from mtplib.model.fixture import write_combined, write_fixture
 from mtplib.ownership.derivation import inventory_from_paths
 

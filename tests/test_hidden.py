@@ -19,19 +19,10 @@ import numpy as np
 import pytest
 
 from mtplib.runtime import build_info
-from mtplib.runtime.hidden import (
-    CapturedRows,
-    CaptureError,
-    HeadWeights,
-    check_hidden,
-    choose_row_source,
-    clear_cache,
-    decide,
-    hidden_matrix,
-    logits_consistent,
-    read_rows,
-)
+from mtplib.runtime.hidden_check import check_hidden, decide, hidden_matrix, logits_consistent
 from mtplib.runtime.model import Context, ContextConfig, Model
+from mtplib.runtime.row_source import choose_row_source, clear_cache
+from mtplib.runtime.rows import CapturedRows, CaptureError, HeadWeights, read_rows
 
 pytestmark = pytest.mark.skipif(
     build_info()["build"] != "stock",
@@ -110,17 +101,17 @@ def test_row_source_key_is_complete_and_kept_on_disk(pair, monkeypatch):
     """swa_full and n_seq_max are part of the key (a check made with one setting says
     nothing about the other), and a decision made once is read back from disk by a new
     process instead of being checked again."""
-    from mtplib.runtime import hidden
+    from mtplib.runtime import hidden_check, row_source
 
     clear_cache(disk=True)
     calls = []
-    real = hidden.check_hidden
+    real = hidden_check.check_hidden
 
     def counting(*a, **kw):
         calls.append(a[1])
         return real(*a, **kw)
 
-    monkeypatch.setattr(hidden, "check_hidden", counting)
+    monkeypatch.setattr(hidden_check, "check_hidden", counting)
     base = dict(GOOD, nextn_rows="all")
     d1 = choose_row_source(pair.trunk, ContextConfig(**base))
     assert len(calls) == 1
@@ -130,7 +121,7 @@ def test_row_source_key_is_complete_and_kept_on_disk(pair, monkeypatch):
     clear_cache()  # a new process: nothing in memory
     d2 = choose_row_source(pair.trunk, ContextConfig(**base))
     assert len(calls) == 3 and (d2.mode, d2.reason) == (d1.mode, d1.reason)
-    assert len(list(hidden._cache_dir().glob("*.json"))) == 3
+    assert len(list(row_source._cache_dir().glob("*.json"))) == 3
     # the rows-only decodes of a client-side head are part of the unmasked check
     assert [3, "none"] in d1.report["config"]["followups"]
 
@@ -236,7 +227,7 @@ def test_cli_check_hidden(pair, tmp_path):
 
 
 def test_head_weights_find_root_tensors_in_split_files(tmp_path):
-    from mtplib.runtime.hidden import _split_siblings
+    from mtplib.runtime.rows import _split_siblings
 
     for i in (1, 2, 3):
         (tmp_path / f"m-{i:05d}-of-00003.gguf").touch()

@@ -20,7 +20,7 @@ from mtplib.model.trained import trained_paths
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from mtplib.llama import MTPDraftModel, mtp_llama  # noqa: E402
-from mtplib.runtime.hidden import RowSourceDecision  # noqa: E402
+from mtplib.runtime.row_source import RowSourceDecision  # noqa: E402
 
 PAIR = trained_paths()
 needs_pair = pytest.mark.skipif(not PAIR.exists(), reason="trained pair not committed")

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from mtplib.runtime.hidden import CapturedRows, force_reserve
 from mtplib.runtime.model import ContextConfig, Model
+from mtplib.runtime.rows import CapturedRows, force_reserve
 
 m = Model(sys.argv[1])
 LENGTHS = list(range(1, 65)) + [100, 128, 200, 256, 300, 400, 511, 512]

@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-from mtplib.runtime.hidden import CapturedRows
 from mtplib.runtime.model import ContextConfig, Model
+from mtplib.runtime.rows import CapturedRows
 
 side = Model(sys.argv[1], load_mtp=True)
 rng = np.random.default_rng(0)

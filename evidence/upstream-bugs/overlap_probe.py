@@ -19,8 +19,8 @@ import numpy as np
 
 from mtplib.runtime import ggml_tensor as gt
 from mtplib.runtime import lib
-from mtplib.runtime.hidden import force_reserve
 from mtplib.runtime.model import Context, ContextConfig, Model
+from mtplib.runtime.rows import force_reserve
 
 CONFIGS = [
     # (label, kv, flash_attn, n_ctx, n_ubatch, n_tokens, masked)

@@ -37,9 +37,9 @@ CASES = {
 
 
 def write(case: str, out: Path) -> Path:
-    from mtplib.fixture import _write
-    from mtplib.v4.arch import sidecar_tensors, trunk_tensors
-    from mtplib.v4.presets import TINY
+    from mtplib.model.arch import sidecar_tensors, trunk_tensors
+    from mtplib.model.fixture import _write
+    from mtplib.model.presets import TINY
 
     change, which, _ = CASES[case]
     cfg = dataclasses.replace(TINY, **change)  # NOT validated: upstream must see it as is

@@ -131,7 +131,7 @@ def main() -> int:
     a = ap.parse_args()
     from llama_cpp import llama_cpp as L
 
-    from mtplib.fixture import sha256_file, write_fixture
+    from mtplib.model.fixture import sha256_file, write_fixture
 
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="repro-hidden-"))
     trunk = write_fixture(out, seed=0, preset="tiny").trunk

@@ -74,7 +74,8 @@ def run(a: argparse.Namespace) -> int:
         a.threads = 1 if a.matrix else 2
     from mtplib import pins
     from mtplib.model.gguf_header import read_header, require_deepseek4
-    from mtplib.runtime import hidden
+    from mtplib.runtime import hidden_check
+    from mtplib.runtime.row_source import choose_row_source
     from mtplib.stamps import sha256_file
 
     require_deepseek4(read_header(a.model))  # bad paths: one line, exit 2
@@ -88,15 +89,15 @@ def run(a: argparse.Namespace) -> int:
             f"  ctx={r['n_ctx']} {r['kv_type']} fa={r['flash_attn']} ub={r['n_ubatch']} "
             f"{'masked' if r['masked'] else 'all'} n={r['n_tokens']}: "
             f"{r['bad_rows']}/{r['n_rows']} bad", file=sys.stderr))
-        rows = hidden.hidden_matrix(a.model, n_batch=a.batch, n_threads=a.threads,
-                                    progress=progress, **kw)
+        rows = hidden_check.hidden_matrix(a.model, n_batch=a.batch, n_threads=a.threads,
+                                          progress=progress, **kw)
         out = {
             "command": "mtplib " + shlex.join(sys.argv[1:]),
             "model": {"path": str(a.model), "sha256": sha256_file(Path(a.model))},
             "pins": pins.as_dict(),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "cpu_count": os.cpu_count(), "threads": a.threads},
-            "followups": [list(f) for f in hidden.FOLLOWUPS],
+            "followups": [list(f) for f in hidden_check.FOLLOWUPS],
             "elapsed_s": round(time.perf_counter() - t0, 1),
             "n_configs": len(rows),
             "n_affected": sum(not r["api_rows_ok"] for r in rows),
@@ -116,8 +117,8 @@ def run(a: argparse.Namespace) -> int:
     resolve_ctx(a, DEFAULT_CTX, a.model)
     cfg = _cfg(a)
     if a.cost:
-        res = hidden.capture_cost(a.model, cfg, n_prompt=a.tokens or 32, n_decode=a.cost_decode,
-                                  repeats=a.cost_repeats)
+        res = hidden_check.capture_cost(a.model, cfg, n_prompt=a.tokens or 32,
+                                        n_decode=a.cost_decode, repeats=a.cost_repeats)
         print(json.dumps(res) if a.json else
               f"decode {res['decode_tok_s_api']:.1f} tok/s (API rows) vs "
               f"{res['decode_tok_s_captured']:.1f} tok/s (captured rows): "
@@ -125,13 +126,13 @@ def run(a: argparse.Namespace) -> int:
               f"(+{res['decode_overhead_ms']:.2f} ms per decode)")
         return 0
     if a.decide:
-        d = hidden.choose_row_source(
+        d = choose_row_source(
             a.model, replace(cfg, nextn_rows="masked" if a.masked else "all"),
             n_tokens=a.tokens, reserve=a.reserve)
         report = {"mode": d.mode, "reason": d.reason, **d.report}
     else:
-        report = hidden.check_hidden(a.model, cfg, a.tokens or 7, a.masked,
-                                     reserve=a.reserve)
+        report = hidden_check.check_hidden(a.model, cfg, a.tokens or 7, a.masked,
+                                           reserve=a.reserve)
     if a.json:
         print(json.dumps(report))
     else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -26,10 +25,8 @@ from pathlib import Path
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
+from mtplib.runtime.libc import set_parent_death_signal
 from mtplib.runtime.rpc import ShardError
-
-PR_SET_PDEATHSIG = 1
-
 
 # -- process hygiene --------------------------------------------------------------------
 LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -40,8 +37,7 @@ def die_with_parent(parent_pid: int) -> None:
     asked for it with MTPLIB_PDEATHSIG=1: it follows the spawning *thread*, so only a
     main-thread spawn asks) plus a watchdog thread polling the parent pid."""
     if os.environ.get("MTPLIB_PDEATHSIG") == "1":
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before we got here
         os._exit(3)
 

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from mtplib.distributed.processes import die_with_parent
 from mtplib.errors import InputError
 from mtplib.runtime.lib import UpstreamError
+from mtplib.runtime.timing import synchronize
 
 # -- the worker (client side, in its own process) ---------------------------------------
 _worker_conn: Connection | None = None
@@ -199,7 +200,7 @@ def _handle(models: Models, msg: tuple):
         if method == "decode":
             # upstream's decode returns with the shards still computing (the logits are
             # fetched at the next read): wait here, so a step's bytes are all in the step
-            ctx.llama.llama_synchronize(ctx.ptr)
+            synchronize(ctx)
             _advance()
             return ctx.last_n_outputs, ctx.last_decode_len
         return out

@@ -94,28 +94,6 @@ class LayerCostConfig:
         return self
 
 
-class _SyncTimer:
-    """Stands in for the llama_cpp module on one Context: times `llama_decode` plus a
-    `llama_synchronize`, so work a GPU backend queues is inside the measured time."""
-
-    def __init__(self, llama) -> None:
-        self._llama = llama
-        self.last = self.last_cpu = 0.0
-
-    def __getattr__(self, name):
-        return getattr(self._llama, name)
-
-    def llama_decode(self, ctx, batch):
-        c0, t0 = time.process_time(), time.perf_counter()
-        rc = self._llama.llama_decode(ctx, batch)
-        self._llama.llama_synchronize(ctx)
-        self.last = time.perf_counter() - t0
-        # the process's CPU time (all threads): with one thread, what the decode cost this
-        # CPU whatever else the machine ran meanwhile
-        self.last_cpu = time.process_time() - c0
-        return rc
-
-
 def summary(xs_s: Sequence[float]) -> dict:
     """Median and spread of a series of seconds, in ms."""
     ms = np.asarray(xs_s, dtype=float) * 1e3
@@ -131,6 +109,7 @@ class _Runner:
     def __init__(self, stack: ExitStack, trunk, sidecar, cfg: LayerCostConfig,
                  rng: np.random.Generator) -> None:
         from mtplib.runtime.model import Context, ContextConfig, Model
+        from mtplib.runtime.timing import timed
 
         self.cfg, self.rng = cfg, rng
         tm = self.tm = stack.enter_context(Model(trunk))
@@ -153,13 +132,10 @@ class _Runner:
         # the draft's input row: a fixed random hc*n_embd row (its values change which
         # experts the block routes to, not how much it computes per token)
         self.row = rng.standard_normal((1, tm.n_embd_out)).astype(np.float32)
-        self.tt = _SyncTimer(self.tc.llama)
-        self.tc.llama = self.tt
-        stack.callback(setattr, self.tc, "llama", self.tt._llama)
+        # decode + synchronize: work a GPU backend queues is inside the measured time
+        self.tt = stack.enter_context(timed(self.tc, sync=True))
         if self.mc:
-            self.mt = _SyncTimer(self.mc.llama)
-            self.mc.llama = self.mt
-            stack.callback(setattr, self.mc, "llama", self.mt._llama)
+            self.mt = stack.enter_context(timed(self.mc, sync=True))
 
     def step(self, i: int) -> None:
         """Verify batches of k+1 tokens (each rolled back), the plain decode that advances

@@ -137,31 +137,13 @@ def ab_order(runs: int, warmup: int = 1) -> list[tuple[int | None, str]]:
 
 
 # -- the cost ratio -----------------------------------------------------------------------
-class _DecodeTimer:
-    """Stands in for the llama_cpp module on one Context: times `llama_decode` only."""
-
-    def __init__(self, llama) -> None:
-        self._llama = llama
-        self.times: list[float] = []
-        self.cpu: list[float] = []  # process CPU time (all threads), robust to preemption
-
-    def __getattr__(self, name):
-        return getattr(self._llama, name)
-
-    def llama_decode(self, ctx, batch):
-        c0, t0 = time.process_time(), time.perf_counter()
-        rc = self._llama.llama_decode(ctx, batch)
-        self.times.append(time.perf_counter() - t0)
-        self.cpu.append(time.process_time() - c0)
-        return rc
-
-
 def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int = 32,
                warmup: int = 16, threads: int = 2, n_ctx: int = 1024, seed: int = 0,
                policy: Policy | str | None = None) -> dict:
     """MTP-step / trunk-step one-token decode time (medians), interleaved, raw decode.
     The MTP block runs: refused (RouteRefused) under a policy that disables MTP."""
     from mtplib.runtime.model import Context, ContextConfig, Model
+    from mtplib.runtime.timing import timed
 
     require_mtp("cost ratio", policy=policy)
     with Model(trunk) as tm, Model(sidecar, load_mtp=True) as sm:
@@ -173,9 +155,7 @@ def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int =
             rows = tc.nextn_rows(n_prompt)
             mc.decode(prompt[1:], range(1, n_prompt), rows=rows[:-1])
             h, tok = rows[-1].copy(), int(np.argmax(tc.logits(-1)))
-            tt, mt = _DecodeTimer(tc.llama), _DecodeTimer(mc.llama)
-            tc.llama, mc.llama = tt, mt
-            try:
+            with timed(tc) as tt, timed(mc) as mt:
                 for i in range(warmup + n_tokens):
                     p = n_prompt + i
                     if i % 2 == 0:  # alternate which goes first
@@ -186,8 +166,6 @@ def cost_ratio(trunk: str, sidecar: str, *, n_tokens: int = 200, n_prompt: int =
                         mc.decode([tok], [p], logits=True, rows=h[None, :])
                     h = tc.nextn_rows(1)[0].copy()
                     tok = int(np.argmax(tc.logits(-1)))
-            finally:
-                tc.llama, mc.llama = tt._llama, mt._llama
     t_trunk = tt.times[warmup:]
     t_mtp = mt.times[warmup:]
     med_t, med_m = statistics.median(t_trunk), statistics.median(t_mtp)

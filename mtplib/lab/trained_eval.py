@@ -26,8 +26,8 @@ import numpy as np
 from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError, MtplibError
 from mtplib.model.trained import EVIDENCE_DIR, TrainedPair, trained_paths
-from mtplib.runtime.hidden import CapturedRows
 from mtplib.runtime.routing import require_mtp
+from mtplib.runtime.rows import CapturedRows
 
 #: Parity configuration: F32 K/V, flash attention off (flash attention rounds K/V to F16).
 PARITY_CTX = {"kv_type": "f32", "flash_attn": "off"}

@@ -1,7 +1,10 @@
 """MTP speculative decoding for llama-cpp-python users: `mtp_llama` returns a
 `llama_cpp.Llama` whose ``draft_model`` is DeepSeek-V4's MTP block (`MTPDraftModel`).
 
-Beside `distributed` in the layer picture: it may import `runtime` and below.
+Beside `distributed` in the layer picture: it may import `runtime` and below. With the
+runtime, the one room that imports `llama_cpp` (its subject: `Llama`, `LlamaDraftModel`,
+`_internals.LlamaContext`) and the runtime's raw bindings (`mtplib.runtime.lib.load`); it
+never imports `ctypes` itself (tests/test_layers.py).
 """
 
 # the upstream build is chosen before draft.py imports llama_cpp (mtplib.runtime docs)

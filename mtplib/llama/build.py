@@ -7,7 +7,7 @@ the MTP block drafts from. `Llama` builds its context inside ``__init__``, so `m
 lets it, then replaces ``llm._ctx`` before first use with a context made from the Llama's
 own context parameters plus ``n_rs_seq = k``, nextn rows on (unmasked) and, where the API
 rows are not proven right for that configuration, the eval-callback capture as
-``cb_eval`` (`mtplib.runtime.hidden.choose_row_source`, run on the Llama's own model).
+``cb_eval`` (`mtplib.runtime.row_source.choose_row_source`, run on the Llama's own model).
 The replacement context reports every decode's rows to the `MTPDraftModel`.
 """
 
@@ -23,10 +23,11 @@ from mtplib.errors import InputError
 from mtplib.llama.draft import K_RANGE, MTPDraftModel
 from mtplib.model.fixture import require_weights
 from mtplib.model.gguf_header import GGUFHeader, read_header
-from mtplib.runtime.hidden import CapturedRows, choose_row_source
 from mtplib.runtime.lib import UpstreamError, load
 from mtplib.runtime.model import FLASH_ATTN, KV_TYPES, ContextConfig, Model, check_pair
 from mtplib.runtime.routing import require_mtp
+from mtplib.runtime.row_source import choose_row_source
+from mtplib.runtime.rows import CapturedRows
 
 #: Llama arguments `mtp_llama` owns or cannot honour, and why.
 REFUSED = {

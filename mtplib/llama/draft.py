@@ -6,7 +6,7 @@ not yet decoded), decodes [last, drafts...] in one batch, keeps the drafts while
 samples equal them and removes the rest of its KV tail. The MTP block needs more than token
 ids: the trunk's `h_nextn` row of every decoded position. So the draft model also taps the
 Llama's context: after each target decode it records that decode's rows by position, from
-the source `mtplib.runtime.hidden.choose_row_source` proved right for the context's
+the source `mtplib.runtime.row_source.choose_row_source` proved right for the context's
 configuration (`mtp_llama` wires this up). Drafting itself is mtplib's `MTPDrafter`
 (upstream's loop, reference §7); this module only keeps the MTP context in step with what
 the Llama kept, by diffing the ids it is called with against what was fed.
@@ -28,9 +28,10 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader
 from mtplib.runtime.drafters import MTPDrafter
-from mtplib.runtime.hidden import CapturedRows, RowSourceDecision, read_rows
 from mtplib.runtime.lib import UpstreamError
 from mtplib.runtime.model import Context, ContextConfig, Model
+from mtplib.runtime.row_source import RowSourceDecision
+from mtplib.runtime.rows import CapturedRows, read_rows
 from mtplib.runtime.speculative import DraftCounts
 
 #: Draft lengths `mtp_llama` accepts (upstream's default is 3; 8 is plenty for one block).

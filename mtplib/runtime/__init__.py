@@ -1,4 +1,9 @@
-"""The only room that touches llama.cpp (ctypes, llama_cpp).
+"""The native room: the code that loads llama.cpp and calls C (ctypes, llama_cpp, the raw
+bindings in `lib` and `ggml_tensor`, libc's prctl in `libc`). One other room imports
+llama_cpp: `mtplib.llama`, the adapter that plugs MTP into llama-cpp-python's own `Llama`
+(it subclasses its classes and swaps the Llama's context through this room's bindings).
+Every other room reaches upstream through this room's objects; tests/test_layers.py
+checks which rooms import what.
 
 Which upstream build it loads is chosen here, before any module imports ``llama_cpp``:
 ``patched`` (the same pin with ``patches/*.patch`` applied, installed by ``./dev.sh setup``

@@ -1,8 +1,10 @@
 """Loading the pinned upstream: pin check, backend init, and where upstream's logs go.
 
-This module (and its siblings in `mtplib.runtime`) is the only code that imports
-`llama_cpp`. Import is lazy so that `mtplib --help`, the contract and the fixture writer
-work without the compiled library.
+This module (and its siblings in `mtplib.runtime`, and the `mtplib.llama` adapter) is the
+only code that imports `llama_cpp`; `load` hands out the raw C libraries, so outside those
+two rooms only its other names (errors, `upstream_info`, logging) are imported. Import is
+lazy so that `mtplib --help`, the contract and the fixture writer work without the
+compiled library.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from mtplib.errors import InputError
 KvType = Literal["f16", "f32", "bf16", "q8_0"]
 #: flash attention: upstream's -fa values (auto lets upstream decide per device)
 FlashAttn = Literal["auto", "on", "off"]
-#: where the target's h_nextn rows come from (mtplib.runtime.hidden)
+#: where the target's h_nextn rows come from (mtplib.runtime.row_source)
 RowSource = Literal["auto", "api", "captured"]
 
 KV_TYPE_NAMES: tuple[str, ...] = get_args(KvType)
@@ -71,7 +71,7 @@ class DecodeSettings:
     #: and llama-cli use false (a window-sized cache)
     swa_full: bool = True
     #: where the target's h_nextn rows come from: "auto" checks this configuration once
-    #: (upstream's API rows can be wrong, see mtplib.runtime.hidden) and uses the API rows
+    #: (upstream's API rows can be wrong, see mtplib.runtime.rows) and uses the API rows
     #: if right, else the eval-callback capture, else refuses MTP; or force "api"/"captured".
     #: mtplib only: upstream's tools have no such choice.
     hidden_rows: RowSource = "auto"

@@ -57,7 +57,7 @@ def top2_margin(logits: np.ndarray) -> float:
 
 
 def api_rows(ctx: Context, n: int) -> np.ndarray:
-    """The target's h_nextn rows as upstream's API returns them (see hidden.py caveats)."""
+    """The target's h_nextn rows as upstream's API returns them (see mtplib.runtime.rows)."""
     return ctx.nextn_rows(n)
 
 
@@ -500,7 +500,7 @@ class EngineOptions:
     #: move a sequence's state (ranged runs: caches stay on their shards), replay from 0
     checkpoints: str = "state"
     #: make upstream reserve its graph again once the target reads hidden rows
-    #: (hidden.force_reserve), and decide the row source with that fix applied: the API rows
+    #: (rows.force_reserve), and decide the row source with that fix applied: the API rows
     #: are then right where the check proves them right, with no graph split for a capture
     reserve: bool = True
 
@@ -552,12 +552,12 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         target = Context(trunk, tcfg, cb_eval=capture.callback if capture else None)
         owned.append(target)
         if needs_rows and opts.reserve:
-            from mtplib.runtime.hidden import force_reserve
+            from mtplib.runtime.rows import force_reserve
 
             force_reserve(target)
         head = None
         if client_head:
-            from mtplib.runtime.hidden import client_head as head_of
+            from mtplib.runtime.rows import client_head as head_of
 
             head = head_of(trunk.path).logits
         if use_mtp:
@@ -580,7 +580,8 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
 def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
     """(mode, CapturedRows or None) for the target's rows; fail-closed on "unsupported".
     ``want`` was checked with the rest of the DecodeSettings."""
-    from mtplib.runtime.hidden import CapturedRows, choose_row_source
+    from mtplib.runtime.row_source import choose_row_source
+    from mtplib.runtime.rows import CapturedRows
 
     check_n_ctx(trunk, tcfg.n_ctx)  # the real reason, not "MTP is unsupported"
     mode = want

@@ -44,11 +44,11 @@ CFG = dict(n_ctx=N_GEN, n_batch=2048, n_ubatch=512, n_threads=NT, kv_type="f16",
 
 def python_one() -> dict:
     from mtplib.runtime.model import Context, ContextConfig, Model
-    from mtplib.sidebyside import _DecodeTimer
+    from mtplib.runtime.timing import DecodeTimer
 
     out = {}
     with Model(MODEL) as model, Context(model, ContextConfig(**CFG)) as ctx:
-        timer = _DecodeTimer(ctx.llama)
+        timer = DecodeTimer(ctx.llama)
         ctx.llama = timer
         for _phase in ("warmup", "measured"):  # the measured run's numbers are kept
             ctx.clear()

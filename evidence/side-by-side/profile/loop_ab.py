@@ -27,11 +27,11 @@ import time
 
 import numpy as np
 
-from mtplib.correctness import seeded_prompt
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.sidebyside import loadavg
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import Context, ContextConfig, Model
 from mtplib.runtime.speculative import Engine, run_generation
-from mtplib.sidebyside import loadavg
 
 MODEL = os.environ["MODEL"]
 NT = int(os.environ.get("NT", "2"))

@@ -36,9 +36,10 @@ import mtplib.runtime.drafters as DR
 import mtplib.runtime.model as MD
 import mtplib.runtime.sampling as SA
 import mtplib.runtime.speculative as SP
-from mtplib.correctness import seeded_prompt
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.sidebyside import loadavg
 from mtplib.runtime.model import RuntimeInputError, UpstreamError
-from mtplib.sidebyside import _DecodeTimer, loadavg
+from mtplib.runtime.timing import DecodeTimer
 
 TRUNK, MTP = os.environ["TRUNK"], os.environ["MTP"]
 NT = int(os.environ.get("NT", "2"))
@@ -61,11 +62,11 @@ def set_drafter(rt, mtp, rates):
 
 
 def timers(rt):
-    tt = _DecodeTimer(rt.target.llama)
+    tt = DecodeTimer(rt.target.llama)
     rt.target.llama = tt
     mt = None
     if rt.mtp_ctx is not None:
-        mt = _DecodeTimer(rt.mtp_ctx.llama)
+        mt = DecodeTimer(rt.mtp_ctx.llama)
         rt.mtp_ctx.llama = mt
     return tt, mt
 
@@ -167,7 +168,7 @@ def mode_noop(k, rates):
     rt.target.llama = _Noop(rt.target.llama)
     mt = None
     if rt.mtp_ctx is not None:  # the MTP context keeps decoding (its logits are read);
-        mt = _DecodeTimer(rt.mtp_ctx.llama)  # its C time is subtracted
+        mt = DecodeTimer(rt.mtp_ctx.llama)  # its C time is subtracted
         rt.mtp_ctx.llama = mt
     n = 900
     ts = []
