@@ -31,6 +31,26 @@ def test_committed_notebooks_are_in_the_stripped_form(path):
     assert again == path.read_text()
 
 
+@pytest.mark.parametrize("path", sorted(NB.glob("[0-9]*.ipynb")), ids=lambda p: p.stem)
+def test_opening_in_lab_changes_no_metadata(path):
+    """On open Lab sets the notebook's kernelspec from the kernel's spec and its
+    language_info from the kernel's reply, and marks it modified only when a value
+    differs: committed as the venv's `mtplib` kernel reports them, they do not (on another
+    Python patch version language_info.version differs: the save hook keeps the file)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from mtplib.records.lanes import kernel_env
+
+    md = json.loads(path.read_text())["metadata"]
+    dirs = [str(Path(d) / "kernels") for d in kernel_env()["JUPYTER_PATH"].split(":")]
+    spec = KernelSpecManager(kernel_dirs=dirs).get_kernel_spec(J.KERNEL)
+    assert md["kernelspec"] == {"name": J.KERNEL, "display_name": spec.display_name,
+                                "language": spec.language}
+    want, got = J.kernel_language_info(), dict(md["language_info"])
+    assert got.pop("version").split(".")[:2] == want.pop("version").split(".")[:2]
+    assert got == want
+
+
 def _as_lab_leaves_it(nb: dict) -> dict:
     """A notebook after Run All and a kernel connection in Lab: outputs, counts, the full
     language_info, run metadata on cells."""

@@ -4,7 +4,10 @@ hook that keeps the committed notebooks free of outputs.
 - `strip_on_save`: a contents-manager pre-save hook (``./dev.sh lab`` sets it). Saving a
   notebook that lives in the repo's ``notebooks/`` (Lab's autosave after Run All, too)
   writes it without outputs, execution counts or run metadata (`strip_notebook`), so the
-  committed pairs stay as they are; notebooks anywhere else are saved as they are.
+  committed pairs stay as they are; notebooks anywhere else are saved as they are. The
+  committed notebooks carry the ``language_info`` the kernel reports
+  (`kernel_language_info`), which is all Lab changes when one is opened and its kernel
+  connects: equal, it changes nothing and the notebook is not marked modified.
 - `install_kernel`: the kernelspec that runs this interpreter, in this venv (what
   ``./dev.sh setup`` does) or, opt-in, in the user's Jupyter (``./dev.sh lab --user``), so a
   Jupyter outside the venv lists the ``mtplib`` kernel the notebooks name.
@@ -34,15 +37,24 @@ DISPLAY_NAME = "mtplib (.venv)"
 #: the folder whose notebooks are saved without outputs
 NOTEBOOKS = paths.REPO / "notebooks"
 #: notebook metadata the committed notebooks carry (jupytext.toml's filter, and the
-#: language name); the rest (full language_info from the kernel, widgets, ...) is run state
-KEEP_METADATA = ("kernelspec", "jupytext")
+#: language_info their kernel reports); the rest (widgets state, ...) is run state
+KEEP_METADATA = ("kernelspec", "jupytext", "language_info")
 
 
-def strip_notebook(nb: dict) -> dict:
+def kernel_language_info() -> dict:
+    """The ``language_info`` this interpreter's ipykernel reports, which Lab writes into a
+    notebook's metadata when its kernel connects: committed as it is, opening a notebook
+    changes nothing (Lab skips an equal value) and so does not mark it modified."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    return dict(IPythonKernel.language_info)
+
+
+def strip_notebook(nb: dict, language_info: dict | None = None) -> dict:
     """``nb`` (a notebook as a dict, changed in place and returned) in its committed form:
     no outputs or execution counts, cells' metadata only their tags, the notebook's only
     kernelspec, jupytext (without its text_representation, as jupytext writes .ipynb)
-    and the language name."""
+    and language_info (``language_info`` when given)."""
     for c in nb.get("cells", []):
         if c.get("cell_type") == "code":
             c["outputs"], c["execution_count"] = [], None
@@ -53,9 +65,8 @@ def strip_notebook(nb: dict) -> dict:
     if isinstance(keep.get("jupytext"), dict):
         keep["jupytext"] = {k: v for k, v in keep["jupytext"].items()
                             if k != "text_representation"}
-    lang = (md.get("language_info") or {}).get("name")
-    if lang:
-        keep["language_info"] = {"name": lang}
+    if language_info is not None:
+        keep["language_info"] = language_info
     nb["metadata"] = keep
     return nb
 
@@ -76,8 +87,16 @@ def strip_on_save(model: dict, path: str, contents_manager: object = None, **kw:
     written in its committed form (`strip_notebook`); anything else is left alone."""
     if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
         return
-    if in_notebooks(path, getattr(contents_manager, "root_dir", None)):
-        strip_notebook(model["content"])
+    root = getattr(contents_manager, "root_dir", None)
+    if in_notebooks(path, root):  # the committed language_info stays (another Python's too)
+        strip_notebook(model["content"], _language_info_on_disk(Path(root or ".") / path))
+
+
+def _language_info_on_disk(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())["metadata"]["language_info"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def papermill_options() -> dict:
@@ -142,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "strip":
             import nbformat
 
+            info = kernel_language_info()
             for f in a.files:
                 nb = nbformat.read(f, as_version=4)
-                nbformat.write(nbformat.from_dict(strip_notebook(nb)), f)
+                nbformat.write(nbformat.from_dict(strip_notebook(nb, info)), f)
         else:
             print(install_kernel(user=a.user, prefix=a.prefix, replace=a.replace))
     except InputError as e:
