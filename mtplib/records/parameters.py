@@ -151,6 +151,15 @@ def _yaml(v: str, where: str, want: str) -> object:
         raise fail(where, want, v, f"not valid YAML: {' '.join(str(e).split())[:120]}") from None
 
 
+def _as_mapping(v: object, where: str, want: str, ctx: Context) -> dict:
+    """``v`` as a mapping (lenient: a YAML string, "" for an empty one) or the error."""
+    if ctx.lenient and isinstance(v, str):
+        v = _yaml(v, where, want) if v.strip() else {}
+    if not isinstance(v, dict):
+        raise fail(where, want, v)
+    return v
+
+
 _WORDS = re.compile(r"[,\s]+")
 _PLANS = re.compile(r"[;\s]+")
 
@@ -248,10 +257,7 @@ def section(cls: type, overrides: Mapping[str, Check] | None = None,
     want = f"a mapping of {cls.__name__} fields"
 
     def check(v: object, where: str, ctx: Context) -> object:
-        if ctx.lenient and isinstance(v, str):
-            v = _yaml(v, where, want) if v.strip() else {}
-        if not isinstance(v, dict):
-            raise fail(where, want, v)
+        v = _as_mapping(v, where, want, ctx)
         rules = fields_of(cls, overrides)
         unknown = sorted(str(k) for k in v if k not in rules)
         if unknown:
@@ -306,10 +312,7 @@ def mapping(values: Check | None = None, *, keys: tuple[str, ...] | None = None,
     """A mapping (lenient: a YAML string); with ``values`` each value passes it; with
     ``keys`` only those keys."""
     def check(v: object, where: str, ctx: Context) -> object:
-        if ctx.lenient and isinstance(v, str):
-            v = _yaml(v, where, what) if v.strip() else {}
-        if not isinstance(v, dict):
-            raise fail(where, what, v)
+        v = _as_mapping(v, where, what, ctx)
         if keys is not None and set(v) - set(keys):
             raise ParameterError(f"{where}: unknown keys {sorted(map(str, set(v) - set(keys)))}"
                                  f" (known: {list(keys)})")
