@@ -97,6 +97,7 @@ BAD = [
     (HEAD + SMOKE + "bench: {backend: tpu}\n", r"bench\.backend: expected one of cpu, gpu"),
     (HEAD + SMOKE + "bench: {kz: [1]}\n", r"bench: unknown keys \['kz'\]"),
     (HEAD + SMOKE + "wan: {plans: ['0-1;2-3']}\n", r"wan\.plans\[0\]: expected a shard plan"),
+    (HEAD + SMOKE + "wan: {plans: ['0-1,3-4']}\n", r"wan\.plans\[0\]: .*gap before range 1"),
     (HEAD + SMOKE + "wan: {topologies: [remote, local]}\n",
      r"wan\.topologies\[1\]: expected one of remote, tail_local, got 'local'"),
     (HEAD + SMOKE + "wan: {rtts_ms: 50}\n", r"wan\.rtts_ms: expected a list of RTTs"),
@@ -128,6 +129,20 @@ def test_bad_lane_refused_in_one_line(tmp_path, monkeypatch, text, pattern):
     out = tmp_path / "out"
     assert main(["run", "--params", str(p), "--out", str(out), "--no-progress"]) == 2
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_plans_are_bounded_by_the_models_they_run_on(tmp_path):
+    """The tiny fixture has 4 trunk layers: a 6-layer plan is refused for its notebooks and
+    bench, but not for 05 and wan:, which run on the committed trained pair."""
+    six = "'0-2,3-5'"
+    p = _lane(tmp_path, HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n"
+              f"    parameters: {{plan: {six}}}\n")
+    with pytest.raises(LaneError, match=r"notebooks\[0\]\.parameters\.plan: .*out of range"):
+        load_lane(p)
+    p = _lane(tmp_path, HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n"
+              f"    parameters: {{overrides: {{stock: {{plans: [{six}]}}}}}}\n"
+              f"wan: {{plans: [{six}]}}\n")
+    assert load_lane(p).wan == {"plans": ["0-2,3-5"]}
 
 
 def test_good_lanes_still_load():

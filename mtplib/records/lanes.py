@@ -189,13 +189,18 @@ def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
     the notebook checks it with: a typo (`n_token: 8`) or a bad value (`ks: 3`) stops the
     lane before anything runs, naming its key path."""
     declared = {item["notebook"]: declared_parameters(item["notebook"]) for item in notebooks}
+
+    def ctx_of(decl: dict) -> NP.Context:  # the lane's models bound plans where they are used
+        return ctx if "trunk" in decl else NP.Context()  # 05 reads the trained pair instead
+
     for i, item in enumerate(notebooks):
         name, decl = item["notebook"], declared[item["notebook"]]
         for k, v in (item.get("parameters") or {}).items():
             if k not in decl and k not in INJECTED:
                 raise LaneError(f"{p}: notebooks[{i}].parameters.{k}: {name} declares no "
                                 f"parameter {k!r} (declared: {', '.join(sorted(decl))})")
-            _check_value(p, k, v, f"notebooks[{i}].parameters.{k}", decl.get(k), name, ctx)
+            _check_value(p, k, v, f"notebooks[{i}].parameters.{k}", decl.get(k), name,
+                         ctx_of(decl))
     for k, v in lane_params.items():
         takers = [n for n, d in declared.items() if k in d]
         if not takers and k not in INJECTED:
@@ -203,7 +208,7 @@ def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
                             "(declared: " + "; ".join(f"{n}: {', '.join(sorted(d))}"
                                                       for n, d in declared.items()) + ")")
         for n in takers:
-            _check_value(p, k, v, f"parameters.{k}", declared[n][k], n, ctx)
+            _check_value(p, k, v, f"parameters.{k}", declared[n][k], n, ctx_of(declared[n]))
 
 
 def _model_layers(fixture: dict | None) -> int | None:
