@@ -155,12 +155,17 @@ def test_prefix_install_and_bad_combination(tmp_path):
 
 # -- quiet papermill runs ----------------------------------------------------------------------
 @pytest.mark.slow
-def test_papermill_run_without_kernel_noise_or_per_refresh_outputs(tmp_path, monkeypatch, capfd):
-    """With the options lanes pass: no "without encryption" warning from the kernel and a
-    progress bar's refreshes merged into one stderr output that ends at 100%."""
+@pytest.mark.parametrize("how", ["options", "engine"])
+def test_papermill_run_without_kernel_noise_or_per_refresh_outputs(tmp_path, monkeypatch, capfd,
+                                                                   how):
+    """With the options lanes pass (or the `mtplib` papermill engine): no "without
+    encryption" warning from the kernel and a progress bar's refreshes merged into one
+    stderr output that ends at 100%."""
     import papermill as pm
+    from papermill.engines import papermill_engines
 
     from mtplib.records.lanes import kernel_env
+    from mtplib.records.papermill_engine import QuietEngine
 
     for k, v in kernel_env().items():
         monkeypatch.setenv(k, v)
@@ -173,11 +178,25 @@ def test_papermill_run_without_kernel_noise_or_per_refresh_outputs(tmp_path, mon
         "    for _ in range(30):\n        time.sleep(0.02)\n        b.update()\n"
         "    b.refresh()\nprint('done')")]
     nbformat.write(nb, str(tmp_path / "in.ipynb"))
+    if how == "engine":  # as the entry point registers it once the package is installed
+        monkeypatch.setitem(papermill_engines._engines, "mtplib", QuietEngine)
+    kw = J.papermill_options() if how == "options" else {"engine_name": "mtplib"}
     pm.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"),
-                        kernel_name=J.KERNEL, cwd=str(tmp_path), progress_bar=False,
-                        **J.papermill_options())
+                        kernel_name=J.KERNEL, cwd=str(tmp_path), progress_bar=False, **kw)
     assert "without encryption" not in capfd.readouterr().err
     out = nbformat.read(str(tmp_path / "out.ipynb"), as_version=4).cells[0].outputs
     err = [o for o in out if o.get("name") == "stderr"]
     assert len(err) == 1 and "100%" in err[0]["text"] and "\r" not in err[0]["text"]
     assert len(re.findall(r"loop:", err[0]["text"])) == 1
+
+
+def test_papermill_engine_entry_point_names_the_quiet_engine():
+    """pyproject registers `--engine mtplib` (active once the package is (re)installed)."""
+    import importlib
+    import tomllib
+
+    from mtplib.records.papermill_engine import QuietEngine
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    mod, _, attr = eps["papermill.engine"]["mtplib"].partition(":")
+    assert getattr(importlib.import_module(mod), attr) is QuietEngine

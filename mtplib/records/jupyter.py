@@ -15,7 +15,8 @@ hook that keeps the committed notebooks free of outputs.
   carry no repeated noise: each cell's stream outputs merged (a tqdm bar is one line, its
   last state, not one output per refresh) and the kernel's connection encrypted with
   CurveZMQ keys provisioned by jupyter_client (ipykernel warns "Kernel is running over TCP
-  without encryption" for every kernel otherwise).
+  without encryption" for every kernel otherwise). ``papermill IN OUT --engine mtplib``
+  applies them to a run by hand (`mtplib.records.papermill_engine`).
 
 ``python -m mtplib.records.jupyter strip FILE...`` and ``... kernel [--user | --prefix
 DIR] [--replace]`` are the command-line forms (dev.sh calls them).
