@@ -3,7 +3,8 @@
 #
 #   ./dev.sh run  [--params FILE]   run every notebook on a lane (default: params/cpu-fixture.yaml)
 #   ./dev.sh test [PYTEST ARGS]     run the test suite
-#   ./dev.sh lab [LAB ARGS]         JupyterLab at the repo root with the `mtplib` kernel; prints the URL
+#   ./dev.sh lab [--user] [ARGS]    JupyterLab at the repo root with the `mtplib` kernel; prints the URL
+#                                   (--user: also install the kernel for your own Jupyter)
 #   ./dev.sh notebooks              sync notebooks/*.py <-> *.ipynb (jupytext) and strip outputs
 #   ./dev.sh setup                  only create/refresh .venv (and the patched upstream)
 #   ./dev.sh patched                only build/install the patched upstream (patches/*.patch)
@@ -146,29 +147,31 @@ case "$cmd" in
     extra=()
     [ "$(id -u)" = 0 ] && extra+=(--allow-root)
     [ -z "${DISPLAY:-}" ] && extra+=(--no-browser)
+    # --user (opt-in): the `mtplib` kernelspec also goes into the user's Jupyter data dir, so a
+    # Jupyter outside this venv lists it (it refuses to replace another checkout's)
+    args=()
+    for a in "$@"; do
+      if [ "$a" = "--user" ]; then
+        kdir="$("$PY" -m mtplib.records.jupyter kernel --user)" || exit 2
+        log "the mtplib kernel for your own Jupyter: $kdir"
+      else
+        args+=("$a")
+      fi
+    done
     log "JupyterLab at the repo root, kernel 'mtplib (.venv)': http://127.0.0.1:$port/lab?token=$token"
+    # notebooks saved into notebooks/ (autosave too) are written without outputs, so the
+    # committed pairs stay clean (mtplib.records.jupyter.strip_on_save)
     exec "$VENV/bin/jupyter" lab --ServerApp.root_dir="$ROOT" --ServerApp.ip=127.0.0.1 \
       --ServerApp.port="$port" --ServerApp.port_retries=0 --IdentityProvider.token="$token" \
       --MappingKernelManager.default_kernel_name=mtplib \
-      "${extra[@]}" "$@" ;;
+      --ContentsManager.pre_save_hook=mtplib.records.jupyter.strip_on_save \
+      "${extra[@]}" "${args[@]}" ;;
   notebooks)
     setup
     cd "$ROOT"
     "$VENV/bin/jupytext" --sync notebooks/[0-9]*.py
-    "$PY" - notebooks/[0-9]*.ipynb <<'EOF'
-import sys
-
-import nbformat
-
-for p in sys.argv[1:]:  # committed notebooks carry no outputs
-    nb = nbformat.read(p, as_version=4)
-    for c in nb.cells:
-        if c.cell_type == "code":
-            c.outputs, c.execution_count = [], None
-        c.metadata.pop("execution", None)
-    nbformat.write(nb, p)
-EOF
-    ;;
+    # committed notebooks carry no outputs nor run metadata (the form Lab's saves keep)
+    "$PY" -m mtplib.records.jupyter strip notebooks/[0-9]*.ipynb ;;
   gpu-bundle)
     # standard library + git + pip only: no venv needed; the sdist comes from --sdist or
     # the project's copy, else pip downloads it (network)
@@ -182,6 +185,6 @@ EOF
       args+=(--sdist "$src/llama_cpp_python-$LLAMA_VERSION.tar.gz")
     fi
     exec "$(find_python)" -m mtplib.records.device_bundle "${args[@]}" ;;
-  help|-h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) log "unknown command '$cmd'"; sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  help|-h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) log "unknown command '$cmd'"; sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

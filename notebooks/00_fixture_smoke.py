@@ -23,14 +23,22 @@
 # it writes into a scratch run folder under `outputs/scratch/` (printed below).
 
 # %% tags=["parameters"]
-trunk = None        # path to a trunk GGUF; None: generate the built-in fixture into run_dir
-sidecar = None      # path to its mtp- sidecar (set both or neither)
-preset = "tiny"
-seed = 0
-prompt_tokens = [1, 2, 3, 4, 5, 6, 7, 8]
-n_tokens = 32
-threads = 2
-run_dir = None      # None: a fresh scratch folder under outputs/scratch/ (a lane passes its own)
+from typing import Optional
+
+trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
+sidecar: Optional[str] = None  # path to its mtp- sidecar (set both or neither)
+preset: str = "tiny"  # fixture preset when generating (mtplib fixture --preset)
+seed: int = 0  # fixture seed when generating
+prompt_tokens: list[int] = [1, 2, 3, 4, 5, 6, 7, 8]  # token ids of the prompt
+n_tokens: int = 32  # tokens to generate per run
+threads: int = 2  # CPU threads
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 from pathlib import Path

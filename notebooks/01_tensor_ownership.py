@@ -26,15 +26,23 @@
 # tensor table and dtypes, no weights) for 2, 4 and 8 shards.
 
 # %% tags=["parameters"]
-trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
-sidecar = None        # its mtp- sidecar (set both or neither)
-threads = 2
-run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
-plan = "0-1,2-3"      # shard plan for the fixture (contiguous layer ranges)
-ctx = 4096            # context (llama n_ctx) for the cache columns
-flash_dir = None      # where to write the weight-less V4-Flash table; None: run_dir/models/v4-flash
-flash_shards = [2, 4, 8]
-flash_ctx = 131072    # context for the V4-Flash cache column
+from typing import Optional
+
+trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
+sidecar: Optional[str] = None  # its mtp- sidecar (set both or neither)
+threads: int = 2  # CPU threads
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
+plan: str = "0-1,2-3"  # shard plan for the fixture (contiguous layer ranges)
+ctx: int = 4096  # context (llama n_ctx) for the cache columns
+flash_dir: Optional[str] = None  # V4-Flash table folder; None: run_dir/models/v4-flash
+flash_shards: list[int] = [2, 4, 8]  # V4-Flash shard counts to derive
+flash_ctx: int = 131072  # context for the V4-Flash cache column
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 from pathlib import Path

@@ -26,17 +26,25 @@
 # per token of the MTP contract. All caches are shard-local: none crosses a seam.
 
 # %% tags=["parameters"]
-trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
-sidecar = None        # its mtp- sidecar (set both or neither)
-threads = 2
-run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
-plan = "0-1,2-3"
-ctx = 4096
-n_seq = 1
-flash_dir = None
-flash_shards = [2, 4, 8]
-flash_ctxs = [8192, 131072, 1048576]
-golden_dir = None     # contract golden fixtures; None: the repo's tests/golden/contract
+from typing import Optional
+
+trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
+sidecar: Optional[str] = None  # its mtp- sidecar (set both or neither)
+threads: int = 2  # CPU threads
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
+plan: str = "0-1,2-3"  # shard plan for the fixture (contiguous layer ranges)
+ctx: int = 4096  # context (llama n_ctx) of the first checked context
+n_seq: int = 1  # sequences of the first checked context
+flash_dir: Optional[str] = None  # V4-Flash table folder; None: run_dir/models/v4-flash
+flash_shards: list[int] = [2, 4, 8]  # V4-Flash shard counts to derive
+flash_ctxs: list[int] = [8192, 131072, 1048576]  # V4-Flash contexts to derive
+golden_dir: Optional[str] = None  # contract golden files; None: tests/golden/contract
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 from pathlib import Path

@@ -25,16 +25,24 @@
 # `outputs/scratch/`, with small defaults (a lane passes its own, larger ones).
 
 # %% tags=["parameters"]
-trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
-sidecar = None        # its mtp- sidecar (set both or neither)
-threads = 2
-run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
-seeds = 2             # prompt seeds of the equality table (the cpu-fixture lane: 20)
-ks = [1, 2, 3]
-n_new = 16            # tokens per generation (the cpu-fixture lane: 32)
-plans = ["0-1,2-3", "0-0,1-2,3-3"]
-sampling_seeds = 8    # sample-and-match seeds (the cpu-fixture lane: 100)
-progress = True       # tqdm progress bars in the long cells
+from typing import Optional
+
+trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
+sidecar: Optional[str] = None  # its mtp- sidecar (set both or neither)
+threads: int = 2  # CPU threads
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
+seeds: int = 2  # prompt seeds of the equality table (the cpu-fixture lane: 20)
+ks: list[int] = [1, 2, 3]  # draft lengths (-p ks 2, -p ks 1,2 or -p ks '[1, 2]')
+n_new: int = 16  # tokens per generation (the cpu-fixture lane: 32)
+plans: list[str] = ["0-1,2-3", "0-0,1-2,3-3"]  # ranged plans (-p plans '0-1,2-3;0-0,1-2,3-3')
+sampling_seeds: int = 8  # sample-and-match seeds (the cpu-fixture lane: 100)
+progress: bool = True  # tqdm progress bars in the long cells
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 import pandas as pd

@@ -29,15 +29,24 @@
 # `outputs/scratch/` and runs a small bench (about a minute); a lane passes its `bench:`.
 
 # %% tags=["parameters"]
-trunk = None          # trunk GGUF; None: generate the built-in tiny fixture into run_dir
-sidecar = None        # its mtp- sidecar (set both or neither)
-threads = 2
-run_dir = None        # None: a fresh scratch folder under outputs/scratch/ (lanes pass theirs)
+from typing import Optional
+
+trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
+sidecar: Optional[str] = None  # its mtp- sidecar (set both or neither)
+threads: int = 2  # CPU threads
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
 # the lane's `bench:` section (mtplib.lab.bench.BenchConfig); this default is a small one
-bench = {"ks": [1, 2], "n_new": 16, "reps": 1, "warmup": 1, "threads": 1,
-         "sweep": {"rates": [0.0, 0.5, 1.0], "ks": [1, 2], "reps": 1, "warmup": 0}}
-progress = True       # a tqdm progress bar over the bench's generations
-sbs_dir = "evidence/side-by-side"   # committed side-by-side results (repo-relative)
+bench: dict = {"ks": [1, 2], "n_new": 16, "reps": 1, "warmup": 1, "threads": 1,
+               "sweep": {"rates": [0.0, 0.5, 1.0], "ks": [1, 2], "reps": 1,
+                         "warmup": 0}}  # BenchConfig fields (a lane's bench:)
+progress: bool = True  # a tqdm progress bar over the bench's generations
+sbs_dir: str = "evidence/side-by-side"  # committed side-by-side results (repo-relative)
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 import pandas as pd

@@ -32,18 +32,25 @@
 # and/or `cold` mode (one `mtplib generate` process per generation with default options).
 
 # %% tags=["parameters"]
-run_dir = None  # where results go; None: a fresh scratch folder under outputs/scratch/
+from typing import Optional
+
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
 # mtplib.lab.wan.WanConfig fields (a lane passes its `wan:`); {}: the full default sweep.
 # This default is a short run (as the cpu-fixture lane's): 2 shards, 0 and 50 ms, k 0 and 2
-wan = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
-       "placements": ["client"], "n_prompts": 1, "prompt_len": 32, "n_new": 12,
-       "fit_rtts_ms": [0, 50]}
-# the target cell (None: skip): WanConfig fields, e.g. many prompts at 100 ms, cold + warm
-target = None
-builds = ["stock", "patched"]
-overrides = {}  # build -> WanConfig fields for that build only (e.g. a smaller stock grid)
-threads = 1
-progress = True  # a tqdm progress bar per build
+wan: dict = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
+             "placements": ["client"], "n_prompts": 1, "prompt_len": 32, "n_new": 12,
+             "fit_rtts_ms": [0, 50]}  # the RTT sweep's WanConfig fields ({}: the full default)
+target: Optional[dict] = None  # the target cell's WanConfig fields; None: skip
+builds: list[str] = ["stock", "patched"]  # upstream builds to run, each in its own process
+overrides: dict = {}  # build -> WanConfig fields for that build only
+threads: int = 1  # CPU threads
+progress: bool = True  # a tqdm progress bar per build
+
+# %%
+# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+from mtplib.records.parameters import checked
+
+globals().update(checked(globals()))
 
 # %%
 import pandas as pd

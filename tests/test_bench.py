@@ -236,7 +236,7 @@ def test_bench_config_validation(tmp_path):
     lane = tmp_path / "bad.yaml"
     lane.write_text("lane: x\nfixture: {preset: tiny}\nnotebooks: [04_benchmark.ipynb]\n"
                     "bench: {ks: [0]}\n")
-    with pytest.raises(LaneError, match="ks must"):
+    with pytest.raises(LaneError, match=r"bench\.ks\[0\]: expected an int 1\.\.8, got 0"):
         run_lane(lane, out_root=tmp_path / "out", progress=False)
     lane.write_text("lane: x\nfixture: {preset: tiny}\nnotebooks: [04_benchmark.ipynb]\n"
                     "evidence: [DGR-999]\n")

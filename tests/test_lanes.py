@@ -52,14 +52,55 @@ BAD = [
     (HEAD + SMOKE + "wat: 1\n", r"unknown keys \['wat'\]"),
     (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: [1]\n",
      r"notebooks\[0\]\.parameters: expected a mapping"),
-    # a parameter of the wrong type, against the notebook's declared default
+    # a parameter of the wrong type or out of range, by the rule the notebook checks it with
     (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: many}\n",
-     r"notebooks\[0\]\.parameters\.n_tokens: expected an int \(the default in "
-     r"00_fixture_smoke\.ipynb is 32\)"),
+     r"notebooks\[0\]\.parameters\.n_tokens: expected an int >= 1, got 'many'"),
     (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: true}\n",
      r"parameters\.n_tokens: expected an int"),
     (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n    parameters: {plan: 3}\n",
-     r"parameters\.plan: expected a string"),
+     r"parameters\.plan: expected a shard plan"),
+    (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n    parameters: {plan: 0-1}\n",
+     r"parameters\.plan: expected a shard plan .*layers 2-3 belong to no shard"),
+    (HEAD + "notebooks: [00_fixture_smoke.ipynb, 01_tensor_ownership.ipynb,"
+     " {notebook: 03_correctness.ipynb, parameters: {ks: 3}}]\n",
+     r"notebooks\[2\]\.parameters\.ks: expected a list of draft lengths 1\.\.8 \(ints\), got 3"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n    parameters: {ks: [1, 9]}\n",
+     r"notebooks\[0\]\.parameters\.ks\[1\]: expected an int 1\.\.8, got 9"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n    parameters: {plans: 0-1,2-3}\n",
+     r"notebooks\[0\]\.parameters\.plans: expected a list of plans"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n"
+     "    parameters: {plans: ['0-1,2-3', '0-2,2-3']}\n",
+     r"parameters\.plans\[1\]: expected a shard plan .*overlaps"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n    parameters: {progress: 1}\n",
+     r"parameters\.progress: expected True or False, got 1"),
+    (HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n    parameters: {builds: [stok]}\n",
+     r"parameters\.builds\[0\]: expected one of stock, patched, got 'stok'"),
+    (HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n"
+     "    parameters: {overrides: {stock: {ks: 2}}}\n",
+     r"parameters\.overrides\.stock\.ks: expected a list of draft lengths 0\.\.8"),
+    (HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n    parameters: {target: {n_new: 0}}\n",
+     r"parameters\.target\.n_new: expected an int >= 1, got 0"),
+    # the bench: and wan: sections, key by key (they used to fail notebooks later)
+    (HEAD + SMOKE + "bench: {plans: [whole, '0-1,2-4']}\n",
+     r"bench\.plans\[1\]: expected 'whole' or a shard plan .*out of range: the trunk has "
+     r"layers 0-3"),
+    (HEAD + SMOKE + "bench: {plans: ['0-1,2-3']}\n",
+     r"bench\.plans: expected 'whole' among the plans"),
+    (HEAD + SMOKE + "bench: {ks: 3}\n", r"bench\.ks: expected a list of draft lengths 1\.\.8"),
+    (HEAD + SMOKE + "bench: {n_new: 1}\n", r"bench\.n_new: expected an int >= 2, got 1"),
+    (HEAD + SMOKE + "bench: {sweep: {rates: [0.5, 2]}}\n",
+     r"bench\.sweep\.rates\[1\]: expected a number 0\.\.1, got 2"),
+    (HEAD + SMOKE + "bench: {sampling: {seeds: x}}\n",
+     r"bench\.sampling\.seeds: expected an int >= 1, got 'x'"),
+    (HEAD + SMOKE + "bench: {prompts: [{len: 4}]}\n",
+     r"bench\.prompts\[0\]: expected a prompt text or \{seed: N, len: L\}"),
+    (HEAD + SMOKE + "bench: {backend: tpu}\n", r"bench\.backend: expected one of cpu, gpu"),
+    (HEAD + SMOKE + "bench: {kz: [1]}\n", r"bench: unknown keys \['kz'\]"),
+    (HEAD + SMOKE + "wan: {plans: ['0-1;2-3']}\n", r"wan\.plans\[0\]: expected a shard plan"),
+    (HEAD + SMOKE + "wan: {plans: ['0-1,3-4']}\n", r"wan\.plans\[0\]: .*gap before range 1"),
+    (HEAD + SMOKE + "wan: {topologies: [remote, local]}\n",
+     r"wan\.topologies\[1\]: expected one of remote, tail_local, got 'local'"),
+    (HEAD + SMOKE + "wan: {rtts_ms: 50}\n", r"wan\.rtts_ms: expected a list of RTTs"),
     (HEAD + SMOKE + "parameters: {prompt_tokens: 7}\n",
      r"parameters\.prompt_tokens: expected a list"),
     # unknown notebook parameters (a typo) are refused, naming the notebook and its parameters
@@ -88,6 +129,20 @@ def test_bad_lane_refused_in_one_line(tmp_path, monkeypatch, text, pattern):
     out = tmp_path / "out"
     assert main(["run", "--params", str(p), "--out", str(out), "--no-progress"]) == 2
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_plans_are_bounded_by_the_models_they_run_on(tmp_path):
+    """The tiny fixture has 4 trunk layers: a 6-layer plan is refused for its notebooks and
+    bench, but not for 05 and wan:, which run on the committed trained pair."""
+    six = "'0-2,3-5'"
+    p = _lane(tmp_path, HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n"
+              f"    parameters: {{plan: {six}}}\n")
+    with pytest.raises(LaneError, match=r"notebooks\[0\]\.parameters\.plan: .*out of range"):
+        load_lane(p)
+    p = _lane(tmp_path, HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n"
+              f"    parameters: {{overrides: {{stock: {{plans: [{six}]}}}}}}\n"
+              f"wan: {{plans: [{six}]}}\n")
+    assert load_lane(p).wan == {"plans": ["0-2,3-5"]}
 
 
 def test_good_lanes_still_load():

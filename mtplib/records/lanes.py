@@ -20,6 +20,8 @@ import yaml
 from mtplib import paths
 from mtplib.errors import InputError, MtplibError
 from mtplib.files import make_dirs, remove_dirs, safe_component
+from mtplib.records import parameters as NP
+from mtplib.records.jupyter import KERNEL, papermill_options  # KERNEL: what lanes run on
 from mtplib.records.raw_metrics import read_seam_bytes
 from mtplib.records.run_record import base_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
@@ -87,7 +89,7 @@ INJECTED = {"trunk", "sidecar", "threads", "run_dir", "bench", "wan"}
 
 #: a lane's `threads` beyond this is a typo on any machine (upstream's thread pool crashed
 #: at 100000); the machine's own CPU count is checked by `check_lane_requirements`
-MAX_LANE_THREADS = 1024
+MAX_LANE_THREADS = NP.MAX_THREADS
 
 
 def _bad(p: Path, key: str, expected: str, got: object) -> LaneError:
@@ -147,7 +149,8 @@ def declared_parameters(name: str) -> dict[str, object]:
 
 
 def _type_ok(value: object, default: object) -> tuple[bool, str]:
-    """Does ``value`` fit the type of the notebook's default? Returns (ok, expected)."""
+    """Does ``value`` fit the type of the notebook's default? Returns (ok, expected). For a
+    parameter `mtplib.records.parameters` has no rule for (a notebook of one's own)."""
     if default is None or default is ...:
         return True, "any value"
     if isinstance(default, bool):
@@ -165,20 +168,39 @@ def _type_ok(value: object, default: object) -> tuple[bool, str]:
     return True, "any value"
 
 
-def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict) -> None:
-    """Every lane parameter is declared by the notebook(s) it goes to, with the type of
-    the declared default: a typo (`n_token: 8`) stops the lane before anything runs."""
+def _check_value(p: Path, name: str, value: object, where: str, default: object,
+                 nb: str, ctx: NP.Context) -> None:
+    """One lane value for the notebook parameter ``name``: the notebooks' own rule
+    (`mtplib.records.parameters`), else the type of the notebook's default."""
+    if name in NP.PARAMETERS:
+        try:
+            NP.check_value(name, value, where=where, ctx=ctx)
+        except NP.ParameterError as e:
+            raise LaneError(f"{p}: {e}") from None
+        return
+    ok, want = _type_ok(value, default)
+    if not ok:
+        raise _bad(p, where, f"{want} (the default in {nb} is {default!r})", value)
+
+
+def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
+                      ctx: NP.Context) -> None:
+    """Every lane parameter is declared by the notebook(s) it goes to and passes the rule
+    the notebook checks it with: a typo (`n_token: 8`) or a bad value (`ks: 3`) stops the
+    lane before anything runs, naming its key path."""
     declared = {item["notebook"]: declared_parameters(item["notebook"]) for item in notebooks}
+
+    def ctx_of(decl: dict) -> NP.Context:  # the lane's models bound plans where they are used
+        return ctx if "trunk" in decl else NP.Context()  # 05 reads the trained pair instead
+
     for i, item in enumerate(notebooks):
         name, decl = item["notebook"], declared[item["notebook"]]
         for k, v in (item.get("parameters") or {}).items():
             if k not in decl and k not in INJECTED:
                 raise LaneError(f"{p}: notebooks[{i}].parameters.{k}: {name} declares no "
                                 f"parameter {k!r} (declared: {', '.join(sorted(decl))})")
-            ok, want = _type_ok(v, decl.get(k))
-            if not ok:
-                raise _bad(p, f"notebooks[{i}].parameters.{k}",
-                           f"{want} (the default in {name} is {decl[k]!r})", v)
+            _check_value(p, k, v, f"notebooks[{i}].parameters.{k}", decl.get(k), name,
+                         ctx_of(decl))
     for k, v in lane_params.items():
         takers = [n for n, d in declared.items() if k in d]
         if not takers and k not in INJECTED:
@@ -186,10 +208,18 @@ def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict) -> None
                             "(declared: " + "; ".join(f"{n}: {', '.join(sorted(d))}"
                                                       for n, d in declared.items()) + ")")
         for n in takers:
-            ok, want = _type_ok(v, declared[n][k])
-            if not ok:
-                raise _bad(p, f"parameters.{k}",
-                           f"{want} (the default in {n} is {declared[n][k]!r})", v)
+            _check_value(p, k, v, f"parameters.{k}", declared[n][k], n, ctx_of(declared[n]))
+
+
+def _model_layers(fixture: dict | None) -> int | None:
+    """The trunk's layer count where the lane's models are known before they exist (a
+    generated fixture preset): shard plans must cover exactly those layers."""
+    if not fixture or fixture.get("preset", "tiny") == "trained":
+        return None
+    from mtplib.model.presets import PRESETS
+
+    cfg = PRESETS.get(fixture.get("preset", "tiny"))
+    return getattr(cfg, "n_layer", None)
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -250,9 +280,14 @@ def load_lane(path: str | Path) -> Lane:
         raise _bad(p, "threads", f"an int >= 1 and <= {MAX_LANE_THREADS}", threads)
     params = data.get("parameters")
     params = {} if params is None else _mapping(p, "parameters", params)
-    for key in ("bench", "wan"):
+    ctx = NP.Context(n_layer=_model_layers(fixture))
+    for key in ("bench", "wan"):  # every key of the sections, as 04 and 05 check them
         if data.get(key) is not None:
-            _mapping(p, key, data[key])
+            try:  # 05 runs on the trained pair whatever the lane's models: no n_layer
+                NP.check_value(key, data[key], where=key,
+                               ctx=ctx if key == "bench" else NP.Context())
+            except NP.ParameterError as e:
+                raise LaneError(f"{p}: {e}") from None
     evidence = data.get("evidence")
     if evidence is not None and (not isinstance(evidence, list)
                                  or not all(isinstance(s, str) for s in evidence)):
@@ -265,7 +300,7 @@ def load_lane(path: str | Path) -> Lane:
             policy_named(policy)
         except InputError as e:
             raise LaneError(f"{p}: {e}") from None
-    _check_parameters(p, norm, params)
+    _check_parameters(p, norm, params, ctx)
     return Lane(name=str(data.get("lane", p.stem)), path=p, notebooks=norm,
                 fixture=fixture, models=models, threads=threads, parameters=params,
                 description=str(data.get("description", "")), bench=data.get("bench"),
@@ -375,10 +410,6 @@ def _merge_seam_bytes(run_dir: Path, record: dict) -> None:
     rows = read_seam_bytes(run_dir)
     if rows is not None:
         record["seam_bytes"] = rows
-
-
-#: The kernelspec notebooks and lanes run on (``./dev.sh setup`` installs it into the venv).
-KERNEL = "mtplib"
 
 
 def kernel_env() -> dict[str, str]:
@@ -529,6 +560,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     record["policy"] = policy
     env = {POLICY_ENV: policy, **kenv}
     env_before = {k: os.environ.get(k) for k in env}
+    quiet = papermill_options()  # merged stream outputs, an encrypted kernel connection
     os.environ.update(env)
     try:
         for item in tqdm(lane.notebooks, desc=f"lane {lane.name}", unit="nb", disable=not progress):
@@ -551,7 +583,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
             try:
                 pm.execute_notebook(str(NOTEBOOKS / name), str(out_nb), parameters=params_in,
                                     kernel_name=KERNEL, progress_bar=progress,
-                                    cwd=str(run_dir), log_output=False)
+                                    cwd=str(run_dir), log_output=False, **quiet)
                 entry["status"] = "ok"
             except Exception as e:
                 why = _failure(e)

@@ -1,0 +1,159 @@
+"""Notebook parameters (issue 23, item 6): typed for papermill (`--help-notebook` shows each
+type and help), checked at the top of every notebook by `mtplib.records.parameters.checked`
+with one line naming a bad one, and papermill's ``-p`` strings parsed by one rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import pytest
+from papermill.translators import PythonTranslator
+
+from mtplib.records import parameters as NP
+
+REPO = Path(__file__).resolve().parent.parent
+NB = REPO / "notebooks"
+PAIRS = sorted(NB.glob("[0-9]*.py"))
+LENIENT = NP.Context(lenient=True)
+
+
+def _cells(src: Path) -> tuple[str, str]:
+    """(the parameters cell, the cell right after it) of a notebook's source."""
+    cells = jupytext.read(src).cells
+    (i,) = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
+    return cells[i].source, cells[i + 1].source
+
+
+def _namespace(src: Path, injected: dict | None = None) -> dict:
+    """What a kernel holds after the parameters cell and papermill's injected cell."""
+    ns: dict = {}
+    exec(compile(_cells(src)[0], str(src), "exec"), ns)
+    if injected:
+        exec(PythonTranslator.codify(injected), ns)
+    return ns
+
+
+@pytest.mark.parametrize("src", PAIRS, ids=lambda p: p.stem)
+def test_help_notebook_shows_every_type_and_help(src):
+    """papermill infers each parameter's type from the annotation (no "Unknown type"), the
+    one the rule for that name declares, and its help from the comment."""
+    import papermill as pm
+
+    params = pm.inspect_notebook(str(src.with_suffix(".ipynb")))
+    declared = _namespace(src)["__annotations__"]
+    assert list(params) == list(declared), "papermill could not parse every parameter"
+    for name, info in params.items():
+        assert name in NP.PARAMETERS, f"{src.stem}: no rule for parameter {name!r}"
+        assert info["inferred_type_name"] == NP.PARAMETERS[name].annotation, name
+        assert info["help"], f"{src.stem}: {name} has no help comment"
+
+
+def test_help_notebook_cli_has_no_unknown_type():
+    r = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook",
+                        str(NB / "03_correctness.ipynb")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Unknown type" not in r.stdout
+    assert "ks: list[int] (default [1, 2, 3])" in r.stdout and "draft lengths" in r.stdout
+
+
+@pytest.mark.parametrize("src", PAIRS, ids=lambda p: p.stem)
+def test_every_notebook_checks_its_parameters_first(src):
+    """The cell after `parameters` (where papermill injects its own) checks them; every
+    default passes its own rule unchanged."""
+    assert "globals().update(checked(globals()))" in _cells(src)[1]
+    ns = _namespace(src)
+    got = NP.checked(ns)
+    assert set(got) == set(ns["__annotations__"])
+    assert got == {k: ns[k] for k in got}
+
+
+@pytest.mark.parametrize("value,want", [
+    (2, [2]), ("1,2", [1, 2]), ("1 2 3", [1, 2, 3]), ("[1, 2]", [1, 2]), ([3], [3])])
+def test_ks_from_papermill_p(value, want):
+    """`-p ks 2` (papermill gives an int), `-p ks 1,2`, `-p ks '[1, 2]'`."""
+    ns = _namespace(NB / "03_correctness.py", {"ks": value})
+    assert NP.checked(ns)["ks"] == want
+
+
+@pytest.mark.parametrize("value,want", [
+    ("0-1,2-3", ["0-1,2-3"]), ("0-1,2-3;0-0,1-2,3-3", ["0-1,2-3", "0-0,1-2,3-3"]),
+    ("0-1,2-3 0-0,1-2,3-3", ["0-1,2-3", "0-0,1-2,3-3"]), ('["0-1,2-3"]', ["0-1,2-3"])])
+def test_plans_from_papermill_p(value, want):
+    """A plan contains commas: plans are split on ';' or whitespace, never on commas (the
+    string used to be iterated character by character)."""
+    ns = _namespace(NB / "03_correctness.py", {"plans": value})
+    assert NP.checked(ns)["plans"] == want
+
+
+@pytest.mark.parametrize("name,value,pattern", [
+    ("ks", "x", r"^ks\[0\]: expected an int 1\.\.8, got 'x'$"),
+    ("ks", 0, r"^ks\[0\]: expected an int 1\.\.8, got 0$"),
+    ("ks", "[1, 2", r"^ks: expected a list of draft lengths .*not valid YAML"),
+    ("plans", "0-1,3-4", r"^plans\[0\]: expected a shard plan .*gap before range 1"),
+    ("plans", "0-1;2-3", r"^plans\[1\]: expected a shard plan .*gap before range 0"),
+    ("seeds", "many", r"^seeds: expected an int >= 1, got 'many'$"),
+    ("progress", "yes", r"^progress: expected True or False, got 'yes'$"),
+    ("threads", 0, r"^threads: expected an int 1\.\.1024, got 0$"),
+])
+def test_bad_papermill_values_are_named_in_one_line(name, value, pattern):
+    ns = _namespace(NB / "03_correctness.py", {name: value})
+    with pytest.raises(NP.ParameterError, match=pattern) as e:
+        NP.checked(ns)
+    assert "\n" not in str(e.value)
+
+
+def test_sections_from_papermill_p_are_yaml():
+    ns = _namespace(NB / "04_benchmark.py", {"bench": "{ks: 2, n_new: 8}"})
+    assert NP.checked(ns)["bench"] == {"ks": [2], "n_new": 8}
+    ns = _namespace(NB / "04_benchmark.py", {"bench": "{ks: [1], kz: 3}"})
+    with pytest.raises(NP.ParameterError, match=r"^bench: unknown keys \['kz'\]"):
+        NP.checked(ns)
+    ns = _namespace(NB / "05_wan.py", {"builds": "patched", "target": "", "run_dir": ""})
+    got = NP.checked(ns)
+    assert (got["builds"], got["target"], got["run_dir"]) == (["patched"], None, None)
+
+
+def test_strict_context_refuses_what_lenient_parses():
+    """Lanes are YAML with real lists: no guessing there."""
+    with pytest.raises(NP.ParameterError, match=r"^x\.ks: expected a list of draft"):
+        NP.check_value("ks", 3, where="x.ks")
+    with pytest.raises(NP.ParameterError, match=r"^plans: expected a list of plans"):
+        NP.check_value("plans", "0-1,2-3")
+    assert NP.check_value("ks", 3, ctx=LENIENT) == [3]
+
+
+def test_plans_against_a_known_model():
+    ctx = NP.Context(n_layer=4)
+    assert NP.check_value("plan", "0-1,2-3", ctx=ctx) == "0-1,2-3"
+    with pytest.raises(NP.ParameterError, match="layers 2-3 belong to no shard"):
+        NP.check_value("plan", "0-1", ctx=ctx)
+    assert NP.check_value("plan", "0-1") == "0-1"  # model unknown: 2 layers, fine
+
+
+@pytest.mark.slow
+def test_papermill_run_stops_at_the_check_naming_the_parameter(tmp_path, monkeypatch):
+    """`papermill 03_correctness.ipynb -p plans 0-1,3-4` stops in the check cell, before any
+    model is made or decoded, with the parameter's name in papermill's error."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    from mtplib.records.jupyter import KERNEL, papermill_options
+    from mtplib.records.lanes import kernel_env
+
+    for k, v in kernel_env().items():
+        monkeypatch.setenv(k, v)
+    t0 = time.monotonic()
+    with pytest.raises(PapermillExecutionError) as e:
+        pm.execute_notebook(str(NB / "03_correctness.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={"plans": "0-1,3-4", "run_dir": str(tmp_path / "run")},
+                            kernel_name=KERNEL, cwd=str(tmp_path), progress_bar=False,
+                            **papermill_options())
+    assert e.value.ename == "ParameterError"
+    assert e.value.evalue.startswith("plans[0]: expected a shard plan")
+    assert not (tmp_path / "run").exists()  # nothing ran
+    assert time.monotonic() - t0 < 60
