@@ -435,6 +435,8 @@ class Engine:
         self.phase = phase
         self.hidden_rows = "api" if drafter.needs_rows else "off"
         self.sessions: dict[int, SpecSession] = {}
+        #: sessions opened so far per seq id: a reused seq id gets a new session id
+        self._opened: Counter = Counter()
         #: (picks, drafts) -> accepted length, overriding the match (`warm_up` only)
         self.forced_accept: Callable[[Sequence[int], Sequence[int]], int] | None = None
 
@@ -461,7 +463,14 @@ class Engine:
             raise RuntimeInputError(f"sequence {seq_id} already has a session")
         if not prompt:
             raise RuntimeInputError("the prompt is empty: give at least one token")
-        s = SpecSession(self, seq_id, session_id or f"s{seq_id}")
+        # a new identity each time (s0, then s0.2, ...): a message of a closed session
+        # must not reach the next session on the same seq id (same epoch 0, same base)
+        if session_id is not None and any(o.id == session_id for o in self.sessions.values()):
+            raise RuntimeInputError(f"session id {session_id!r} is already open")
+        self._opened[seq_id] += 1
+        n = self._opened[seq_id]
+        s = SpecSession(self, seq_id, session_id or (f"s{seq_id}" if n == 1 else
+                                                     f"s{seq_id}.{n}"))
         self.sessions[seq_id] = s
         s.prefill(prompt)
         return s
