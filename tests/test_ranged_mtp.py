@@ -1,16 +1,24 @@
-"""DGR-066 part 2: whole vs ranged (RPC shards on loopback), MTP off and on."""
+"""DGR-066 part 2: whole vs ranged (RPC shards on loopback), MTP off and on.
+
+DGR-066 AC2 (MTP correctness) on the ranged path, compared with the whole model (whose
+side of AC2 is tests/test_speculative.py):
+- session and epoch isolation: `test_interleaved_sessions_on_ranged_equal_alone_and_whole`
+- accept / reject / rollback: `test_forced_accept_reject_rollback_on_ranged_match_whole`
+- truncation: `test_truncation_mid_generation_on_ranged_matches_whole`
+"""
 
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from session_ops import local, remote, reset_all
 
 from mtplib.contract.session import ForeignSessionError, StaleEpochError
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime import build_info
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import EngineOptions, MTPRuntime, expected_verify_steps
 
 PROMPT = seeded_prompt(7, 10)
 N_NEW = 16
@@ -59,13 +67,12 @@ K = 3
 N_SEQ = 2
 N_GEN = 14
 PA, PB = seeded_prompt(10, 12), seeded_prompt(11, 5)
+PY = seeded_prompt(13, len(PA))  # as long as PA: its first proposal has PA's base
 #: engines by (k, n_rs_seq): rollback within n_rs_seq is a tail removal; n_rs_seq 0 makes
 #: every rollback a replay (on the ranged path from position 0: caches never move)
 TAIL = {"k": K, "n_rs_seq": K}
 DEEP = {"k": K, "n_rs_seq": 0}
 RANGED = [("client", "0-1,2-3"), ("tail", "0-0,1-2,3-3")]
-
-
 #: one thread per process: the shards, the worker and this process share two cores
 ONE = DecodeSettings(n_threads=1)
 
@@ -74,8 +81,7 @@ def _opts(want: dict) -> EngineOptions:
     return EngineOptions(k=want["k"], n_rs_seq=want["n_rs_seq"], n_seq_max=N_SEQ, settings=ONE)
 
 
-@pytest.fixture(scope="module", params=RANGED, ids=[f"{p}-{n}" for p, n in
-                                                    (("client", "2shards"), ("tail", "3shards"))])
+@pytest.fixture(scope="module", params=RANGED, ids=["client-2shards", "tail-3shards"])
 def ranged(request, pair):
     """One ranged engine per (drafter placement, plan) with two sequences, shared by the
     tests below (and a second one that replays every rollback)."""
@@ -99,8 +105,6 @@ def whole_rt(pair):
 def drivers(ranged, whole_rt):
     """(ranged ops, whole-model ops) for an engine description; every session is closed and
     every forced acceptance undone afterwards (the engines are shared)."""
-    from session_ops import local, remote, reset_all
-
     def make(want: dict):
         rt = whole_rt["tail" if want == TAIL else "deep"]
         return (lambda op, *a: ranged.rt.call(remote, want, op, *a)), local(rt.engine)
@@ -109,9 +113,7 @@ def drivers(ranged, whole_rt):
     yield make
     ranged.rt.call(reset_all)
     for rt in whole_rt.values():
-        for s in list(rt.engine.sessions.values()):
-            rt.engine.close(s)
-        rt.engine.forced_accept = None
+        local(rt.engine)("reset")
 
 
 def alone(whole_rt, prompt: list[int], n: int = N_GEN) -> list[int]:
@@ -193,10 +195,13 @@ def interleaved(do) -> dict:
     x = do("open", PA, 0)
     stale = do("propose", 0)
     do("close", 0)
-    y = do("open", seeded_prompt(13, len(PA)), 0)
-    assert (y["epoch"], len(y["tokens"]) - 1) == (x["epoch"], stale.base_position)
+    y = do("open", PY, 0)
+    own = do("propose", 0)  # the new session waits for its own drafts' verify
+    assert (y["epoch"], own.base_position) == (x["epoch"], stale.base_position)
     with pytest.raises(ForeignSessionError):
-        do("verify", 0, stale)
+        do("verify", 0, stale)  # (it was verified as the new session's before: same id)
+    do("commit", 0, do("verify", 0, own))
+    snaps["y"] = [y, do("snapshot", 0)]
     return {"snaps": snaps, "pc": pc, "a_drafts": last_a.drafts}
 
 
@@ -221,11 +226,104 @@ def test_interleaved_sessions_on_ranged_equal_alone_and_whole(ranged, whole_rt, 
     for name, prompt in (("b", PB), ("c", got["pc"])):
         last = got["snaps"][name][-1]
         assert last["tokens"][len(prompt):] == alone(whole_rt, prompt), name
-    a = got["snaps"]["a"][-1]  # A was closed mid-generation: what it had is the alone prefix
-    n_a = len(a["tokens"]) - len(PA)
-    assert 0 < n_a < N_GEN and a["tokens"][len(PA):] == alone(whole_rt, PA)[:n_a]
-    assert a["epoch"] >= 1 and got["snaps"]["b"][-1]["epoch"] >= 0
+    # A was closed mid-generation, Y after one step: what they had is the alone prefix
+    for name, prompt in (("a", PA), ("y", PY)):
+        toks = got["snaps"][name][-1]["tokens"][len(prompt):]
+        assert 0 < len(toks) < N_GEN and toks == alone(whole_rt, prompt)[:len(toks)], name
+    for name, snaps in got["snaps"].items():  # each epoch counts its own rollbacks only
+        assert snaps[-1]["epoch"] == sum(snaps[-1]["counts"]["rollbacks"].values()), name
+    assert got["snaps"]["a"][-1]["epoch"] >= 1
     assert {s[-1]["seq"] for s in got["snaps"].values()} == {0, 1}
     rep = no_cache_bytes(ranged)
     assert {"prefill", "draft", "verify", "feed"} <= set(rep["steps"])
 
+
+def forced_run(do, n_acc: int | None, prompt: list[int] = PA) -> list[dict]:
+    """One session generating N_GEN tokens with every verify's accepted length forced
+    (the warm-up's hook: min(n_acc, k) of the MTP drafter's real drafts), a snapshot per
+    step."""
+    do("force", n_acc)
+    snaps = [do("open", prompt, 0)]
+    while (done := snaps[-1]["counts"]["n_generated"]) < N_GEN:
+        snaps.append(do("step", 0, min(K, N_GEN - done - 1)))
+    return snaps
+
+
+@pytest.mark.parametrize("mode", ["accept", "reject", "partial", "reject_replay",
+                                  "partial_replay"])
+def test_forced_accept_reject_rollback_on_ranged_match_whole(ranged, whole_rt, drivers, mode):
+    """DGR-066 AC2 (accept / reject / rollback at the MTP level) on the ranged path: full
+    acceptance, full rejection and partial acceptance forced on the MTP drafter's real
+    drafts, with rollback by tail removal (n_rs_seq = k) and by replay (n_rs_seq = 0: on the
+    ranged path from position 0, on the whole model from its checkpoint): tokens, counts,
+    rollback kinds, epochs, n_cached (= the caches' real extent) and the drafter's state
+    equal the whole model's after every step; no cache byte crosses a seam."""
+    n_acc = {"accept": K, "reject": 0, "partial": 1}[mode.split("_")[0]]
+    want = DEEP if mode.endswith("replay") else TAIL
+    r_do, w_do = drivers(want)
+    got, ref = forced_run(r_do, n_acc), forced_run(w_do, n_acc)
+    assert len(got) == len(ref)
+    for i, (g, w) in enumerate(zip(got, ref, strict=True)):
+        same(g, w, (mode, i))
+    c, epoch = got[-1]["counts"], got[-1]["epoch"]
+    assert c["n_generated"] == N_GEN and c["plain_steps"] == 1  # the last step is plain
+    kind = "tail" if want is TAIL else "checkpoint_replay"
+    assert epoch == sum(c["rollbacks"].values())  # every rollback is one epoch
+    if n_acc == K:
+        assert c["accepted"] == c["drafted"] and c["rollbacks"] == {} and epoch == 0
+        assert c["verify_steps"] + c["plain_steps"] == expected_verify_steps(N_GEN, K)
+    elif n_acc == 0:
+        assert c["accepted"] == 0 and c["rollbacks"] == {kind: c["verify_steps"]}
+        assert c["verify_steps"] == N_GEN - 2
+        # rejected drafts never change the output: it is the prompt's own continuation
+        assert got[-1]["tokens"][len(PA):] == alone(whole_rt, PA)
+    else:
+        assert c["accept_len_hist"]["1"] == c["verify_steps"] == c["accepted"]
+        # a rollback wherever more than one token was drafted (one is always accepted)
+        assert c["rollbacks"] == {kind: c["drafted_per_position"][1]} and epoch > 0
+    rep = no_cache_bytes(ranged)
+    if want is DEEP and n_acc < K:  # the replays ran on the shards, labelled rollback
+        assert rep["steps"]["rollback"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("want", [TAIL, DEEP], ids=["tail", "replay"])
+def test_truncation_mid_generation_on_ranged_matches_whole(ranged, whole_rt, drivers, want):
+    """DGR-066 AC2 (truncation at the MTP level) on the ranged path: after a fully accepted
+    verify, truncated by one token (a tail removal within n_rs_seq = k; a replay with
+    n_rs_seq = 0), continued, truncated deep (before the forced tokens, beyond n_rs_seq: a
+    replay) and continued again: every snapshot (epoch + 1 per truncation, position,
+    n_cached, the drafter fed up to the new last token) equals the whole model's, and what
+    is generated after the deep cut is the prompt's own continuation."""
+    def run(do) -> list[dict]:
+        snaps = [do("open", PA, 0)]
+        for _ in range(3):
+            snaps.append(do("step", 0))
+        do("force", K)  # a verify that keeps all of its k+1 positions
+        snaps.append(do("step", 0))
+        do("force", None)
+        snaps.append(do("truncate", 0, len(snaps[-1]["tokens"]) - 1))
+        for _ in range(2):
+            snaps.append(do("step", 0))
+        snaps.append(do("truncate", 0, len(PA) + 3))
+        while (have := len(snaps[-1]["tokens"]) - len(PA)) < N_GEN:
+            snaps.append(do("step", 0, min(K, N_GEN - have - 1)))
+        return snaps
+
+    r_do, w_do = drivers(want)
+    got, ref = run(r_do), run(w_do)
+    assert len(got) == len(ref)
+    for i, (g, w) in enumerate(zip(got, ref, strict=True)):
+        same(g, w, i)
+    assert len(got[4]["tokens"]) > len(PA) + 3 + K  # the forced tokens lie after the deep cut
+    cuts = [i for i, s in enumerate(got) if i and s["position"] < got[i - 1]["position"]]
+    assert cuts == [5, 8]
+    for i in cuts:
+        s = got[i]
+        assert s["epoch"] == got[i - 1]["epoch"] + 1 and s["state"] == "decoding"
+        assert s["position"] == len(s["tokens"]) and s["n_cached"] == len(s["tokens"]) - 1
+        assert s["drafter_n_fed"] == len(s["tokens"]) - 1
+    kinds = {k: v for k, v in got[-1]["counts"]["rollbacks"].items() if "truncate" in k}
+    assert kinds == ({"truncate_tail": 1, "truncate_checkpoint_replay": 1} if want is TAIL
+                     else {"truncate_checkpoint_replay": 2})
+    assert got[-1]["tokens"][len(PA):] == alone(whole_rt, PA)  # N_GEN tokens again
+    no_cache_bytes(ranged)
