@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from session_ops import local, remote, reset_all
 
-from mtplib.contract.session import ForeignSessionError, StaleEpochError
+from mtplib.contract.session import ForeignSessionError, IllegalTransition, StaleEpochError
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime import build_info
@@ -177,6 +177,17 @@ def interleaved(do) -> dict:
         do("verify", 0, replace(p2, epoch=p2.epoch + 1))
     do("commit", 0, do("verify", 0, p2))
     snaps["a"].append(do("snapshot", 0))
+    # a verify result is a message too: B's at A, and B's twice, are refused before either
+    # session changes (A took B's tokens before)
+    rb = do("verify", 1, do("propose", 1, 1))
+    with pytest.raises(ForeignSessionError):
+        do("commit", 0, rb)
+    do("commit", 1, rb)
+    snaps["b"].append(do("snapshot", 1))
+    with pytest.raises((StaleEpochError, IllegalTransition)):
+        do("commit", 1, rb)
+    for n, seq in (("a", 0), ("b", 1)):
+        same(do("snapshot", seq), snaps[n][-1], f"{n} after a refused commit")
     turn()
     last_a = do("propose", 0)  # A is closed with a proposal in flight
     assert do("close", 0) == (-1, -1)  # its sequence is empty in both contexts
@@ -209,8 +220,9 @@ def test_interleaved_sessions_on_ranged_equal_alone_and_whole(ranged, whole_rt, 
     """DGR-066 AC2 (session and epoch isolation) on the ranged path: two sessions on one
     ranged engine, interleaved step by step with their own draft lengths and epochs, each
     equal to its prompt run alone (whole model and ranged); a proposal of one session sent
-    to the other, a stale one and a future one are refused in the ranged worker; closing
-    one leaves the other intact; a sequence reused after close starts empty and a message of
+    to the other, a stale one and a future one, a verify result of one session committed to
+    the other or twice, are refused in the ranged worker with both sessions unchanged;
+    closing one leaves the other intact; a sequence reused after close starts empty and a message of
     the closed session cannot reach its successor; every step's state equals the whole
     model's. No cache byte crosses a seam."""
     for p in (PA, PB):
