@@ -88,6 +88,7 @@ def ranged(request, pair):
     placement, plan = request.param
     with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
                    mtp_placement=placement, opts=_opts(TAIL)) as r:
+        assert r.rt.mtp_placement == placement and r.mtp_on_tail
         r.generate(PA, 1, _opts(DEEP))  # builds and warms the replaying engine
         yield r
 
@@ -146,8 +147,9 @@ def no_cache_bytes(r: RangedMTP) -> dict:
 
 def interleaved(do) -> dict:
     """Two sessions stepped in turn with different draft lengths; foreign, stale and future
-    messages refused; one closed mid-generation; its sequence reused by a new session that
-    a message of the closed one cannot reach. Returns the snapshots and the messages."""
+    proposals and foreign or repeated verify results refused; one closed mid-generation;
+    its sequence reused by new sessions that a message of a closed one cannot reach.
+    Returns the snapshots, C's prompt and A's last drafts."""
     snaps: dict[str, list] = {"a": [do("open", PA, 0)], "b": [do("open", PB, 1)]}
     ks = {"a": (0, K), "b": (1, 1)}
 
