@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtplib.contract.session import ForeignSessionError, StaleEpochError
+from mtplib.contract.session import ForeignSessionError, IllegalTransition, StaleEpochError
 from mtplib.lab.correctness import equality, forced, rollback_noise, seeded_prompt, sessions
 from mtplib.lab.quality import NOISE_BOUND
 from mtplib.runtime.generate import prefill
-from mtplib.runtime.model import Context, ContextConfig, Model
+from mtplib.runtime.model import Context, ContextConfig, Model, RuntimeInputError
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import MTPRuntime
 
@@ -96,6 +96,28 @@ def test_stale_epoch_and_foreign_session_messages_are_refused(pair):
         assert a.session.epoch == 1
         with pytest.raises(StaleEpochError):
             a.verify(pa)
+        # a verify result is a message too: refused at the other session, and twice,
+        # before anything changes (A took B's tokens before)
+        rb = b.verify(b.propose())
+        tokens = list(a.tokens)
+        with pytest.raises(ForeignSessionError):
+            a.commit(rb)
+        b.commit(rb)
+        n_b = len(b.tokens)
+        with pytest.raises((StaleEpochError, IllegalTransition)):
+            b.commit(rb)
+        assert a.tokens == tokens and len(b.tokens) == n_b
+        # a seq id reused after close is a new session: the closed one's message is foreign
+        old = a.propose()
+        rt.engine.close(a)
+        c = rt.engine.open(prompt_for(22, len(prompt_for(20))), seq_id=0)
+        assert c.id != a.id and c.session.epoch == 0
+        c.propose()
+        with pytest.raises(ForeignSessionError):
+            c.verify(old)
+        rt.engine.close(c)
+        with pytest.raises(RuntimeInputError, match="already open"):
+            rt.engine.open(prompt_for(23), session_id=b.id)
 
 
 def test_sampling_follows_the_target_distribution(pair):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from mtplib.contract.capabilities import Policy
-from mtplib.contract.session import Session
+from mtplib.contract.session import Event, IllegalTransition, Session, State
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
@@ -346,8 +346,12 @@ class SpecSession:
             del self.checkpoints[p]
 
     def commit(self, result: VerifyResult | None) -> list[int]:
-        """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit."""
+        """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit.
+
+        Refuses, before anything changes, a result of another session, epoch or base, or
+        one with no verify of this session pending (e.g. the same result twice)."""
         e, m = self.engine, self.metrics
+        self._check_commit(result)
         base, rows = self.base, self._rows
         if result is None:  # plain step
             emitted, n_acc, k = self._picks[:1], 0, 0
@@ -375,6 +379,18 @@ class SpecSession:
         if self.trace is not None:
             self.trace.append({"pos": base, "drafts": list(self._drafts), "accepted": n_acc})
         return emitted
+
+    def _check_commit(self, result: VerifyResult | None) -> None:
+        if result is None:  # a plain step: nothing was proposed
+            if self.session.state is not State.DECODING:
+                raise IllegalTransition(self.session.state, Event.DECODE)
+            return
+        self.session.check_message(result.session_id, result.epoch)
+        if self.session.state is not State.VERIFYING:
+            raise IllegalTransition(self.session.state, Event.ACCEPT)
+        if result.base_position != self.base:
+            raise RuntimeInputError(f"verify result for base {result.base_position}, "
+                                    f"session is at {self.base}")
 
     def step(self, k: int | None = None) -> list[int]:
         """One propose -> verify -> commit round; returns the emitted tokens."""
@@ -435,6 +451,8 @@ class Engine:
         self.phase = phase
         self.hidden_rows = "api" if drafter.needs_rows else "off"
         self.sessions: dict[int, SpecSession] = {}
+        #: sessions opened so far per seq id: a reused seq id gets a new session id
+        self._opened: Counter = Counter()
         #: (picks, drafts) -> accepted length, overriding the match (`warm_up` only)
         self.forced_accept: Callable[[Sequence[int], Sequence[int]], int] | None = None
 
@@ -461,7 +479,14 @@ class Engine:
             raise RuntimeInputError(f"sequence {seq_id} already has a session")
         if not prompt:
             raise RuntimeInputError("the prompt is empty: give at least one token")
-        s = SpecSession(self, seq_id, session_id or f"s{seq_id}")
+        # a new identity each time (s0, then s0.2, ...): a message of a closed session
+        # must not reach the next session on the same seq id (same epoch 0, same base)
+        if session_id is not None and any(o.id == session_id for o in self.sessions.values()):
+            raise RuntimeInputError(f"session id {session_id!r} is already open")
+        self._opened[seq_id] += 1
+        n = self._opened[seq_id]
+        s = SpecSession(self, seq_id, session_id or (f"s{seq_id}" if n == 1 else
+                                                     f"s{seq_id}.{n}"))
         self.sessions[seq_id] = s
         s.prefill(prompt)
         return s
