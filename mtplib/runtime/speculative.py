@@ -358,12 +358,12 @@ class SpecSession:
             m.count(k, n_acc)
         last = self.last
         self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
-        t0 = time.perf_counter()
-        with e.phase("rollback", 0):
-            kind = self._rollback_target(base + n_acc + 1)
-        if kind != "none":
-            m.rollbacks[kind] += 1
-        m.t_rollback += time.perf_counter() - t0
+        keep = base + n_acc + 1
+        if self.n_cached > keep:  # rejected drafts are cached: a rollback step (timed)
+            t0 = time.perf_counter()
+            with e.phase("rollback", 0):
+                m.rollbacks[self._rollback_target(keep)] += 1
+            m.t_rollback += time.perf_counter() - t0
         if rows is not None:
             rows = rows[: n_acc + 1]
             self._keep_rows(base, rows)
@@ -392,11 +392,10 @@ class SpecSession:
         if not 1 <= keep <= len(self.tokens):
             raise RuntimeInputError(f"truncate keep={keep} outside [1, {len(self.tokens)}]")
         e = self.engine
-        t0 = time.perf_counter()
-        kind = self._rollback_target(keep - 1)
-        if kind != "none":
-            self.metrics.rollbacks["truncate_" + kind] += 1
-        self.metrics.t_rollback += time.perf_counter() - t0
+        if self.n_cached > keep - 1:  # cached positions to drop: a rollback (timed)
+            t0 = time.perf_counter()
+            self.metrics.rollbacks["truncate_" + self._rollback_target(keep - 1)] += 1
+            self.metrics.t_rollback += time.perf_counter() - t0
         del self.tokens[keep:]
         self.session = self.session.truncate(keep)
         last_row = self.rows.get(keep - 2)
