@@ -50,6 +50,7 @@ from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.files import write_json
 from mtplib.lab import display as D
+from mtplib.lab import tables
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.progress import bar as progress_bar
 from mtplib.lab.quality import compare_streams
@@ -649,24 +650,25 @@ def sweep_summary(sweep_runs: list[dict], runs: list[dict]) -> list[dict]:
 
 
 # -- saving and plots -------------------------------------------------------------------
-def _flat(rows: list[dict]) -> list[dict]:
-    return [{k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()}
-            for r in rows]
+#: bench.json's tables, each also written as ``bench_<name>.csv``
+TABLES = ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling")
+
+
+def write_csvs(data: dict, out_dir: str | Path) -> dict[str, Path]:
+    """One tidy CSV per table of bench.json's ``data`` (`mtplib.lab.tables`: lists and
+    dicts spread over columns, ``rep`` an integer with an empty cell for warm-up runs)."""
+    out = Path(out_dir)
+    return {name: tables.to_csv(data[name], out / f"bench_{name}.csv") for name in TABLES}
 
 
 def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
     """Write bench.json (all raw rows + summaries), one CSV per table, and the plots."""
-    import pandas as pd
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_json()
     paths = {"json": out / "bench.json"}
     write_json(paths["json"], data, indent=2, sort_keys=True)
-    for name in ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling"):
-        p = out / f"bench_{name}.csv"
-        pd.DataFrame(_flat(data[name])).to_csv(p, index=False)
-        paths[name] = p
+    paths.update(write_csvs(data, out))
     if plots:
         pdir = out / "plots"
         pdir.mkdir(exist_ok=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -252,7 +253,6 @@ def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: 
     model, the plan, MTP and the emulated WAN (and --ctx only if the config fixes one)."""
     import shutil
     import sys
-    from pathlib import Path
 
     exe = Path(sys.executable).with_name("mtplib")
     cmd = [str(exe)] if exe.is_file() else (
@@ -499,12 +499,23 @@ def with_upstream(cfg: WanConfig) -> WanConfig:
 WAN_JSON = "wan.json"
 
 
+def build_of(result: dict) -> str | None:
+    """The upstream build a results file measured (its ``upstream``, else its config's)."""
+    return (result.get("upstream") or {}).get("build") or result["config"].get("upstream")
+
+
+def write_summary_csv(data: dict, out_dir) -> Path:
+    """``wan_summary.csv``: the summary rows with the ``build`` they measured first (a
+    run's builds sit in sibling folders; concatenated CSVs stay apart)."""
+    from mtplib.lab import tables
+
+    return tables.to_csv(data["summary"], Path(out_dir) / "wan_summary.csv",
+                         build=build_of(data))
+
+
 def save(result: dict, out_dir) -> dict:
     """Write ``wan.json`` (config, raw rows, summary, bytes by class, cost-model check,
     targets) and ``wan_summary.csv`` into ``out_dir``; returns their paths."""
-    import csv
-    from pathlib import Path
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(result["rows"])
@@ -518,13 +529,7 @@ def save(result: dict, out_dir) -> dict:
                 "worst_rel_error": max((c["rel_error"] for c in cost), default=None)}}
     p = out / WAN_JSON
     write_json(p, data, indent=1, default=str)
-    c = out / "wan_summary.csv"
-    with c.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["empty"],
-                           lineterminator="\n")
-        w.writeheader()
-        w.writerows(summary)
-    return {"json": p, "csv": c}
+    return {"json": p, "csv": write_summary_csv(data, out)}
 
 
 def resummarize(out_dir) -> dict:
@@ -536,14 +541,42 @@ def resummarize(out_dir) -> dict:
     return load(out_dir)
 
 
+def build_dirs(run_dir) -> dict[str, Path]:
+    """build -> its results folder under ``run_dir``: ``<build>/wan.json`` (what `run_builds`
+    writes into its folder) or ``wan/<build>/wan.json`` (a lane's run folder)."""
+    run = Path(run_dir)
+    for base in (run, run / "wan"):
+        found = {p.parent.name: p.parent for p in sorted(base.glob(f"*/{WAN_JSON}"))}
+        if found:
+            return found
+    return {}
+
+
 def load(out_dir) -> dict:
+    """One build's results (``out_dir/wan.json``). A folder that holds one results folder
+    per build instead is named in the error, with `load_builds` to read them all."""
     import json
-    from pathlib import Path
 
     p = Path(out_dir) / WAN_JSON
     if not p.is_file():
+        subs = build_dirs(out_dir)
+        if subs:
+            names = ", ".join(str(d) for d in subs.values())
+            raise InputError(f"{p} not found: {out_dir} holds one results folder per build "
+                             f"({names}); load one of those, or all with "
+                             "mtplib.lab.wan.load_builds(run_dir) (as DataFrames: "
+                             "mtplib.records.load(run_dir))")
         raise InputError(f"{p} not found: run the WAN benchmark first (notebook 05_wan)")
     return json.loads(p.read_text())
+
+
+def load_builds(run_dir) -> dict[str, dict]:
+    """build -> its results, for every build's folder under ``run_dir`` (`build_dirs`)."""
+    subs = build_dirs(run_dir)
+    if not subs:
+        raise InputError(f"no {WAN_JSON} under {run_dir} (looked in <build>/ and "
+                         "wan/<build>/): run the WAN benchmark first (notebook 05_wan)")
+    return {b: load(d) for b, d in subs.items()}
 
 
 #: the model every WAN run measures (mtplib.model.trained: the committed trained pair)
@@ -676,7 +709,6 @@ def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "pa
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from mtplib.lab.progress import bar
     from mtplib.runtime import PATCHED_DIR
