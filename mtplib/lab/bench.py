@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract import labels
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.files import write_json
@@ -71,7 +72,7 @@ REFERENCE_S9 = {
                      "baseline_tok_s": 16.4},
     "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
 }
-TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
+TIME_PARTS = labels.TIME_PARTS  # what the time split splits a token into
 LOG = Callable[[str], None]
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mtplib.contract.labels import STEP_KINDS, StepKind
 from mtplib.lab.progress import bar as _bar
 from mtplib.lab.quality import NOISE_BOUND, compare_streams
 from mtplib.runtime.drafters import OracleDrafter
@@ -183,10 +184,10 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
                         "plan": plan, "k": k, "equal": cmp["equal"], "near_tie": cmp["near_tie"],
                         "drafted": m["drafted"], "accepted": m["accepted"],
                         "seam_bytes": m["seam_bytes"],
-                        **{f"bytes_per_token_{lab}": per.get(lab) for lab in
-                           ("prefill", "decode", "draft", "verify", "feed", "rollback")},
+                        **{f"bytes_per_token_{lab}": per.get(lab) for lab in STEP_KINDS},
                         "contract_min_decode": m["seam_contract_min_per_token"].get(
-                            "decode", m["seam_contract_min_per_token"].get("prefill")),
+                            StepKind.DECODE,
+                            m["seam_contract_min_per_token"].get(StepKind.PREFILL)),
                         **_mtp_where(m, r.rt.endpoints[-1], k),
                         "hidden_rows": m.get("hidden_rows"),
                     })

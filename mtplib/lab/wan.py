@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract import labels
+from mtplib.contract.labels import DECODING_STEPS, StepKind
 from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
@@ -36,8 +38,8 @@ from mtplib.lab.sweep import median_or_none
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")
 #: the step kinds of the decoding phase (after the prompt), whose waits a token pays
-DECODE_PHASES = ("decode", "verify", "draft", "feed", "rollback")
-PLACEMENTS = ("tail", "client")
+DECODE_PHASES = DECODING_STEPS
+PLACEMENTS = labels.PLACEMENTS
 LOG = Callable[[str], None]
 
 
@@ -382,9 +384,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             "setup_s": median_or_none(x.get("setup_s") for x in rs),
             "process_wall_s": median_or_none(x.get("process_wall_s") for x in rs),
             "waits_per_token": median_or_none(x["waits_decode_phase"] for x in rs),
-            "waits_per_verify": median_or_none(x["waits_per_step"].get("verify") for x in rs),
-            "waits_per_plain": median_or_none(x["waits_per_step"].get("decode") for x in rs),
-            "waits_per_draft": median_or_none(x["waits_per_step"].get("draft") for x in rs),
+            "waits_per_verify": median_or_none(x["waits_per_step"].get(StepKind.VERIFY)
+                                               for x in rs),
+            "waits_per_plain": median_or_none(x["waits_per_step"].get(StepKind.DECODE)
+                                              for x in rs),
+            "waits_per_draft": median_or_none(x["waits_per_step"].get(StepKind.DRAFT)
+                                              for x in rs),
             "cache_bytes_crossing": sum(x["cache_bytes_crossing"] for x in rs),
             "identical_to_off": all(same) if same else None,
         })
