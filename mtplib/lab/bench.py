@@ -446,6 +446,10 @@ class BenchResult:
     #: the files measured (names only: paths differ between machines)
     model: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # rows read back from bench.json are dicts: typed here, as a run makes them
+        self.runs, self.sweep_runs = _typed(self.runs), _typed(self.sweep_runs)
+
     @property
     def summary(self) -> list[dict]:
         return summarize(self.runs, self.sampling)
