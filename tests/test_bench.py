@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from mtplib.lab import bench as B
+from mtplib.lab import tables
 from mtplib.records.evidence import (
     copy_run,
     load_raw,
@@ -258,7 +259,7 @@ def test_unmeasured_memory_is_missing_not_zero(tmp_path):
     assert summ[("whole", 0)]["mtp_seq_state_kib"] is None
     assert summ[("whole", 0)]["rss_peak_mib"] > 0 and summ[("whole", 1)]["mtp_seq_state_kib"] > 0
     csv = tmp_path / "s.csv"
-    pd.DataFrame(B._flat(list(summ.values()))).to_csv(csv, index=False)
+    tables.to_csv(list(summ.values()), csv)
     back = pd.read_csv(csv)
     assert back.loc[back["plan"] != "whole", "rss_peak_mib"].isna().all()
     assert fmt(summ[("whole", 0)]["mtp_seq_state_kib"], 2) == "n/a"

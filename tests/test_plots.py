@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
 from mtplib.lab import bench as B
+from mtplib.lab import bench_plots as BP
 from mtplib.lab import correctness_plots as CP
 from mtplib.lab import display as D
 from mtplib.lab import sidebyside as SBS
@@ -115,7 +116,7 @@ def bench():
 
 def test_bench_figures_follow_the_conventions(bench):
     plans = ("whole model", "ranged 0-1,2-3")
-    figs = B.figures(bench)
+    figs = BP.figures(bench)
     assert set(figs) == {"speed_vs_k", "acceptance_per_position", "time_split",
                          "speedup_curve", "seam_bytes"}
     for name, fig in figs.items():
@@ -134,10 +135,10 @@ def test_bench_figures_follow_the_conventions(bench):
 def test_bench_plots_without_a_model_or_ranged_plan_say_so(bench):
     whole = dict(bench, model=None, summary=[r for r in bench["summary"]
                                              if r["plan"] == "whole"])
-    fig = B.plot_seam_bytes(whole)
+    fig = BP.plot_seam_bytes(whole)
     assert fig._suptitle and "model not recorded" in fig._suptitle.get_text()
     assert not fig.axes[0].axison and "no seam" in fig.axes[0].texts[0].get_text()
-    check_figure(B.plot_speed(whole), names=("whole model",))
+    check_figure(BP.plot_speed(whole), names=("whole model",))
 
 
 def test_reference_sources_are_public_and_cited():

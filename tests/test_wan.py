@@ -34,7 +34,9 @@ def _row(k, rtt, tok_s, tps, waits, *, topo="remote", place="client", tokens=(1,
             "tokens_per_step": tps, "accepted": 2 * k, "drafted": 3 * k, "n_generated": 12,
             "waits_per_step": {"verify": waits, "decode": 3.0} if k else {"decode": waits},
             "waits_decode_phase": waits / tps, "cache_bytes_crossing": 0,
-            "tokens": list(tokens), "wire_bytes_by_class": {}}
+            "tokens": list(tokens), "wire_bytes_by_class": {}, "ttft_s": 0.1, "steps": 11,
+            "hidden_rows": "api", "steps_by_label": {}, "seam_bytes_per_token": {},
+            "wire_violations": []}
 
 
 def test_summary_cost_model_and_targets():

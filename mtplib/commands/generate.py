@@ -22,6 +22,7 @@ from mtplib.commands.common import (
     setup_logging,
     tls_from_args,
 )
+from mtplib.contract.labels import PLACEMENT_CHOICES
 from mtplib.errors import InputError
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
@@ -208,7 +209,7 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    "trip in ms (half each way) and optional Mbit/s cap, one value for every "
                    "shard or one per shard (e.g. 100 or 100:50 or 100,0); metrics add waits "
                    "per step and bytes by class")
-    g.add_argument("--mtp-placement", default="auto", choices=["auto", "tail", "client"],
+    g.add_argument("--mtp-placement", default="auto", choices=PLACEMENT_CHOICES,
                    help="with --plan --mtp: run the MTP block on the tail shard or "
                    "in this process next to the sampler (drafts then cost no shard round "
                    "trip); auto = client")

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from mtplib.contract.labels import PLACEMENTS, Placement, StepKind
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import LIVE, LocalShards, _kill_group, _spawn, _tail
 from mtplib.distributed.relay import WanLink
@@ -48,7 +49,7 @@ from mtplib.runtime.rpc import ShardError, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
 #: in the client process, next to the sampler (a draft then costs no shard round trip)
-MTP_PLACEMENTS = ("tail", "client")
+MTP_PLACEMENTS = PLACEMENTS  # mtplib.contract.labels.Placement
 
 
 class ShardLostError(ShardError):
@@ -180,7 +181,7 @@ class RangedRuntime:
                  silence_timeout_s: float | None = None,
                  call_timeout_s: float | None = None, load_timeout_s: float = 600.0,
                  probe_timeout_s: float = 5.0, insecure_plaintext: bool = False,
-                 wan: Sequence[WanLink] | None = None, mtp_placement: str = "tail",
+                 wan: Sequence[WanLink] | None = None, mtp_placement: str = Placement.TAIL,
                  tls: TlsConfig | None = None) -> None:
         if mtp_placement not in MTP_PLACEMENTS:
             raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
@@ -520,7 +521,7 @@ class RangedRuntime:
             self._frames[-1]["decoded"] += n
             yield
             return
-        label = ("mtp_" if ctx.mtp else "") + ("prefill" if n > 1 else "decode")
+        label = ("mtp_" if ctx.mtp else "") + (StepKind.PREFILL if n > 1 else StepKind.DECODE)
         with self.step(label, n_tokens=n):
             yield
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 
 from mtplib.contract.capabilities import Policy
+from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
 from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
@@ -33,8 +34,6 @@ from mtplib.runtime.routing import RouteRefused, resolve_policy, route, routing_
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import EngineOptions, Generation
 
-#: where the MTP block runs; ``auto`` = the client when a sidecar is given
-PLACEMENT_CHOICES = ("auto", "tail", "client")
 #: engines a worker keeps warm at once (one per distinct engine configuration)
 MAX_ENGINES = 4
 
@@ -52,7 +51,7 @@ def resolve_placement(placement: str, *, has_sidecar: bool) -> str:
                          f"got {placement!r}")
     if placement != "auto":
         return placement
-    return "client" if has_sidecar else "tail"
+    return Placement.CLIENT if has_sidecar else Placement.TAIL
 
 
 def check_cache_locality(opts: EngineOptions, n_shards: int, *, allow: bool) -> None:
@@ -375,7 +374,7 @@ class RangedMTP:
         side = self.rt.sidecar
         if not side:
             return False
-        if self.rt.mtp_placement == "client":
+        if self.rt.mtp_placement == Placement.CLIENT:
             return True
         return set(side["placement"].values()) == {self.rt.endpoints[-1]}
 

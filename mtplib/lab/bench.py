@@ -24,7 +24,8 @@ One lane's ``bench:`` section (`BenchConfig`) drives three measurements on a tru
   distributions.
 
 Summaries (`summarize`, `sweep_summary`, `break_even`) are rows too; `save` writes every
-row to ``bench.json`` (the raw metrics the evidence README is generated from) and CSVs.
+row to ``bench.json`` (the raw metrics the evidence README is generated from), CSVs and
+the plots of `mtplib.lab.bench_plots`.
 
 Acceptance conventions: ``acceptance`` = accepted / drafted over all draft positions;
 ``acceptance_pos_i`` = accepted at draft position i / drafted at position i
@@ -41,36 +42,29 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
-
+from mtplib.contract import labels
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.files import write_json
 from mtplib.lab import display as D
+from mtplib.lab import tables
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.progress import bar as progress_bar
 from mtplib.lab.quality import compare_streams
 from mtplib.lab.sweep import SweepConfig, break_even, median_or_none
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
+from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.routing import resolve_policy, route
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import MTPRuntime
 
-#: The published reference numbers (the comparison column; not measured here). Their public
-#: sources (title, url) are `mtplib.lab.display.REFERENCES`, under the same keys.
-REFERENCE_S9 = {
-    "deepseek_v3": {"source": "DeepSeek-V3 report", "k": 1,
-                    "second_token_acceptance_low": 0.85, "second_token_acceptance_high": 0.90,
-                    "speedup": 1.8},
-    "llama_cpp_pr": {"source": "llama.cpp V4 MTP PR", "k": 2, "speedup": 1.5,
-                     "baseline_tok_s": 16.4},
-    "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
-}
-TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
+#: the published reference numbers (`mtplib.lab.display.REFERENCE_S9`)
+REFERENCE_S9 = D.REFERENCE_S9
+TIME_PARTS = labels.TIME_PARTS  # what the time split splits a token into
 LOG = Callable[[str], None]
 
 
@@ -253,29 +247,128 @@ def _agreement(ref: Sequence[int], got: Sequence[int]) -> float:
     return sum(a == b for a, b in zip(ref, got, strict=False)) / n if n else 1.0
 
 
-def _row(m: dict, **extra) -> dict:
-    """A flat, JSON-friendly row from an MTPRuntime metrics dict."""
-    mem = m.get("memory", {})
-    row = {
-        **extra,
-        "n_prompt": m["n_prompt"], "n_generated": m["n_generated"],
-        "decode_tok_s": m["decode_tok_s"], "ttft_s": m["ttft_s"], "decode_s": m["decode_s"],
-        "drafted": m["drafted"], "accepted": m["accepted"],
-        "acceptance": m["acceptance_rate"],
-        "accepted_per_position": m["accepted_per_position"],
-        "accepted_per_position_counts": m["accepted_per_position_counts"],
-        "drafted_per_position": m["drafted_per_position"],
-        "accept_len_hist": m["accept_len_hist"],
-        "verify_steps": m["verify_steps"], "plain_steps": m["plain_steps"],
-        "rollbacks": dict(m["rollbacks"]),
-        **{f"t_{p}_s": m["time_s"][p] for p in TIME_PARTS},
-        "rss_peak_bytes": mem.get("rss_peak_bytes"),
-        "trunk_weights_bytes": mem.get("trunk_weights_bytes"),
-        "mtp_weights_bytes": mem.get("mtp_weights_bytes"),
-        "target_seq_state_bytes": mem.get("target_seq_state_bytes"),
-        "mtp_seq_state_bytes": mem.get("mtp_seq_state_bytes"),
-    }
-    return row
+@dataclass(frozen=True)
+class Quality:
+    """A timed run's tokens against MTP off's (greedy, with the near-tie audit)."""
+
+    equal_to_off: bool
+    token_agreement: float
+    first_divergence: int | None
+    near_tie: bool
+    margin_at_divergence: float | None
+
+
+@dataclass(frozen=True)
+class RangedSeam:
+    """What a run on shards adds: bytes per token by step kind, the contract's minimum,
+    where the MTP block and the output head ran (None: not recorded)."""
+
+    seam_by_step: dict[str, float]
+    seam_contract_min: dict[str, int]
+    mtp_placement: str | None = None
+    head: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepDraw:
+    """A sweep run's synthetic acceptance: the rate drawn at, what drafted, and whether
+    the tokens stayed MTP off's (they must: only the speed of a sweep row counts)."""
+
+    rate: float
+    draft_cost: str
+    reference_intact: bool
+
+
+#: memory keys of a row (bytes; None where the run did not measure them)
+MEMORY_KEYS = ("rss_peak_bytes", "trunk_weights_bytes", "mtp_weights_bytes",
+               "target_seq_state_bytes", "mtp_seq_state_bytes")
+_PARTS = {"quality": Quality, "ranged": RangedSeam, "sweep": SweepDraw}
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One timed generation: a row of bench.json's ``runs`` (``mode`` off or mtp) or
+    ``sweep_runs`` (synthetic). Typed everywhere; a flat dict only at the file edge
+    (`to_dict`, `from_dict`), with exactly the keys its kind has."""
+
+    plan: str
+    mode: str
+    k: int
+    prompt: str
+    rep: int | None  # None: a warm-up run
+    warmup: bool
+    n_new: int
+    threads: int
+    seam_bytes_per_token: float | None  # None: the whole model (no seam)
+    metrics: GenerationMetrics
+    quality_valid: bool = True  # False: the drafts were synthetic (sweep)
+    quality: Quality | None = None
+    ranged: RangedSeam | None = None
+    sweep: SweepDraw | None = None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        return self.metrics.decode_tok_s
+
+    def time_s(self, part: str) -> float:
+        return self.metrics.time_s[part]
+
+    def memory(self, key: str) -> int | None:
+        return self.metrics.memory.get(key)
+
+    def to_dict(self) -> dict:
+        m = self.metrics
+        row = {"rep": self.rep, "warmup": self.warmup, "n_new": self.n_new, "mode": self.mode,
+               "k": self.k, "prompt": self.prompt, "plan": self.plan,
+               **({"rate": self.sweep.rate, "draft_cost": self.sweep.draft_cost}
+                  if self.sweep else {}),
+               "seam_bytes_per_token": self.seam_bytes_per_token, "threads": self.threads}
+        if self.ranged:
+            row.update({k: v for k, v in asdict(self.ranged).items()
+                        if v is not None or k.startswith("seam")})
+        row.update({
+            "n_prompt": m.n_prompt, "n_generated": m.n_generated,
+            "decode_tok_s": m.decode_tok_s, "ttft_s": m.ttft_s, "decode_s": m.decode_s,
+            "drafted": m.drafted, "accepted": m.accepted, "acceptance": m.acceptance_rate,
+            "accepted_per_position": list(m.accepted_per_position),
+            "accepted_per_position_counts": list(m.accepted_per_position_counts),
+            "drafted_per_position": list(m.drafted_per_position),
+            "accept_len_hist": dict(m.accept_len_hist),
+            "verify_steps": m.verify_steps, "plain_steps": m.plain_steps,
+            "rollbacks": dict(m.rollbacks),
+            **{f"t_{p}_s": m.time_s[p] for p in TIME_PARTS},
+            **{key: m.memory.get(key) for key in MEMORY_KEYS},
+            "quality_valid": self.quality_valid})
+        if self.quality:
+            row.update(asdict(self.quality))
+        if self.sweep:
+            row["reference_intact"] = self.sweep.reference_intact
+        return row
+
+    @classmethod
+    def from_dict(cls, r: dict) -> BenchRun:
+        """A row as bench.json holds it (older files lack a ranged row's placement/head)."""
+        m = GenerationMetrics.from_dict({
+            **r, "acceptance_rate": r["acceptance"],
+            "time_s": {p: r[f"t_{p}_s"] for p in TIME_PARTS},
+            "memory": {key: r[key] for key in MEMORY_KEYS if r.get(key) is not None}})
+        parts = {name: part(**{f.name: r[f.name] for f in fields(part) if f.name in r})
+                 for name, part in _PARTS.items()
+                 if all(f.name in r for f in fields(part) if f.default is MISSING)}
+        return cls(plan=r["plan"], mode=r["mode"], k=r["k"], prompt=r["prompt"], rep=r["rep"],
+                   warmup=r["warmup"], n_new=r["n_new"], threads=r["threads"],
+                   seam_bytes_per_token=r["seam_bytes_per_token"], metrics=m,
+                   quality_valid=r["quality_valid"], **parts)
+
+
+def _typed(rows: Sequence[BenchRun | dict]) -> list[BenchRun]:
+    """Rows as BenchRuns (rows read back from bench.json are dicts)."""
+    return [r if isinstance(r, BenchRun) else BenchRun.from_dict(r) for r in rows]
+
+
+def _run(m: dict, **kw) -> BenchRun:
+    """A BenchRun from a generation's metrics dict (what `generate` returns)."""
+    return BenchRun(metrics=GenerationMetrics.from_dict(m), **kw)
 
 
 class CostedSyntheticDrafter(Drafter):
@@ -306,7 +399,7 @@ class CostedSyntheticDrafter(Drafter):
 
 def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dict,
                 settings: DecodeSettings, tick: Callable[[], object] = lambda: None
-                ) -> list[dict]:
+                ) -> list[BenchRun]:
     """MTP off / on on a layer-range plan over local RPC shards
     (mtplib.distributed.ranged_mtp): the same rows as the whole-model runs with ``plan``
     set and ``seam_bytes_per_token`` (bytes on all shard connections while generating, per
@@ -327,16 +420,16 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
                     tick()
                     gen_bytes = sum(row["bytes"] for lab, row in m["seam_report"]["steps"].items()
                                     if lab not in ("load", "setup", "other", "prefill"))
-                    row = _row(m, rep=rep - cfg.warmup if rep >= cfg.warmup else None,
-                               warmup=rep < cfg.warmup, n_new=cfg.n_new,
-                               mode="mtp" if k else "off", k=k, prompt=_prompt_label(i, spec),
-                               plan=plan, threads=cfg.threads,
-                               seam_bytes_per_token=gen_bytes / max(m["n_generated"], 1),
-                               seam_by_step=m["seam_bytes_per_token"],
-                               seam_contract_min=m["seam_contract_min_per_token"],
-                               mtp_placement=m.get("mtp_placement"), head=m.get("head"))
-                    row.update(_quality(ref, toks, margins, len(prompt)))
-                    rows.append(row)
+                    g = GenerationMetrics.from_dict(m)
+                    rows.append(BenchRun(
+                        rep=rep - cfg.warmup if rep >= cfg.warmup else None,
+                        warmup=rep < cfg.warmup, n_new=cfg.n_new, mode="mtp" if k else "off",
+                        k=k, prompt=_prompt_label(i, spec), plan=plan, threads=cfg.threads,
+                        seam_bytes_per_token=gen_bytes / max(g.n_generated, 1), metrics=g,
+                        ranged=RangedSeam(m["seam_bytes_per_token"],
+                                          m["seam_contract_min_per_token"],
+                                          m.get("mtp_placement"), m.get("head")),
+                        quality=_quality(ref, toks, margins, len(prompt))))
     return rows
 
 
@@ -344,14 +437,18 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
 @dataclass
 class BenchResult:
     config: dict
-    runs: list[dict]
-    sweep_runs: list[dict]
+    runs: list[BenchRun]
+    sweep_runs: list[BenchRun]
     sampling: list[dict]
     backend: dict
     wall_s: float
     prompts: list[dict]
     #: the files measured (names only: paths differ between machines)
     model: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # rows read back from bench.json are dicts: typed here, as a run makes them
+        self.runs, self.sweep_runs = _typed(self.runs), _typed(self.sweep_runs)
 
     @property
     def summary(self) -> list[dict]:
@@ -369,8 +466,9 @@ class BenchResult:
         return {"config": self.config, "reference_s9": REFERENCE_S9, "backend": self.backend,
                 "wall_s": self.wall_s, "prompts": self.prompts,
                 **({"model": self.model} if self.model else {}), "summary": self.summary,
-                "sweep": self.sweep, "break_even": self.break_even, "runs": self.runs,
-                "sweep_runs": self.sweep_runs, "sampling": self.sampling}
+                "sweep": self.sweep, "break_even": self.break_even,
+                "runs": [r.to_dict() for r in self.runs],
+                "sweep_runs": [r.to_dict() for r in self.sweep_runs], "sampling": self.sampling}
 
 
 def n_generations(cfg: BenchConfig) -> int:
@@ -402,18 +500,18 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
     t_start = time.perf_counter()
     backend = check_requirements(cfg)
     settings = cfg.settings()
-    runs: list[dict] = []
+    runs: list[BenchRun] = []
     refs: dict[int, tuple[list[int], list[int], dict]] = {}
     prompts_info: list[dict] = []
     sampling_rows: list[dict] = []
 
     def timed(rt: MTPRuntime, tokens: list[int], n_new: int, warmup: int, reps: int,
-              **extra):
+              ref: list[int], margins: dict, **extra):
         for rep in range(warmup + reps):
             toks, m = rt.generate(tokens, n_new)
             tick()
-            yield toks, _row(m, rep=rep - warmup if rep >= warmup else None,
-                             warmup=rep < warmup, n_new=n_new, **extra)
+            yield _run(m, rep=rep - warmup if rep >= warmup else None, warmup=rep < warmup,
+                       n_new=n_new, quality=_quality(ref, toks, margins, len(tokens)), **extra)
 
     # the whole model first: its MTP-off pass is every plan's quality reference
     for plan in sorted(cfg.plans, key=lambda p: p != "whole"):
@@ -436,11 +534,9 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
                 refs[i] = (prompt, ref, ref_m["margins"])
                 prompts_info.append({"prompt": _prompt_label(i, spec), "n_prompt": len(prompt),
                                      "min_margin_off": min(ref_m["margins"].values())})
-                for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
-                                       mode="off", k=0, prompt=_prompt_label(i, spec),
-                                       **common):
-                    row.update(_quality(ref, toks, ref_m["margins"], len(prompt)))
-                    runs.append(row)
+                runs.extend(timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps, ref,
+                                  ref_m["margins"], mode="off", k=0,
+                                  prompt=_prompt_label(i, spec), **common))
             if cfg.sampling:
                 off_streams = _sampled(rt, refs, cfg.sampling, tick)
         for k in cfg.ks:
@@ -448,11 +544,9 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
             with MTPRuntime(trunk, sidecar, k=k, settings=settings, policy=cfg.policy) as rt:
                 for i, spec in enumerate(cfg.prompts):
                     prompt, ref, margins = refs[i]
-                    for toks, row in timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps,
-                                           mode="mtp", k=k, prompt=_prompt_label(i, spec),
-                                           **common):
-                        row.update(_quality(ref, toks, margins, len(prompt)))
-                        runs.append(row)
+                    runs.extend(timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps, ref,
+                                      margins, mode="mtp", k=k,
+                                      prompt=_prompt_label(i, spec), **common))
                 if cfg.sampling:
                     on_streams = _sampled(rt, refs, cfg.sampling, tick)
                     sampling_rows.append(_sampling_row(k, off_streams, on_streams,
@@ -464,12 +558,11 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
                        model={"trunk": Path(trunk).name, "sidecar": Path(sidecar).name})
 
 
-def _quality(ref, toks, margins, n_prompt) -> dict:
+def _quality(ref, toks, margins, n_prompt) -> Quality:
     cmp = compare_streams(ref, toks, margins, n_prompt=n_prompt)
-    return {"quality_valid": True, "equal_to_off": cmp["equal"],
-            "token_agreement": _agreement(ref, toks),
-            "first_divergence": cmp["first_divergence"], "near_tie": cmp["near_tie"],
-            "margin_at_divergence": cmp["margin_at_divergence"]}
+    return Quality(equal_to_off=cmp["equal"], token_agreement=_agreement(ref, toks),
+                   first_divergence=cmp["first_divergence"], near_tie=cmp["near_tie"],
+                   margin_at_divergence=cmp["margin_at_divergence"])
 
 
 def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig,
@@ -482,7 +575,7 @@ def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig,
                 rt.engine.sampler = Sampler(sc.temperature, sc.top_p, seed)
                 toks, m = rt.generate(prompt, sc.n_new)
                 tick()
-                out[(i, seed)] = (toks, m)
+                out[(i, seed)] = (toks, GenerationMetrics.from_dict(m))
     finally:
         rt.engine.sampler = old
     return out
@@ -494,15 +587,15 @@ def _sampling_row(k: int, off: dict, on: dict, sc: SamplingConfig) -> dict:
     c_on = Counter(t for toks, _ in on.values() for t in toks)
     n_off, n_on = sum(c_off.values()), sum(c_on.values())
     tv = 0.5 * sum(abs(c_off[t] / n_off - c_on[t] / n_on) for t in set(c_off) | set(c_on))
-    drafted = sum(m["drafted"] for _, m in on.values())
-    accepted = sum(m["accepted"] for _, m in on.values())
+    drafted = sum(m.drafted for _, m in on.values())
+    accepted = sum(m.accepted for _, m in on.values())
     return {"k": k, "temperature": sc.temperature, "top_p": sc.top_p, "streams": len(off),
             "n_new": sc.n_new, "equal_streams": equal, "tv_distance": tv,
             "sampled_tokens": n_on, "acceptance": accepted / drafted if drafted else None}
 
 
 def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSettings,
-           log: LOG, tick: Callable[[], object] = lambda: None) -> list[dict]:
+           log: LOG, tick: Callable[[], object] = lambda: None) -> list[BenchRun]:
     sc = cfg.sweep
     rows = []
     for k in sc.ks:
@@ -524,37 +617,41 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSetting
                             else synth
                         toks, m = rt.generate(prompt, cfg.n_new)
                         tick()
-                        rows.append(_row(
-                            m, plan="whole", mode="synthetic", k=k, rate=float(rate),
-                            draft_cost=sc.draft_cost, prompt=_prompt_label(i, spec),
+                        rows.append(_run(
+                            m, plan="whole", mode="synthetic", k=k,
+                            sweep=SweepDraw(float(rate), sc.draft_cost, toks == ref),
+                            prompt=_prompt_label(i, spec),
                             rep=rep - sc.warmup if rep >= sc.warmup else None,
                             warmup=rep < sc.warmup, threads=cfg.threads, n_new=cfg.n_new,
-                            seam_bytes_per_token=None, quality_valid=False,
-                            reference_intact=toks == ref))
+                            seam_bytes_per_token=None, quality_valid=False))
             rt.engine.drafter = mtp
     return rows
 
 
 # -- summaries --------------------------------------------------------------------------
-def _sum_pos(rows: list[dict], key: str, k: int) -> list[int]:
+def _sum_pos(rows: list[BenchRun], key: str, k: int) -> list[int]:
+    """Per draft position 1..k: the sum over ``rows`` of their metrics' ``key`` list."""
     out = [0] * k
     for r in rows:
-        for i, v in enumerate(r[key][:k]):
+        for i, v in enumerate(getattr(r.metrics, key)[:k]):
             out[i] += v
     return out
 
 
-def _group(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
-    groups: dict[tuple, list[dict]] = {}
+def _group(rows: Sequence[BenchRun], key: Callable[[BenchRun], tuple]
+           ) -> dict[tuple, list[BenchRun]]:
+    """The measured rows (warm-up excluded) by ``key``."""
+    groups: dict[tuple, list[BenchRun]] = {}
     for r in rows:
-        if not r.get("warmup"):
-            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        if not r.warmup:
+            groups.setdefault(key(r), []).append(r)
     return groups
 
 
-def _off_medians(runs: list[dict]) -> dict[str, float]:
-    return {plan: median_or_none(r["decode_tok_s"] for r in rs)
-            for (plan, mode), rs in _group(runs, "plan", "mode").items() if mode == "off"}
+def _off_medians(runs: list[BenchRun]) -> dict[str, float]:
+    return {plan: median_or_none(r.decode_tok_s for r in rs)
+            for (plan, mode), rs in _group(runs, lambda r: (r.plan, r.mode)).items()
+            if mode == "off"}
 
 
 def _scaled(v: float | None, unit: float) -> float | None:
@@ -562,32 +659,37 @@ def _scaled(v: float | None, unit: float) -> float | None:
     return None if v is None else v / unit
 
 
-def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict]:
-    """One row per (plan, k): medians and spread over measured runs (warm-up excluded)."""
+def summarize(runs: Sequence[BenchRun | dict], sampling: list[dict] | None = None
+              ) -> list[dict]:
+    """One row per (plan, k): medians and spread over measured runs (warm-up excluded).
+    ``runs``: BenchRuns, or their dicts as bench.json holds them."""
+    runs = _typed(runs)
     off = _off_medians(runs)
     samp = {r["k"]: r for r in sampling or []}
     out = []
-    for (plan, k), rs in sorted(_group(runs, "plan", "k").items()):
-        tps = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
+    for (plan, k), rs in sorted(_group(runs, lambda r: (r.plan, r.k)).items()):
+        tps = [r.decode_tok_s for r in rs if r.decode_tok_s is not None]
         med = median_or_none(tps)
-        drafted = sum(r["drafted"] for r in rs)
-        accepted = sum(r["accepted"] for r in rs)
+        drafted = sum(r.metrics.drafted for r in rs)
+        accepted = sum(r.metrics.accepted for r in rs)
         acc_n, dr_n = _sum_pos(rs, "accepted_per_position_counts", k), \
             _sum_pos(rs, "drafted_per_position", k)
         hist = Counter()
         for r in rs:
-            hist.update({int(a): n for a, n in r["accept_len_hist"].items()})
-        n_gen = sum(r["n_generated"] for r in rs)
-        t = {p: sum(r[f"t_{p}_s"] for r in rs) for p in TIME_PARTS}
+            hist.update({int(a): n for a, n in r.metrics.accept_len_hist.items()})
+        n_gen = sum(r.metrics.n_generated for r in rs)
+        t = {p: sum(r.time_s(p) for r in rs) for p in TIME_PARTS}
         t_total = sum(t.values())
-        seam = [r["seam_bytes_per_token"] for r in rs if r["seam_bytes_per_token"] is not None]
+        seam = [r.seam_bytes_per_token for r in rs if r.seam_bytes_per_token is not None]
+        first = rs[0]
+        quality = [r.quality for r in rs if r.quality is not None]
         row = {
             "plan": plan, "k": k, "mode": "off" if k == 0 else "mtp", "runs": len(rs),
             "decode_tok_s_median": med, "decode_tok_s_min": min(tps) if tps else None,
             "decode_tok_s_max": max(tps) if tps else None,
             "decode_tok_s_spread_pct": (100 * (max(tps) - min(tps)) / med) if med else None,
             "speedup": med / off[plan] if med and off.get(plan) else None,
-            "ttft_ms_median": 1000 * median_or_none(r["ttft_s"] for r in rs),
+            "ttft_ms_median": 1000 * median_or_none(r.metrics.ttft_s for r in rs),
             "drafted": drafted, "accepted": accepted,
             "acceptance": accepted / drafted if drafted else None,
             "accepted_per_position": [a / d if d else None for a, d in zip(acc_n, dr_n,
@@ -601,18 +703,18 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
             "seam_bytes_per_token": median_or_none(seam) if seam else None,
             # not measured (a ranged run's RSS is the shards', MTP off loads no MTP
             # context): None, written as an empty CSV cell and shown as n/a, never 0
-            "rss_peak_mib": _scaled(max((r["rss_peak_bytes"] for r in rs
-                                         if r["rss_peak_bytes"] is not None), default=None),
-                                    2**20),
-            "trunk_weights_mib": _scaled(rs[0]["trunk_weights_bytes"], 2**20),
-            "mtp_weights_mib": _scaled(rs[0]["mtp_weights_bytes"], 2**20),
-            "target_seq_state_kib": _scaled(rs[0]["target_seq_state_bytes"], 2**10),
-            "mtp_seq_state_kib": _scaled(rs[0]["mtp_seq_state_bytes"], 2**10),
-            "equal_to_off_runs": sum(bool(r["equal_to_off"]) for r in rs),
-            "token_agreement_pct": 100 * statistics.fmean(r["token_agreement"] for r in rs),
-            "near_tie_divergences": sum(bool(r["near_tie"]) for r in rs),
-            "unexplained_divergences": sum(not r["equal_to_off"] and not r["near_tie"]
-                                           for r in rs),
+            "rss_peak_mib": _scaled(max((r.memory("rss_peak_bytes") for r in rs
+                                         if r.memory("rss_peak_bytes") is not None),
+                                        default=None), 2**20),
+            "trunk_weights_mib": _scaled(first.memory("trunk_weights_bytes"), 2**20),
+            "mtp_weights_mib": _scaled(first.memory("mtp_weights_bytes"), 2**20),
+            "target_seq_state_kib": _scaled(first.memory("target_seq_state_bytes"), 2**10),
+            "mtp_seq_state_kib": _scaled(first.memory("mtp_seq_state_bytes"), 2**10),
+            "equal_to_off_runs": sum(bool(q.equal_to_off) for q in quality),
+            "token_agreement_pct": 100 * statistics.fmean(q.token_agreement for q in quality),
+            "near_tie_divergences": sum(bool(q.near_tie) for q in quality),
+            "unexplained_divergences": sum(not q.equal_to_off and not q.near_tie
+                                           for q in quality),
         }
         for i in range(3):
             row[f"acceptance_pos_{i + 1}"] = row["accepted_per_position"][i] if i < k else None
@@ -624,50 +726,55 @@ def summarize(runs: list[dict], sampling: list[dict] | None = None) -> list[dict
     return out
 
 
-def sweep_summary(sweep_runs: list[dict], runs: list[dict]) -> list[dict]:
+def sweep_summary(sweep_runs: Sequence[BenchRun | dict], runs: Sequence[BenchRun | dict]
+                  ) -> list[dict]:
     """One row per (k, rate): measured acceptance, median decode tok/s, speed-up vs off."""
-    off = _off_medians(runs)
+    off = _off_medians(_typed(runs))
     out = []
-    for (plan, k, rate), rs in sorted(_group(sweep_runs, "plan", "k", "rate").items()):
-        med = median_or_none(r["decode_tok_s"] for r in rs)
+    groups = _group(_typed(sweep_runs), lambda r: (r.plan, r.k, r.sweep.rate))
+    for (plan, k, rate), rs in sorted(groups.items()):
+        med = median_or_none(r.decode_tok_s for r in rs)
         acc_n = _sum_pos(rs, "accepted_per_position_counts", k)
         dr_n = _sum_pos(rs, "drafted_per_position", k)
-        drafted = sum(r["drafted"] for r in rs)
+        drafted = sum(r.metrics.drafted for r in rs)
         out.append({
             "plan": plan, "k": k, "rate": rate, "runs": len(rs),
             "acceptance_pos_1": acc_n[0] / dr_n[0] if dr_n[0] else None,
-            "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+            "acceptance": sum(r.metrics.accepted for r in rs) / drafted if drafted else None,
             "decode_tok_s_median": med,
-            "decode_tok_s_min": min(r["decode_tok_s"] for r in rs),
-            "decode_tok_s_max": max(r["decode_tok_s"] for r in rs),
+            "decode_tok_s_min": min(r.decode_tok_s for r in rs),
+            "decode_tok_s_max": max(r.decode_tok_s for r in rs),
             "off_tok_s_median": off.get(plan),
             "speedup": med / off[plan] if med and off.get(plan) else None,
-            "reference_intact_runs": sum(r["reference_intact"] for r in rs),
-            "draft_cost": rs[0]["draft_cost"], "quality_valid": False,
+            "reference_intact_runs": sum(r.sweep.reference_intact for r in rs),
+            "draft_cost": rs[0].sweep.draft_cost, "quality_valid": False,
         })
     return out
 
 
-# -- saving and plots -------------------------------------------------------------------
-def _flat(rows: list[dict]) -> list[dict]:
-    return [{k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()}
-            for r in rows]
+# -- saving (the plots: mtplib.lab.bench_plots) ------------------------------------------
+#: bench.json's tables, each also written as ``bench_<name>.csv``
+TABLES = ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling")
+
+
+def write_csvs(data: dict, out_dir: str | Path) -> dict[str, Path]:
+    """One tidy CSV per table of bench.json's ``data`` (`mtplib.lab.tables`: lists and
+    dicts spread over columns, ``rep`` an integer with an empty cell for warm-up runs)."""
+    out = Path(out_dir)
+    return {name: tables.to_csv(data[name], out / f"bench_{name}.csv") for name in TABLES}
 
 
 def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
     """Write bench.json (all raw rows + summaries), one CSV per table, and the plots."""
-    import pandas as pd
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_json()
     paths = {"json": out / "bench.json"}
     write_json(paths["json"], data, indent=2, sort_keys=True)
-    for name in ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling"):
-        p = out / f"bench_{name}.csv"
-        pd.DataFrame(_flat(data[name])).to_csv(p, index=False)
-        paths[name] = p
+    paths.update(write_csvs(data, out))
     if plots:
+        from mtplib.lab.bench_plots import figures
+
         pdir = out / "plots"
         pdir.mkdir(exist_ok=True)
         for name, fig in figures(data).items():
@@ -679,209 +786,3 @@ def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dic
 
 def load(out_dir: str | Path) -> dict:
     return json.loads((Path(out_dir) / "bench.json").read_text())
-
-
-def figures(data: dict) -> dict:
-    """The benchmark's plots as matplotlib Figures (no pyplot state)."""
-    return {"speed_vs_k": plot_speed(data), "acceptance_per_position": plot_acceptance(data),
-            "time_split": plot_time_split(data), "speedup_curve": plot_speedup_curve(data),
-            "seam_bytes": plot_seam_bytes(data)}
-
-
-def plan_title(plan: str) -> str:
-    """A plan as a panel title: 'whole' or the layer ranges with their shard count."""
-    if plan == "whole":
-        return "plan: whole model (one process)"
-    return f"plan: ranged {plan} ({plan.count(',') + 1} RPC shards)"
-
-
-def model_title(data: dict) -> str:
-    """The model a bench ran on (bench.json's ``model``; older files lack it)."""
-    trunk = (data.get("model") or {}).get("trunk")
-    return D.model_name(trunk) if trunk else "model not recorded"
-
-
-def _plans(rows: list[dict]) -> list[str]:
-    return sorted({r["plan"] for r in rows}, key=lambda p: (p != "whole", p))
-
-
-def _k_tick(k: int) -> str:
-    return "off" if k == 0 else f"k={k}"
-
-
-def _no_data(fig, ax, title: str, text: str):
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, transform=ax.transAxes)
-    ax.set_axis_off()
-    fig.suptitle(title, fontsize=10)
-    return fig
-
-
-def plot_speed(data: dict):
-    """Decode tokens/s per k (off = MTP off), one panel per plan: median bar, min-max
-    whisker, each measured run a dot."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    plans = _plans(data["summary"])
-    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, sharey=False)
-    title = f"Decode speed, MTP off vs on: {model_title(data)}"
-    if not plans:
-        return _no_data(fig, axes[0], title, "no measured runs")
-    for ax, plan in zip(axes, plans, strict=True):
-        summ = [r for r in data["summary"] if r["plan"] == plan]
-        for r in summ:
-            if r["decode_tok_s_median"] is None:
-                continue
-            ax.bar(r["k"], r["decode_tok_s_median"], color=D.data_colour(r["k"]), alpha=0.85)
-            ax.vlines(r["k"], r["decode_tok_s_min"], r["decode_tok_s_max"], color=D.NEUTRAL)
-        pts = [(r["k"], r["decode_tok_s"]) for r in data["runs"]
-               if not r["warmup"] and r["plan"] == plan and r["decode_tok_s"] is not None]
-        if pts:
-            ax.scatter(*zip(*pts, strict=True), s=8, color=D.NEUTRAL, zorder=3)
-        ax.set_xticks([r["k"] for r in summ], [_k_tick(r["k"]) for r in summ])
-        ax.set_xlabel("MTP draft length k (tokens)")
-        ax.set_title(plan_title(plan), fontsize=9)
-    axes[0].set_ylabel("decode speed (tokens/s)")
-    fig.suptitle(title, fontsize=10)
-    D.legend_outside(fig, axes, extra=[
-        (Patch(facecolor="white", edgecolor=D.NEUTRAL), "median over runs (bar, colour: k)"),
-        (Line2D([], [], color=D.NEUTRAL), "min-max over runs"),
-        (Line2D([], [], color=D.NEUTRAL, marker="o", ms=3, ls="none"), "one measured run")])
-    return fig
-
-
-def _ref_band_and_vllm(ax) -> None:
-    d, v = REFERENCE_S9["deepseek_v3"], REFERENCE_S9["vllm_v4"]["acceptance_per_position"]
-    ax.plot(range(1, len(v) + 1), v, ls="--", marker="s", color=D.REFERENCE_COLOURS["vllm_v4"],
-            label=D.ref_label("vllm_v4", f"k={len(v)}"))
-    ax.fill_between([0.8, 1.2], d["second_token_acceptance_low"],
-                    d["second_token_acceptance_high"], color=D.REFERENCE_COLOURS["deepseek_v3"],
-                    alpha=0.3, label=D.ref_label("deepseek_v3", "2nd-token acceptance"))
-
-
-def plot_acceptance(data: dict):
-    """Acceptance per draft position, one panel per plan, one line per k (offset a little
-    along x so equal lines stay visible), with the published references."""
-    plans = _plans([r for r in data["summary"] if r["k"] > 0])
-    fig, axes = D.new_figure(max(len(plans), 1), w=3.8)
-    title = f"Acceptance per draft position: {model_title(data)}"
-    if not plans:
-        return _no_data(fig, axes[0], title, "no MTP runs")
-    for ax, plan in zip(axes, plans, strict=True):
-        rows = [r for r in data["summary"] if r["plan"] == plan and r["k"] > 0]
-        ks = [r["k"] for r in rows]
-        for j, r in enumerate(rows):
-            dx = (j - (len(rows) - 1) / 2) * 0.06
-            ys = [np.nan if y is None else y for y in r["accepted_per_position"]]
-            ax.plot([i + 1 + dx for i in range(len(ys))], ys, marker="o",
-                    color=D.data_colour(r["k"]), label=D.k_label(r["k"]))
-        _ref_band_and_vllm(ax)
-        ax.set_xlabel("draft position (1 = first drafted token)")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xticks(range(1, max(ks + [2]) + 1))
-        ax.set_title(plan_title(plan), fontsize=9)
-    axes[0].set_ylabel("acceptance (fraction of drafts, unconditional)")
-    fig.suptitle(title, fontsize=10)
-    D.legend_outside(fig, axes)
-    return fig
-
-
-def plot_time_split(data: dict):
-    """Milliseconds per generated token by part (prefill, draft, verify, feed, rollback),
-    one stacked bar per k, one panel per plan."""
-    plans = _plans(data["summary"])
-    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, sharey=False)
-    title = f"Where the decode time goes: {model_title(data)}"
-    if not plans:
-        return _no_data(fig, axes[0], title, "no measured runs")
-    for ax, plan in zip(axes, plans, strict=True):
-        summ = [r for r in data["summary"] if r["plan"] == plan]
-        bottom = np.zeros(len(summ))
-        xs = np.arange(len(summ))
-        for j, p in enumerate(TIME_PARTS):
-            v = np.array([r[f"ms_per_token_{p}"] or 0.0 for r in summ])
-            ax.bar(xs, v, bottom=bottom, label=p, color=D.data_colour(j))
-            bottom += v
-        ax.set_xticks(xs, [_k_tick(r["k"]) for r in summ])
-        ax.set_xlabel("MTP draft length k (tokens)")
-        ax.set_title(plan_title(plan), fontsize=9)
-    axes[0].set_ylabel("time per generated token (ms)")
-    fig.suptitle(title, fontsize=10)
-    D.legend_outside(fig, axes, title="part of the step")
-    return fig
-
-
-def plot_speedup_curve(data: dict):
-    """Speed-up over MTP off against the measured position-1 acceptance of the synthetic
-    sweep, one panel per plan swept, one line per k; break-even and this lane's own MTP
-    marked; the published references in their own colours."""
-    from matplotlib.lines import Line2D
-
-    plans = _plans(data["sweep"])
-    fig, axes = D.new_figure(max(len(plans), 1), w=5.0, h=3.8)
-    title = (f"Acceptance -> speed-up (synthetic drafts, MTP block drafting): "
-             f"{model_title(data)}")
-    if not plans:
-        return _no_data(fig, axes[0], title, "sweep off (bench.sweep not set)")
-    d, v = REFERENCE_S9["deepseek_v3"], REFERENCE_S9["vllm_v4"]
-    for ax, plan in zip(axes, plans, strict=True):
-        sweep = [r for r in data["sweep"] if r["plan"] == plan]
-        for k in sorted({r["k"] for r in sweep}):
-            rs = sorted((r for r in sweep if r["k"] == k and r["acceptance_pos_1"] is not None
-                         and r["speedup"] is not None), key=lambda r: r["acceptance_pos_1"])
-            ax.plot([r["acceptance_pos_1"] for r in rs], [r["speedup"] for r in rs],
-                    marker="o", color=D.data_colour(k), label=D.k_label(k))
-            for b in data["break_even"]:
-                if b.get("plan", plan) == plan and b["k"] == k and b["break_even_acceptance"]:
-                    ax.plot(b["break_even_acceptance"], 1.0, marker="x", ms=10,
-                            color=D.data_colour(k))
-        for r in data["summary"]:  # where the lane's own MTP sits
-            if (r["plan"] == plan and r["k"] > 0 and r["acceptance_pos_1"] is not None
-                    and r["speedup"]):
-                ax.plot(r["acceptance_pos_1"], r["speedup"], marker="D", ms=6, ls="none",
-                        color=D.data_colour(r["k"]), markeredgecolor=D.NEUTRAL)
-        ax.axhline(1.0, color=D.NEUTRAL, lw=0.8)
-        ax.axvspan(d["second_token_acceptance_low"], d["second_token_acceptance_high"],
-                   color=D.REFERENCE_COLOURS["deepseek_v3"], alpha=0.15,
-                   label=D.ref_label("deepseek_v3", "2nd-token acceptance"))
-        ax.plot([(d["second_token_acceptance_low"] + d["second_token_acceptance_high"]) / 2],
-                [d["speedup"]], marker="*", ms=12, color=D.REFERENCE_COLOURS["deepseek_v3"],
-                ls="none", label=D.ref_label("deepseek_v3", f"{d['speedup']}x"))
-        ax.axvline(v["acceptance_per_position"][0], color=D.REFERENCE_COLOURS["vllm_v4"],
-                   ls="--", label=D.ref_label("vllm_v4", "position-1 acceptance"))
-        lp = REFERENCE_S9["llama_cpp_pr"]
-        ax.axhline(lp["speedup"], color=D.REFERENCE_COLOURS["llama_cpp_pr"], ls=":",
-                   label=D.ref_label("llama_cpp_pr", f"k={lp['k']} speed-up"))
-        ax.set_xlabel("acceptance at draft position 1 (measured fraction)")
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_title(plan_title(plan), fontsize=9)
-    axes[0].set_ylabel("speed-up over MTP off (x)")
-    fig.suptitle(title, fontsize=10)
-    D.legend_outside(fig, axes, fontsize=7, extra=[
-        (Line2D([], [], color=D.NEUTRAL, marker="x", ms=8, ls="none"),
-         "break-even (speed-up 1, per k)"),
-        (Line2D([], [], color="white", marker="D", ms=6, ls="none", markeredgecolor=D.NEUTRAL),
-         "this lane's MTP (real drafts)")])
-    return fig
-
-
-def plot_seam_bytes(data: dict):
-    """Bytes crossing shard seams per generated token, per ranged plan and k (the whole
-    model has no seam: said, not drawn as 0)."""
-    rows = [r for r in data["summary"] if r["seam_bytes_per_token"] is not None]
-    plans = _plans(rows)
-    fig, axes = D.new_figure(max(len(plans), 1), w=3.6, h=3.0, sharey=False)
-    title = f"Seam bytes per generated token: {model_title(data)}"
-    if not plans:
-        return _no_data(fig, axes[0], title,
-                        "whole model only: no seam, no bytes cross one.\nAdd a ranged plan "
-                        "(e.g. 0-1,2-3) to the lane's bench.plans to measure them.")
-    for ax, plan in zip(axes, plans, strict=True):
-        rs = [r for r in rows if r["plan"] == plan]
-        ax.bar([_k_tick(r["k"]) for r in rs], [r["seam_bytes_per_token"] / 1024 for r in rs],
-               color=[D.data_colour(r["k"]) for r in rs])
-        ax.set_xlabel("MTP draft length k (tokens)")
-        ax.set_title(plan_title(plan), fontsize=9)
-    axes[0].set_ylabel("seam traffic per token (KiB)")
-    fig.suptitle(title, fontsize=10)
-    return fig

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mtplib.contract.labels import STEP_KINDS, StepKind
 from mtplib.lab.progress import bar as _bar
 from mtplib.lab.quality import NOISE_BOUND, compare_streams
 from mtplib.runtime.drafters import OracleDrafter
@@ -150,10 +151,12 @@ def sampling_agreement(trunk: str, sidecar: str, *, k: int = 2, n_seeds: int = 1
 def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-3", "0-0,1-2,3-3"),
                     ks: Sequence[int] = (0, 1, 2, 3), n_new: int = 16,
                     prompt_seed: int = 7, n_threads: int = 2, shard_threads: int = 1,
-                    progress: bool = False) -> list[dict]:
-    """The same generation whole and on loopback RPC shards (MTP on the tail shard): tokens
-    must agree (near-tie rule); seam bytes per token per step kind next to the contract's
-    minimum."""
+                    mtp_placement: str = "auto", progress: bool = False) -> list[dict]:
+    """The same generation whole and on loopback RPC shards (the MTP block where
+    ``mtp_placement`` puts it: "auto" = the client): tokens must agree (near-tie rule); seam
+    bytes per token per step kind next to the contract's minimum. Each MTP row says where
+    its MTP block ran (``mtp_placement``) and ``mtp_on_tail``: upstream placed all of it on
+    the tail shard (None for MTP off)."""
     from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.runtime.settings import DecodeSettings
     from mtplib.runtime.speculative import EngineOptions
@@ -168,7 +171,8 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
                 whole[k] = rt.generate(prompt, n_new)
             bar.update()
         for plan in plans:
-            with RangedMTP(trunk, plan=plan, sidecar=sidecar, shard_threads=shard_threads) as r:
+            with RangedMTP(trunk, plan=plan, sidecar=sidecar, shard_threads=shard_threads,
+                           mtp_placement=mtp_placement) as r:
                 for k in ks:
                     toks, m = r.generate(prompt, n_new, EngineOptions(
                         k=k, settings=DecodeSettings(n_threads=n_threads)))
@@ -180,12 +184,21 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
                         "plan": plan, "k": k, "equal": cmp["equal"], "near_tie": cmp["near_tie"],
                         "drafted": m["drafted"], "accepted": m["accepted"],
                         "seam_bytes": m["seam_bytes"],
-                        **{f"bytes_per_token_{lab}": per.get(lab) for lab in
-                           ("prefill", "decode", "draft", "verify", "feed", "rollback")},
+                        **{f"bytes_per_token_{lab}": per.get(lab) for lab in STEP_KINDS},
                         "contract_min_decode": m["seam_contract_min_per_token"].get(
-                            "decode", m["seam_contract_min_per_token"].get("prefill")),
-                        "mtp_on_tail": m.get("mtp_placement") == [r.rt.endpoints[-1]] if k
-                        else None,
+                            StepKind.DECODE,
+                            m["seam_contract_min_per_token"].get(StepKind.PREFILL)),
+                        **_mtp_where(m, r.rt.endpoints[-1], k),
                         "hidden_rows": m.get("hidden_rows"),
                     })
     return rows
+
+
+def _mtp_where(metrics: dict, tail: str, k: int) -> dict:
+    """Where a ranged generation's MTP block ran: its placement ("tail" or "client") and
+    whether upstream put all of it on the ``tail`` endpoint (both None for MTP off)."""
+    if not k:
+        return {"mtp_placement": None, "mtp_on_tail": None}
+    place = metrics.get("mtp_placement")
+    return {"mtp_placement": place,
+            "mtp_on_tail": place == "tail" and metrics.get("mtp_endpoints") == [tail]}

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 
+from mtplib.contract import labels
 from mtplib.errors import InputError
 from mtplib.lab import display as D
 
 #: step kinds of `correctness.whole_vs_ranged`'s ``bytes_per_token_<kind>`` columns
-STEP_KINDS = ("prefill", "decode", "draft", "verify", "feed", "rollback")
+STEP_KINDS = labels.STEP_KINDS
 
 
 def _records(rows) -> list[dict]:

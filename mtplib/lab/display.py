@@ -53,6 +53,17 @@ REFERENCES: dict[str, Reference] = {
               "re-located, the link is vLLM's V4 recipe collection"),
 }
 
+#: The published reference numbers (the comparison column; not measured here). Their public
+#: sources (title, url) are `REFERENCES`, under the same keys.
+REFERENCE_S9 = {
+    "deepseek_v3": {"source": "DeepSeek-V3 report", "k": 1,
+                    "second_token_acceptance_low": 0.85, "second_token_acceptance_high": 0.90,
+                    "speedup": 1.8},
+    "llama_cpp_pr": {"source": "llama.cpp V4 MTP PR", "k": 2, "speedup": 1.5,
+                     "baseline_tok_s": 16.4},
+    "vllm_v4": {"source": "vLLM V4 MTP", "k": 2, "acceptance_per_position": [0.77, 0.37]},
+}
+
 # -- plot conventions -------------------------------------------------------------------------
 #: colours of measured data (tab10 without red, grey and olive, which references use)
 DATA_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")

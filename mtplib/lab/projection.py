@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import PurePath
 
+from mtplib.contract import labels
+from mtplib.contract.labels import Placement, StepKind
 from mtplib.contract.seam import seam_bytes_per_token
 from mtplib.contract.types import DType, ModelDims
 from mtplib.errors import InputError
@@ -57,8 +59,23 @@ VLLM_ACCEPTANCE = (0.77, 0.37)
 DEFAULT_ACCEPTANCE = (0.77, 0.37, round(0.37 * 0.37 / 0.77, 4))
 WIRE_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16}
 QUANTIZED_K = {"q8_0"}  # the KV_TYPES upstream counts as quantized (ggml_is_quantized)
-PLACEMENTS = ("tail", "client")
-STEP_KINDS = ("plain", "verify", "draft", "feed")
+PLACEMENTS = labels.PLACEMENTS
+#: the step kinds a projection models (`mtplib.contract.labels.StepKind`): a plain (MTP-off)
+#: decode, a verify, a draft, a feed
+STEP_KINDS: tuple[StepKind, ...] = (StepKind.DECODE, StepKind.VERIFY, StepKind.DRAFT,
+                                    StepKind.FEED)
+#: the projection's older name of a plain decode step, still accepted for StepKind.DECODE
+PLAIN = "plain"
+
+
+def step_kind(kind: str) -> StepKind:
+    """``kind`` as a StepKind (``"plain"``: the decode step); InputError naming the kinds."""
+    if kind == PLAIN:
+        return StepKind.DECODE
+    if kind not in STEP_KINDS:
+        raise InputError(f"step kind must be one of {', '.join(STEP_KINDS)} (or {PLAIN!r} "
+                         f"for decode), got {kind!r}")
+    return StepKind(kind)
 
 DEFAULT_SOURCES: dict[str, str] = {
     "layer_s": "1 / (16.4 tok/s x 43 layers) = 1.418 ms: the baseline of llama.cpp's V4 MTP PR "
@@ -236,9 +253,10 @@ class MessageStructure:
             raise InputError(f"n_shards must be an int >= 1, got {n!r}")
         if not isinstance(waits, Mapping) or not waits:
             raise InputError("waits must map step kinds to per-shard counts")
-        unknown = set(waits) - set(STEP_KINDS)
+        unknown = {w for w in waits if w != PLAIN and w not in STEP_KINDS}
         if unknown:
-            raise InputError(f"unknown step kinds {sorted(unknown)} (known: {STEP_KINDS})")
+            raise InputError(f"unknown step kinds {sorted(unknown)} (known: "
+                             f"{', '.join(STEP_KINDS)}; {PLAIN!r} = decode)")
         head = run.get("head", "tail")
         if head not in PLACEMENTS:
             raise InputError(f"head must be one of {PLACEMENTS}, got {head!r}")
@@ -254,15 +272,16 @@ class MessageStructure:
             if n == 1:
                 sw = StepWaits(tail=tail)
             else:
-                ps = 0.0 if kind in ("draft", "feed") else (
+                ps = 0.0 if kind in (StepKind.DRAFT, StepKind.FEED) else (
                     min(counts[1:-1]) if n >= 3 else seam_w)
                 fixed = sum(counts[:-1]) - ps * (n - 1)
                 if fixed < 0:
                     raise InputError(f"waits[{kind!r}] = {list(counts)}: fewer waits on the "
                                      f"non-tail shards than {ps:g} per seam")
                 sw = StepWaits(per_seam=ps, fixed=fixed, tail=tail)
-            key = {"plain": "plain", "draft": "draft_on_tail", "feed": "feed_on_tail",
-                   "verify": f"verify_head_{head}"}[kind]
+            key = {StepKind.DECODE: "plain", StepKind.DRAFT: "draft_on_tail",
+                   StepKind.FEED: "feed_on_tail",
+                   StepKind.VERIFY: f"verify_head_{head}"}[step_kind(kind)]
             fields[key] = sw
         return cls(**fields, seam_tensors=seam_tensors,
                    other_bytes_per_shard_pass=run.get("other_bytes_per_shard_pass", 0),
@@ -647,14 +666,14 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
                  scenario: Scenario | None = None, structure: MessageStructure = MEASURED,
                  params: ProjectionParams | None = None,
                  tokens_fed: float | None = None) -> StepTraffic:
-    """Traffic of one step kind. plain: one MTP-off decode; verify: k+1 tokens; draft: one
-    MTP draft decode (nothing crosses with a client drafter); feed: the verify step's
-    accepted rows (``tokens_fed``, default k+1) into the tail's MTP context."""
+    """Traffic of one step kind (`step_kind`). decode (or "plain"): one MTP-off decode;
+    verify: k+1 tokens; draft: one MTP draft decode (nothing crosses with a client
+    drafter); feed: the verify step's accepted rows (``tokens_fed``, default k+1) into the
+    tail's MTP context."""
     scenario = scenario or Scenario()
     params = params or ProjectionParams()
-    if kind not in STEP_KINDS:
-        raise InputError(f"step kind must be one of {STEP_KINDS}, got {kind!r}")
-    if kind != "plain" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    kind = step_kind(kind)
+    if kind != StepKind.DECODE and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise InputError(f"a {kind} step needs a draft length k >= 1, got {k!r}")
     roles = shard_roles(cfg, plan)
     n = plan.n_shards
@@ -664,11 +683,11 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
     detail: list[dict[str, int]] = [{} for _ in roles]
     sets = [0] * n
     tail = n - 1
-    if kind in ("draft", "feed"):
-        if scenario.placement == "client":
+    if kind in (StepKind.DRAFT, StepKind.FEED):
+        if scenario.placement == Placement.CLIENT:
             return StepTraffic(kind, 0, per_shard, [0.0] * n, detail, sets)
         sets[tail] = MTP_INPUT_TENSORS
-        if kind == "draft":
+        if kind == StepKind.DRAFT:
             b = _mtp_inputs(cfg, params, 1) + cfg.n_vocab * 4 + H * 4  # logits + own row
             per_shard[tail]["draft"] = b
             detail[tail] = {"mtp_inputs": _mtp_inputs(cfg, params, 1),
@@ -679,9 +698,9 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
         per_shard[tail]["mtp_rows"] = round(_mtp_inputs(cfg, params, 1) * fed)
         detail[tail] = {"mtp_inputs(fed rows)": per_shard[tail]["mtp_rows"]}
         return StepTraffic(kind, 0, per_shard, structure.feed_on_tail.on_shards(n), detail, sets)
-    n_tok = 1 if kind == "plain" else k + 1
+    n_tok = 1 if kind == StepKind.DECODE else k + 1
     n_out = n_tok
-    n_rs = 0 if kind == "plain" else k
+    n_rs = 0 if kind == StepKind.DECODE else k
     for r in roles:
         gi = graph_inputs(cfg, r, params, n_tok=n_tok, n_out=n_out, n_rs_seq=n_rs)
         co = constants(cfg, r, params) if structure.constants_per_step else {}
@@ -703,10 +722,10 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
         out = cfg.n_vocab * 4 * n_out
         detail[tail]["logits"] = out
     per_shard[tail]["output"] = out
-    if kind == "verify" and scenario.head == "tail":
+    if kind == StepKind.VERIFY and scenario.head == Placement.TAIL:
         per_shard[tail]["mtp_rows"] = H * 4 * n_out  # the trunk's h_nextn rows (F32) to the client
         detail[tail]["h_nextn"] = H * 4 * n_out
-    waits = (structure.plain if kind == "plain" else structure.verify(scenario.head))
+    waits = (structure.plain if kind == StepKind.DECODE else structure.verify(scenario.head))
     return StepTraffic(kind, n_tok, per_shard, waits.on_shards(n), detail, sets)
 
 
@@ -754,13 +773,15 @@ class ComputeModel:
     draft_cost: float
 
     def step_s(self, kind: str, k: int, scenario: Scenario) -> float:
-        head = self.head_client_s if scenario.head == "client" else 0.0
-        if kind == "plain":
+        kind = step_kind(kind)
+        head = self.head_client_s if scenario.head == Placement.CLIENT else 0.0
+        if kind == StepKind.DECODE:
             return self.decode_s + head
-        if kind == "verify":
+        if kind == StepKind.VERIFY:
             return self.decode_s * (1 + self.verify_token_cost * k) + head
-        if kind == "draft":
-            return self.draft_client_s if scenario.placement == "client" else self.draft_tail_s
+        if kind == StepKind.DRAFT:
+            return (self.draft_client_s if scenario.placement == Placement.CLIENT
+                    else self.draft_tail_s)
         return 0.0  # feed: folded into the drafts (upstream feeds, then drafts from its rows)
 
 
@@ -793,14 +814,17 @@ def cycle(inv: Inventory, plan: ShardPlan, k: int, scenario: Scenario,
     waits and bytes by class on remote links, all per cycle."""
     cfg = inv.config
     if k == 0:
-        steps = [(step_traffic(cfg, plan, "plain", scenario=scenario, structure=structure,
-                               params=params), 1, cm.step_s("plain", 0, scenario))]
+        steps = [(step_traffic(cfg, plan, StepKind.DECODE, scenario=scenario,
+                               structure=structure, params=params), 1,
+                  cm.step_s(StepKind.DECODE, 0, scenario))]
         tokens = 1.0
     else:
         tokens = params.tokens_per_verify(k)
         kw = {"k": k, "scenario": scenario, "structure": structure, "params": params}
-        steps = [(step_traffic(cfg, plan, "verify", **kw), 1, cm.step_s("verify", k, scenario)),
-                 (step_traffic(cfg, plan, "draft", **kw), k, cm.step_s("draft", k, scenario)),
+        steps = [(step_traffic(cfg, plan, StepKind.VERIFY, **kw), 1,
+                  cm.step_s(StepKind.VERIFY, k, scenario)),
+                 (step_traffic(cfg, plan, StepKind.DRAFT, **kw), k,
+                  cm.step_s(StepKind.DRAFT, k, scenario)),
                  (step_traffic(cfg, plan, "feed", tokens_fed=tokens, **kw), 1, 0.0)]
     remote = _remote(plan, scenario)
     waits, compute = 0.0, 0.0
@@ -897,7 +921,7 @@ def traffic_rows(inv: Inventory, plans: Sequence[str | ShardPlan], *,
         for L in contexts:
             prm = replace(params, context=L, n_ctx=max(params.n_ctx, L))
             for k in ks:
-                kind = "verify" if k else "plain"
+                kind = StepKind.VERIFY if k else StepKind.DECODE
                 st = step_traffic(cfg, plan, kind, k=k, scenario=scenario,
                                   structure=structure, params=prm)
                 tot = st.total()

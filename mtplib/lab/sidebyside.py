@@ -48,6 +48,7 @@ from mtplib.files import write_json
 from mtplib.lab import sweep
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.sweep import SweepConfig, median_or_none
+from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.routing import require_mtp
 from mtplib.runtime.settings import DecodeSettings
 
@@ -245,10 +246,11 @@ class _MtplibSide:
             toks, m = self.rt.generate(prompt, self.cfg.n_new)
         finally:
             self.rt.engine.drafter = self.mtp
-        return {"decode_tok_s": m["decode_tok_s"], "n_generated": m["n_generated"],
-                "drafted": m["drafted"], "accepted": m["accepted"],
-                "acceptance_rate": m["acceptance_rate"], "tokens": toks,
-                "time_s": m["time_s"], "hidden_rows": m.get("hidden_rows")}
+        g = GenerationMetrics.from_dict(m)
+        return {"decode_tok_s": g.decode_tok_s, "n_generated": g.n_generated,
+                "drafted": g.drafted, "accepted": g.accepted,
+                "acceptance_rate": g.acceptance_rate, "tokens": toks,
+                "time_s": dict(g.time_s), "hidden_rows": g.hidden_rows}
 
     def close(self) -> None:
         self.rt.close()
@@ -450,9 +452,10 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
     rows: list[dict] = []
 
     def row(m: dict, **kw) -> dict:
-        r = {"decode_tok_s": m["decode_tok_s"], "drafted": m["drafted"],
-             "accepted": m["accepted"], "acceptance_rate": m["acceptance_rate"],
-             "accepted_per_position": m["accepted_per_position"], "time_s": m["time_s"],
+        g = GenerationMetrics.from_dict(m)
+        r = {"decode_tok_s": g.decode_tok_s, "drafted": g.drafted,
+             "accepted": g.accepted, "acceptance_rate": g.acceptance_rate,
+             "accepted_per_position": list(g.accepted_per_position), "time_s": dict(g.time_s),
              "loadavg": loadavg(), **kw}
         rows.append(r)
         return r

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from mtplib.distributed.relay import WanLink
+from mtplib.runtime.results import GenerationMetrics
 
 
 def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int = 24,
@@ -63,7 +64,8 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
                             toks, m = runs[name].generate(list(prompt), n_new, opts)
                             rows.append({"transport": name, "rtt_ms": rtt, "prompt": pi,
                                          "rep": rep, "tokens": toks,
-                                         "decode_tok_s": m["decode_tok_s"],
+                                         "decode_tok_s":
+                                             GenerationMetrics.from_dict(m).decode_tok_s,
                                          "waits_per_step": m["waits_per_step"],
                                          "seam_bytes": m["seam_bytes"],
                                          "transport_metric": m["transport"]})

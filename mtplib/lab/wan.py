@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract import labels
+from mtplib.contract.labels import DECODING_STEPS, StepKind
 from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
@@ -35,8 +38,8 @@ from mtplib.lab.sweep import median_or_none
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")
 #: the step kinds of the decoding phase (after the prompt), whose waits a token pays
-DECODE_PHASES = ("decode", "verify", "draft", "feed", "rollback")
-PLACEMENTS = ("tail", "client")
+DECODE_PHASES = DECODING_STEPS
+PLACEMENTS = labels.PLACEMENTS
 LOG = Callable[[str], None]
 
 
@@ -126,23 +129,81 @@ def trained_prompts(n: int, length: int) -> list[list[int]]:
     return prompts_from(docs, n=n, length=length, seed=0)
 
 
+@dataclass(frozen=True)
+class WanRun:
+    """One generation of the WAN benchmark: a row of wan.json's ``rows``. Built typed
+    (`_row`) and read typed (`from_dict`, by the summaries); a dict in the file only."""
+
+    mode: str  # warm (one process) | cold (one CLI process per generation)
+    plan: str
+    topology: str
+    placement: str  # where the MTP block ran; "-" for MTP off
+    rtt_ms: float
+    k: int
+    prompt: int
+    rep: int
+    build: str | None
+    patches: list[str]
+    setup_s: float | None
+    decode_tok_s: float | None
+    ttft_s: float | None
+    n_generated: int
+    drafted: int
+    accepted: int
+    steps: int
+    tokens_per_step: float | None
+    hidden_rows: str | None
+    waits_per_step: dict[str, float]
+    steps_by_label: dict[str, int]
+    wire_bytes_by_class: dict[str, dict[str, int]]
+    seam_bytes_per_token: dict[str, float]
+    cache_bytes_crossing: int
+    wire_violations: list
+    waits_decode_phase: float | None
+    tokens: list[int]
+    process_wall_s: float | None = None  # cold runs: the CLI process's wall time
+    exit: int | None = None  # cold runs: its exit status
+
+    def to_dict(self) -> dict:
+        """The row as wan.json holds it (a cold run's process fields after ``rep``)."""
+        d = asdict(self)
+        head = {f: d.pop(f) for f in ("mode", "plan", "topology", "placement", "rtt_ms", "k",
+                                      "prompt", "rep")}
+        cold = {f: d.pop(f) for f in ("process_wall_s", "exit")}
+        return {**head, **(cold if self.mode == "cold" else {}), **d}
+
+    @classmethod
+    def from_dict(cls, r: dict) -> WanRun:
+        """A row of any committed wan.json (the oldest lack mode, build, patches, setup)."""
+        names = {f.name for f in fields(cls)}
+        kw = {"mode": "warm", "build": None, "patches": [], "setup_s": None,
+              **{k: v for k, v in r.items() if k in names}}
+        missing = [f.name for f in fields(cls) if f.name not in kw and f.default is MISSING]
+        if missing:
+            raise InputError(f"a WAN row lacks {', '.join(missing)}: {sorted(r)}")
+        return cls(**kw)
+
+
+def _typed(rows: Sequence[WanRun | dict]) -> list[WanRun]:
+    return [r if isinstance(r, WanRun) else WanRun.from_dict(r) for r in rows]
+
+
 def _row(m: dict, tokens: list[int], **kw) -> dict:
+    """A generation's row (as its dict: the result is saved as it is)."""
     steps = (m.get("verify_steps") or 0) + (m.get("plain_steps") or 0)
     up = m.get("upstream") or {}
-    return {**kw, "build": up.get("build"), "patches": up.get("patches", []),
-            "setup_s": (m.get("setup") or {}).get("setup_s"),
-            "decode_tok_s": m["decode_tok_s"], "ttft_s": m["ttft_s"],
-            "n_generated": m["n_generated"], "drafted": m.get("drafted", 0),
-            "accepted": m.get("accepted", 0), "steps": steps,
-            "tokens_per_step": (m["n_generated"] - 1) / steps if steps else None,
-            "hidden_rows": m.get("hidden_rows"),
-            "waits_per_step": m["waits_per_step"], "steps_by_label": m["steps_by_label"],
-            "wire_bytes_by_class": m["wire_bytes_by_class"],
-            "seam_bytes_per_token": m["seam_bytes_per_token"],
-            "cache_bytes_crossing": m["cache_bytes_crossing"],
-            "wire_violations": m["wire_violations"],
-            "waits_decode_phase": _decode_waits(m),
-            "tokens": tokens}
+    return WanRun(
+        **kw, build=up.get("build"), patches=up.get("patches", []),
+        setup_s=(m.get("setup") or {}).get("setup_s"), decode_tok_s=m["decode_tok_s"],
+        ttft_s=m["ttft_s"], n_generated=m["n_generated"], drafted=m.get("drafted", 0),
+        accepted=m.get("accepted", 0), steps=steps,
+        tokens_per_step=(m["n_generated"] - 1) / steps if steps else None,
+        hidden_rows=m.get("hidden_rows"), waits_per_step=m["waits_per_step"],
+        steps_by_label=m["steps_by_label"], wire_bytes_by_class=m["wire_bytes_by_class"],
+        seam_bytes_per_token=m["seam_bytes_per_token"],
+        cache_bytes_crossing=m["cache_bytes_crossing"],
+        wire_violations=m["wire_violations"], waits_decode_phase=_decode_waits(m),
+        tokens=tokens).to_dict()
 
 
 def _decode_waits(m: dict) -> float | None:
@@ -252,7 +313,6 @@ def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: 
     model, the plan, MTP and the emulated WAN (and --ctx only if the config fixes one)."""
     import shutil
     import sys
-    from pathlib import Path
 
     exe = Path(sys.executable).with_name("mtplib")
     cmd = [str(exe)] if exe.is_file() else (
@@ -315,15 +375,15 @@ def _run_cold(trunk, sidecar, cfg, prompts, rows, log, tick) -> None:
 
 
 def _log_cell(log, rows, n, rtt, k) -> None:
-    med = median_or_none(x["decode_tok_s"] for x in rows[-n:])
+    med = median_or_none(x.decode_tok_s for x in _typed(rows[-n:]))
     log(f"  rtt {rtt:g} ms k={k}: " + ("n/a" if med is None else f"{med:.2f}") + " tok/s")
 
 
 # ---------------------------------------------------------------------------------------
 # summaries
 # ---------------------------------------------------------------------------------------
-def _key(r: dict) -> tuple:
-    return (r.get("mode", "warm"), r["plan"], r["topology"], r["placement"], r["k"])
+def _key(r: WanRun) -> tuple:
+    return (r.mode, r.plan, r.topology, r.placement, r.k)
 
 
 def _spread(xs) -> dict:
@@ -336,37 +396,37 @@ def _spread(xs) -> dict:
             "p25": float(q[0]), "p75": float(q[2])}
 
 
-def summarize(rows: list[dict]) -> list[dict]:
+def summarize(rows: Sequence[WanRun | dict]) -> list[dict]:
     """Per (mode, plan, topology, placement, k, RTT): n runs, tok/s (median and spread), the
     speed-up over MTP off of the same mode/plan/topology/RTT (ratio of medians, and the
     spread of the per-prompt paired ratios), tokens per verify step, waits per token, cache
     bytes crossing summed over every run, identical tokens."""
-    off: dict[tuple, list[dict]] = {}
+    rows = _typed(rows)
+    off: dict[tuple, list[WanRun]] = {}
     for r in rows:
-        if r["k"] == 0:
-            off.setdefault((r.get("mode", "warm"), r["plan"], r["topology"], r["rtt_ms"]),
-                           []).append(r)
+        if r.k == 0:
+            off.setdefault((r.mode, r.plan, r.topology, r.rtt_ms), []).append(r)
     out = []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[WanRun]] = {}
     for r in rows:
-        groups.setdefault((*_key(r), r["rtt_ms"]), []).append(r)
+        groups.setdefault((*_key(r), r.rtt_ms), []).append(r)
     for (mode, plan, topo, place, k, rtt), rs in sorted(groups.items(), key=lambda kv: (
             kv[0][0], kv[0][1], kv[0][2], str(kv[0][3]), kv[0][4], kv[0][5])):
         ref = off.get((mode, plan, topo, rtt), [])
-        sp = _spread(x["decode_tok_s"] for x in rs)
+        sp = _spread(x.decode_tok_s for x in rs)
         tok_s = sp["median"]
-        off_tok_s = median_or_none(x["decode_tok_s"] for x in ref)
-        tps = median_or_none(x["tokens_per_step"] for x in rs)
-        by_run = {(y["prompt"], y["rep"]): y for y in ref}
-        pairs = [(x, by_run[(x["prompt"], x["rep"])]) for x in rs
-                 if (x["prompt"], x["rep"]) in by_run]
-        same = [x["tokens"] == y["tokens"] for x, y in pairs]
-        paired = _spread(x["decode_tok_s"] / y["decode_tok_s"] for x, y in pairs
-                         if x["decode_tok_s"] and y["decode_tok_s"])
+        off_tok_s = median_or_none(x.decode_tok_s for x in ref)
+        tps = median_or_none(x.tokens_per_step for x in rs)
+        by_run = {(y.prompt, y.rep): y for y in ref}
+        pairs = [(x, by_run[(x.prompt, x.rep)]) for x in rs if (x.prompt, x.rep) in by_run]
+        same = [x.tokens == y.tokens for x, y in pairs]
+        paired = _spread(x.decode_tok_s / y.decode_tok_s for x, y in pairs
+                         if x.decode_tok_s and y.decode_tok_s)
+        drafted = sum(x.drafted for x in rs)
         out.append({
             "mode": mode, "plan": plan, "topology": topo, "placement": place, "k": k,
             "rtt_ms": rtt, "runs": len(rs),
-            "builds": ",".join(sorted({str(x.get("build")) for x in rs})),
+            "builds": ",".join(sorted({str(x.build) for x in rs})),
             "tok_s": tok_s, "tok_s_min": sp["min"], "tok_s_max": sp["max"],
             "tok_s_p25": sp["p25"], "tok_s_p75": sp["p75"], "off_tok_s": off_tok_s,
             "speedup": tok_s / off_tok_s if tok_s and off_tok_s else None,
@@ -376,25 +436,28 @@ def summarize(rows: list[dict]) -> list[dict]:
             "tokens_per_step": tps,
             "speedup_over_ideal": (tok_s / off_tok_s / tps) if tok_s and off_tok_s and tps
             else None,
-            "acceptance": (sum(x["accepted"] for x in rs) / sum(x["drafted"] for x in rs)
-                           if sum(x["drafted"] for x in rs) else None),
-            "ttft_s": median_or_none(x.get("ttft_s") for x in rs),
-            "setup_s": median_or_none(x.get("setup_s") for x in rs),
-            "process_wall_s": median_or_none(x.get("process_wall_s") for x in rs),
-            "waits_per_token": median_or_none(x["waits_decode_phase"] for x in rs),
-            "waits_per_verify": median_or_none(x["waits_per_step"].get("verify") for x in rs),
-            "waits_per_plain": median_or_none(x["waits_per_step"].get("decode") for x in rs),
-            "waits_per_draft": median_or_none(x["waits_per_step"].get("draft") for x in rs),
-            "cache_bytes_crossing": sum(x["cache_bytes_crossing"] for x in rs),
+            "acceptance": sum(x.accepted for x in rs) / drafted if drafted else None,
+            "ttft_s": median_or_none(x.ttft_s for x in rs),
+            "setup_s": median_or_none(x.setup_s for x in rs),
+            "process_wall_s": median_or_none(x.process_wall_s for x in rs),
+            "waits_per_token": median_or_none(x.waits_decode_phase for x in rs),
+            "waits_per_verify": median_or_none(x.waits_per_step.get(StepKind.VERIFY)
+                                               for x in rs),
+            "waits_per_plain": median_or_none(x.waits_per_step.get(StepKind.DECODE)
+                                              for x in rs),
+            "waits_per_draft": median_or_none(x.waits_per_step.get(StepKind.DRAFT)
+                                              for x in rs),
+            "cache_bytes_crossing": sum(x.cache_bytes_crossing for x in rs),
             "identical_to_off": all(same) if same else None,
         })
     return out
 
 
-def bytes_by_class(rows: list[dict]) -> list[dict]:
+def bytes_by_class(rows: Sequence[WanRun | dict]) -> list[dict]:
     """Per configuration and step kind: data bytes per generated token (after the first,
     which the prefill emits) by class (first RTT, all prompts; bytes do not depend on the
     RTT)."""
+    rows = _typed(rows)
     out = []
     seen = set()
     for r in rows:
@@ -402,13 +465,13 @@ def bytes_by_class(rows: list[dict]) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        same = [x for x in rows if _key(x) == key and x["rtt_ms"] == r["rtt_ms"]]
-        for label in sorted({lb for x in same for lb in x["wire_bytes_by_class"]}):
+        same = [x for x in rows if _key(x) == key and x.rtt_ms == r.rtt_ms]
+        for label in sorted({lb for x in same for lb in x.wire_bytes_by_class}):
             agg: dict[str, float] = {}
             for x in same:
-                for c, b in x["wire_bytes_by_class"].get(label, {}).items():
+                for c, b in x.wire_bytes_by_class.get(label, {}).items():
                     agg[c] = agg.get(c, 0) + b
-            n_tok = sum(max(x["n_generated"] - 1, 0) for x in same)
+            n_tok = sum(max(x.n_generated - 1, 0) for x in same)
             out.append({"mode": key[0], "plan": key[1], "topology": key[2],
                         "placement": key[3], "k": key[4], "step": label,
                         **{c: v / max(n_tok, 1) for c, v in agg.items()}})
@@ -499,12 +562,23 @@ def with_upstream(cfg: WanConfig) -> WanConfig:
 WAN_JSON = "wan.json"
 
 
+def build_of(result: dict) -> str | None:
+    """The upstream build a results file measured (its ``upstream``, else its config's)."""
+    return (result.get("upstream") or {}).get("build") or result["config"].get("upstream")
+
+
+def write_summary_csv(data: dict, out_dir) -> Path:
+    """``wan_summary.csv``: the summary rows with the ``build`` they measured first (a
+    run's builds sit in sibling folders; concatenated CSVs stay apart)."""
+    from mtplib.lab import tables
+
+    return tables.to_csv(data["summary"], Path(out_dir) / "wan_summary.csv",
+                         build=build_of(data))
+
+
 def save(result: dict, out_dir) -> dict:
     """Write ``wan.json`` (config, raw rows, summary, bytes by class, cost-model check,
     targets) and ``wan_summary.csv`` into ``out_dir``; returns their paths."""
-    import csv
-    from pathlib import Path
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(result["rows"])
@@ -518,13 +592,7 @@ def save(result: dict, out_dir) -> dict:
                 "worst_rel_error": max((c["rel_error"] for c in cost), default=None)}}
     p = out / WAN_JSON
     write_json(p, data, indent=1, default=str)
-    c = out / "wan_summary.csv"
-    with c.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["empty"],
-                           lineterminator="\n")
-        w.writeheader()
-        w.writerows(summary)
-    return {"json": p, "csv": c}
+    return {"json": p, "csv": write_summary_csv(data, out)}
 
 
 def resummarize(out_dir) -> dict:
@@ -536,14 +604,42 @@ def resummarize(out_dir) -> dict:
     return load(out_dir)
 
 
+def build_dirs(run_dir) -> dict[str, Path]:
+    """build -> its results folder under ``run_dir``: ``<build>/wan.json`` (what `run_builds`
+    writes into its folder) or ``wan/<build>/wan.json`` (a lane's run folder)."""
+    run = Path(run_dir)
+    for base in (run, run / "wan"):
+        found = {p.parent.name: p.parent for p in sorted(base.glob(f"*/{WAN_JSON}"))}
+        if found:
+            return found
+    return {}
+
+
 def load(out_dir) -> dict:
+    """One build's results (``out_dir/wan.json``). A folder that holds one results folder
+    per build instead is named in the error, with `load_builds` to read them all."""
     import json
-    from pathlib import Path
 
     p = Path(out_dir) / WAN_JSON
     if not p.is_file():
+        subs = build_dirs(out_dir)
+        if subs:
+            names = ", ".join(str(d) for d in subs.values())
+            raise InputError(f"{p} not found: {out_dir} holds one results folder per build "
+                             f"({names}); load one of those, or all with "
+                             "mtplib.lab.wan.load_builds(run_dir) (as DataFrames: "
+                             "mtplib.records.load(run_dir))")
         raise InputError(f"{p} not found: run the WAN benchmark first (notebook 05_wan)")
     return json.loads(p.read_text())
+
+
+def load_builds(run_dir) -> dict[str, dict]:
+    """build -> its results, for every build's folder under ``run_dir`` (`build_dirs`)."""
+    subs = build_dirs(run_dir)
+    if not subs:
+        raise InputError(f"no {WAN_JSON} under {run_dir} (looked in <build>/ and "
+                         "wan/<build>/): run the WAN benchmark first (notebook 05_wan)")
+    return {b: load(d) for b, d in subs.items()}
 
 
 #: the model every WAN run measures (mtplib.model.trained: the committed trained pair)
@@ -676,7 +772,6 @@ def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "pa
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from mtplib.lab.progress import bar
     from mtplib.runtime import PATCHED_DIR

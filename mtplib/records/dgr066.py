@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplib.contract import labels
 from mtplib.errors import InputError
 from mtplib.lab.display import REFERENCES
 from mtplib.records.raw_metrics import BENCH_DIR, BENCH_JSON
@@ -43,7 +44,7 @@ TRACE_RULE = (
     "letter or one of `§#@` (identifiers such as `k=1`, V4, DGR-066, pos-1).")
 
 #: What the time split splits a generated token's time into (`mtplib.lab.bench`).
-TIME_PARTS = ("prefill", "draft", "verify", "feed", "rollback")
+TIME_PARTS = labels.TIME_PARTS
 
 
 @dataclass(frozen=True)

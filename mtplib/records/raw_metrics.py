@@ -184,7 +184,7 @@ def write_bench(run_dir: str | Path, result: BenchResult, *, plots: bool = True
 
 
 def read_bench(run_dir: str | Path) -> dict:
-    """What `write_bench` wrote to ``bench.json``."""
+    """What `write_bench` wrote to ``bench.json`` (as DataFrames: `mtplib.records.load`)."""
     from mtplib.lab import bench
 
     return bench.load(Path(run_dir) / BENCH_DIR)

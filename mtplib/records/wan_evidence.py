@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mtplib.contract.labels import DECODING_STEPS
 from mtplib.errors import InputError
 from mtplib.records import readme as E
 from mtplib.records.readme import Links
@@ -237,7 +238,7 @@ def _build_section(b: str, d: dict, what: str) -> list[str]:
              f"`{x['step']}`", *[str(round(x.get(c, 0)))
                                  for c in ("seam", "outputs", "inputs", "constants", "cache")]]
             for x in d["bytes_by_class"] if x["plan"] == "0-1,2-3" and x["topology"] == "remote"
-            and x["step"] in ("decode", "verify", "draft", "feed", "rollback")]
+            and x["step"] in DECODING_STEPS]
     out += E.table(["mode", "k", "MTP on", "step", "seam", "outputs", "inputs", "constants",
                     "cache"], rows)
     out.append("")

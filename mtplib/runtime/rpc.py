@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplib.contract.labels import Placement
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
 from mtplib.runtime.model import RuntimeInputError, check_threads
@@ -405,7 +406,7 @@ def endpoint_of_buffer(name: str) -> str | None:
 # -- opening a ranged model -------------------------------------------------------------
 def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[str], *,
                 sidecar: str | Path | None = None, allow_remote: bool = False,
-                verify: bool = True, mtp_placement: str = "tail"):
+                verify: bool = True, mtp_placement: str = Placement.TAIL):
     """Load ``trunk`` across RPC shards (one endpoint per plan range, in order) and the
     MTP ``sidecar`` (if given) on the tail shard only (``mtp_placement="tail"``) or on this
     process's CPU (``"client"``: next to the sampler, so drafting costs no shard traffic).
@@ -455,7 +456,7 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
         if verify:
             check_placement(plan, endpoints, placement)
         side = None
-        if sh is not None and mtp_placement == "client":
+        if sh is not None and mtp_placement == Placement.CLIENT:
             # explicit CPU device: with devices=NULL upstream would spread it over the shards
             side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()])
             side.endpoints, side.device_endpoints, side.load_buffers = [], names, []

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from mtplib.contract.capabilities import Policy
+from mtplib.contract.labels import TIME_PARTS, StepKind
 from mtplib.contract.session import Event, IllegalTransition, Session, State
 from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
 from mtplib.runtime import build_info
@@ -140,9 +141,8 @@ class Metrics(DraftCounts):
             "ttft_s": (self.t_first - self.t_start) if self.t_first else None,
             "decode_s": dec,
             "decode_tok_s": n_dec / dec if dec > 0 else None,
-            "time_s": {"prefill": self.t_prefill, "draft": self.t_draft,
-                       "verify": self.t_verify, "feed": self.t_feed,
-                       "rollback": self.t_rollback},
+            "time_s": dict(zip(TIME_PARTS, (self.t_prefill, self.t_draft, self.t_verify,
+                                            self.t_feed, self.t_rollback), strict=True)),
         }
 
 
@@ -203,7 +203,7 @@ class SpecSession:
         tokens = [int(t) for t in prompt]
         m.n_prompt = len(tokens)
         rows = []
-        with e.phase("prefill", len(tokens)):
+        with e.phase(StepKind.PREFILL, len(tokens)):
             for a in range(0, len(tokens), e.target.n_batch):
                 chunk = tokens[a : a + e.target.n_batch]
                 last = a + len(chunk) == len(tokens) and e.head is None
@@ -220,7 +220,7 @@ class SpecSession:
         self._keep_rows(0, all_rows)
         m.t_prefill = time.perf_counter() - m.t_start
         if e.checkpoints == "state":
-            with e.phase("rollback", 0):
+            with e.phase(StepKind.ROLLBACK, 0):
                 self._checkpoint(len(tokens))
         t0 = time.perf_counter()
         with e.feed_phase(len(tokens)):
@@ -241,7 +241,7 @@ class SpecSession:
             return None
         self.session = self.session.draft()
         t0 = time.perf_counter()
-        with e.phase("draft", k):
+        with e.phase(StepKind.DRAFT, k):
             drafts = e.drafter.propose(self.seq, self.last, self.base, k)
         self.metrics.t_draft += time.perf_counter() - t0
         if len(drafts) != k:
@@ -268,11 +268,11 @@ class SpecSession:
             raise RuntimeInputError(f"context full: {base + k + 1} > n_ctx {e.target.n_ctx}")
         if k > e.target.n_rs_seq and e.checkpoints == "state":  # beyond tail removal
             t0 = time.perf_counter()
-            with e.phase("rollback", 0):
+            with e.phase(StepKind.ROLLBACK, 0):
                 self._checkpoint(base)
             m.t_rollback += time.perf_counter() - t0
         t0 = time.perf_counter()
-        with e.phase("verify" if k else "decode", k + 1):
+        with e.phase(StepKind.VERIFY if k else StepKind.DECODE, k + 1):
             e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
                             logits=e.head is None)
             self._rows = e.rows(e.target, k + 1) if e.needs_rows else None
@@ -362,12 +362,12 @@ class SpecSession:
             m.count(k, n_acc)
         last = self.last
         self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
-        t0 = time.perf_counter()
-        with e.phase("rollback", 0):
-            kind = self._rollback_target(base + n_acc + 1)
-        if kind != "none":
-            m.rollbacks[kind] += 1
-        m.t_rollback += time.perf_counter() - t0
+        keep = base + n_acc + 1
+        if self.n_cached > keep:  # rejected drafts are cached: a rollback step (timed)
+            t0 = time.perf_counter()
+            with e.phase(StepKind.ROLLBACK, 0):
+                m.rollbacks[self._rollback_target(keep)] += 1
+            m.t_rollback += time.perf_counter() - t0
         if rows is not None:
             rows = rows[: n_acc + 1]
             self._keep_rows(base, rows)
@@ -408,11 +408,10 @@ class SpecSession:
         if not 1 <= keep <= len(self.tokens):
             raise RuntimeInputError(f"truncate keep={keep} outside [1, {len(self.tokens)}]")
         e = self.engine
-        t0 = time.perf_counter()
-        kind = self._rollback_target(keep - 1)
-        if kind != "none":
-            self.metrics.rollbacks["truncate_" + kind] += 1
-        self.metrics.t_rollback += time.perf_counter() - t0
+        if self.n_cached > keep - 1:  # cached positions to drop: a rollback (timed)
+            t0 = time.perf_counter()
+            self.metrics.rollbacks["truncate_" + self._rollback_target(keep - 1)] += 1
+            self.metrics.t_rollback += time.perf_counter() - t0
         del self.tokens[keep:]
         self.session = self.session.truncate(keep)
         last_row = self.rows.get(keep - 2)
@@ -465,7 +464,7 @@ class Engine:
     def feed_phase(self, n_tokens: int) -> contextlib.AbstractContextManager:
         """Feeding the drafter is a step kind only when there is a drafter to feed."""
         if self.drafter.needs_rows:
-            return self.phase("feed", n_tokens)
+            return self.phase(StepKind.FEED, n_tokens)
         return contextlib.nullcontext()
 
     def open(self, prompt: Sequence[int], *, seq_id: int | None = None,

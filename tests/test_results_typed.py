@@ -1,0 +1,105 @@
+"""Issue 23 item 2 (results half): a generation's metrics and the bench's rows are typed
+(`GenerationMetrics`, `BenchRun`) and become dicts only at the file edge, with the same keys
+and values as before: the committed evidence round-trips and its summaries recompute."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtplib.contract.labels import TIME_PARTS
+from mtplib.lab import bench as B
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.runtime.results import GenerationMetrics
+from mtplib.runtime.speculative import MTPRuntime
+
+BENCH = Path(__file__).resolve().parent.parent / "evidence" / "DGR-066" / "bench" / "bench.json"
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    return json.loads(BENCH.read_text())
+
+
+def test_committed_rows_round_trip_exactly(committed):
+    rows = committed["runs"] + committed["sweep_runs"]
+    typed = [B.BenchRun.from_dict(r) for r in rows]
+    assert [t.to_dict() for t in typed] == rows
+    kinds = {(t.mode, t.quality is not None, t.ranged is not None, t.sweep is not None)
+             for t in typed}
+    assert kinds == {("off", True, False, False), ("mtp", True, False, False),
+                     ("off", True, True, False), ("mtp", True, True, False),
+                     ("synthetic", False, False, True)}
+
+
+def test_summaries_recompute_the_committed_numbers(committed):
+    assert B.summarize(committed["runs"], committed["sampling"]) == committed["summary"]
+    assert B.sweep_summary(committed["sweep_runs"], committed["runs"]) == committed["sweep"]
+    typed = [B.BenchRun.from_dict(r) for r in committed["runs"]]
+    assert B.summarize(typed, committed["sampling"]) == committed["summary"]
+
+
+def test_generation_metrics_read_a_generation(pair):
+    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2) as rt:
+        _, m = rt.generate(seeded_prompt(1, 6), 8)
+    g = GenerationMetrics.from_dict(m)
+    assert (g.decode_tok_s, g.n_generated, g.drafted, g.accepted) == (
+        m["decode_tok_s"], 8, m["drafted"], m["accepted"])
+    assert list(g.time_s) == list(TIME_PARTS) and g.memory["trunk_weights_bytes"] > 0
+    assert g.hidden_rows == m["hidden_rows"]
+    broken = dict(m)
+    del broken["decode_tok_s"]
+    with pytest.raises(KeyError, match="decode_tok_s"):
+        GenerationMetrics.from_dict(broken)
+
+
+def test_a_bench_run_is_typed_until_it_is_written(pair, committed):
+    cfg = B.BenchConfig.from_dict({"ks": [1], "n_new": 4, "reps": 1, "warmup": 1,
+                                   "threads": 1, "prompts": [{"seed": 0, "len": 6}],
+                                   "sweep": {"rates": [1.0], "ks": [1], "reps": 1,
+                                             "warmup": 0}})
+    res = B.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
+    assert all(isinstance(r, B.BenchRun) for r in res.runs + res.sweep_runs)
+    assert all(isinstance(r.metrics, GenerationMetrics) for r in res.runs)
+    data = res.to_json()
+    want = {(r["mode"], tuple(sorted(r))) for r in committed["runs"] + committed["sweep_runs"]
+            if r["plan"] == "whole"}
+    got = {(r["mode"], tuple(sorted(r))) for r in data["runs"] + data["sweep_runs"]}
+    assert got == want  # the same keys as the committed whole-model rows, per kind
+    assert json.loads(json.dumps(data)) == data
+
+
+WAN = sorted((BENCH.parents[2] / "wan").glob("wan*/*/wan.json"))
+
+
+@pytest.mark.parametrize("path", WAN, ids=lambda p: "/".join(p.parts[-3:-1]))
+def test_committed_wan_rows_round_trip_and_recompute(path):
+    from mtplib.lab import wan as W
+
+    d = json.loads(path.read_text())
+    typed = [W.WanRun.from_dict(r) for r in d["rows"]]
+    assert [t.to_dict() for t in typed] == d["rows"]
+    assert W.summarize(typed) == W.summarize(d["rows"]) == d["summary"]
+    assert W.bytes_by_class(d["rows"]) == d["bytes_by_class"]
+
+
+def test_the_oldest_wan_rows_still_read():
+    """Rows written before runs recorded their mode and build read as warm, build unknown."""
+    from mtplib.lab import wan as W
+
+    old = BENCH.parents[2] / "upstream-patches" / "wan" / "stock" / "wan.json"
+    rows = json.loads(old.read_text())["rows"]
+    assert "mode" not in rows[0]
+    typed = [W.WanRun.from_dict(r) for r in rows]
+    assert {t.mode for t in typed} == {"warm"} and {t.build for t in typed} == {None}
+    assert len(W.summarize(rows)) > 0
+
+
+def test_a_wan_row_missing_a_field_is_named():
+    from mtplib.errors import InputError
+    from mtplib.lab import wan as W
+
+    with pytest.raises(InputError, match="lacks .*decode_tok_s"):
+        W.WanRun.from_dict({"plan": "0-1,2-3", "k": 0})
