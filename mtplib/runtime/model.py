@@ -167,13 +167,17 @@ class Model:
 
     def __init__(self, path: str | Path, *, load_mtp: bool = False,
                  header: GGUFHeader | None = None, devices: Sequence | None = None,
-                 tensor_split: Sequence[float] | None = None) -> None:
+                 tensor_split: Sequence[float] | None = None, validated: bool = False
+                 ) -> None:
+        """``validated``: ``header`` was validated for this request already (`check_pair`
+        validates both files), so it is not validated again."""
         self.header = header or read_header(path)
         require_deepseek4(self.header)
         from mtplib.model.fixture import require_weights
 
         require_weights(self.header)
-        validate_header(self.header)  # every constraint upstream would abort on
+        if not (validated and header is not None):
+            validate_header(self.header)  # every constraint upstream would abort on
         if load_mtp and not self.header.is_mtp_only:
             raise ModelFileError(f"{path}: load_mtp needs an MTP sidecar (mtp-*.gguf)")
         if not load_mtp and self.header.is_mtp_only:
