@@ -131,3 +131,22 @@ def test_golden_matrix_routes_what_the_engines_run():
     version = json.loads((GOLDEN / "contract_version.json").read_text())
     assert version["contract_version"] == "mtp-contract/2"
     assert version["recipes"] == list(RECIPES) and version["max_draft"] == MAX_DRAFT
+
+
+def test_a_certification_record_reaches_the_runtimes_routing(pair, tmp_path, monkeypatch):
+    """MTPRuntime routes on the advert the one builder makes, certification included: a
+    passing record for this pair's hash makes its recipe certified (found in the cwd's
+    certifications/, as advertise() looks), so a certified-only policy routes it."""
+    from mtplib.runtime.capability import model_key
+    from mtplib.runtime.speculative import MTPRuntime
+
+    monkeypatch.chdir(tmp_path)
+    key = model_key(pair.trunk, pair.sidecar)
+    (tmp_path / "certifications").mkdir()
+    (tmp_path / "certifications" / f"{key}.json").write_text(json.dumps(
+        {"model_key": key, "pin": PIN, "recipes": {"mtp.v4.draft2": {"passed": True}}}))
+    kw = dict(n_ctx=256, n_threads=1, policy=STRICT)
+    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, **kw) as rt:
+        assert rt.routing["reason"] == "all 1 shards certify mtp.v4.draft2"
+    with pytest.raises(RouteRefused, match="'mtp.v4.draft3' is implemented, need certified"):
+        MTPRuntime(str(pair.trunk), str(pair.sidecar), k=3, **kw)

@@ -781,6 +781,7 @@ class MTPRuntime:
         given as keywords replace those (`EngineOptions.build`), e.g. ``MTPRuntime(t, s,
         k=2, n_ctx=512, kv_type="f32")``. Validated and routed once, here."""
         from mtplib.model.gguf_header import read_header
+        from mtplib.runtime.capability import certified_recipes
         from mtplib.runtime.model import Model, check_pair
         from mtplib.runtime.routing import resolve_policy, route, routing_metrics
 
@@ -804,7 +805,11 @@ class MTPRuntime:
             check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
             trunk_kwargs["validated"] = sidecar_kwargs["validated"] = True
         self.policy = resolve_policy(policy)
-        self.routing = routing_metrics(route(spec, policy=self.policy), self.policy)
+        # a passing certification run for this exact pair (if recorded) makes the advert's
+        # recipe certified, so a policy that wants certified can route it
+        certified = certified_recipes(trunk, sidecar) if spec.mtp else frozenset()
+        self.routing = routing_metrics(route(spec, policy=self.policy, certified=certified),
+                                       self.policy)
         try:
             self.trunk = Model(trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
