@@ -30,7 +30,13 @@ from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
-from mtplib.runtime.routing import policy_gate, resolve_policy, route, routing_metrics
+from mtplib.runtime.routing import (
+    certified_recipes,
+    policy_gate,
+    resolve_policy,
+    route,
+    routing_metrics,
+)
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import EngineOptions, Generation
 
@@ -205,7 +211,6 @@ class RangedMTP:
         from mtplib.model.gguf_header import read_header, require_deepseek4
         from mtplib.model.validate import validate_header
         from mtplib.ownership.plan import PlanError, ShardPlan
-        from mtplib.runtime.capability import certified_recipes
         from mtplib.runtime.model import check_pair
 
         self._lock = threading.RLock()  # one generation at a time: counters are per runtime

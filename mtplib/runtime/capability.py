@@ -9,48 +9,21 @@ trunk and the sidecar (see `certify`). Nothing is assumed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mtplib.contract.capabilities import Capability, Policy, build_advert
 from mtplib.contract.types import MAX_DRAFT, MIN_DRAFT, MTP_OFF, RECIPES, DraftSpec
 from mtplib.files import write_json
-from mtplib.runtime.routing import PIN, resolve_policy
-from mtplib.stamps import now_iso, sha256_file
+from mtplib.runtime.routing import (
+    PIN,
+    certified_recipes,
+    model_key,
+    resolve_policy,
+)
+from mtplib.stamps import now_iso
 
 __all__ = ["PIN", "RECIPES", "Capability", "advertise", "certified_recipes", "certify",
            "model_key"]
-
-
-def model_key(trunk: str | Path, sidecar: str | Path | None) -> str:
-    """Identity of a model pair for certification records: both files' sha256."""
-    t = sha256_file(Path(trunk))
-    s = sha256_file(Path(sidecar)) if sidecar else "none"
-    return f"{t[:16]}-{s[:16]}"
-
-
-def _load_cert(cert_dir: Path, key: str) -> dict:
-    p = cert_dir / f"{key}.json"
-    if not p.exists():
-        return {}
-    try:
-        rec = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    if rec.get("pin") != PIN or rec.get("model_key") != key:
-        return {}
-    return {r: v for r, v in rec.get("recipes", {}).items() if v.get("passed") is True}
-
-
-def certified_recipes(trunk: str | Path, sidecar: str | Path | None,
-                      cert_dir: str | Path = "certifications") -> frozenset[str]:
-    """Recipes with a passing certification record for this exact pair on this build. The
-    files are hashed only where ``cert_dir`` holds records at all (a whole V4 GGUF takes
-    minutes to hash), so a run without certifications pays nothing."""
-    d = Path(cert_dir)
-    if not d.is_dir() or not any(d.glob("*.json")):
-        return frozenset()
-    return frozenset(_load_cert(d, model_key(trunk, sidecar)))
 
 
 def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int = 0,

@@ -10,16 +10,18 @@ The adverts are built by the contract's one builder (`build_advert`, as `adverti
 builds them) from what this process checked about the shards it is about to use: every
 shard runs every recipe of the contract (mtp.v4.draft1..8) once the pair check passed; the
 tail's MTP recipes are unsupported without the sidecar; DISABLED where the policy disables
-MTP; certified where the caller looked up a passing certification run (`certified`, e.g.
-`mtplib.runtime.capability.certified_recipes`). The decision's per-shard verdicts carry
+MTP; certified where the caller looked up a passing certification run (`certified`:
+`certified_recipes`, which MTPRuntime and RangedMTP do). The per-shard verdicts carry
 those statuses. Beta, the default, asks for `implemented`, so a run without certification
 records routes too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Collection, Iterable, Sequence
+from pathlib import Path
 
 from mtplib import pins
 from mtplib.contract.capabilities import (
@@ -32,6 +34,7 @@ from mtplib.contract.capabilities import (
     require_route,
 )
 from mtplib.contract.types import MTP_OFF, ContractError, DraftSpec
+from mtplib.stamps import sha256_file
 
 PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
 """The build every shard of a run shares (the adverts' pin)."""
@@ -48,6 +51,37 @@ def resolve_policy(policy: Policy | str | None = None) -> Policy:
     if policy is None:
         policy = os.environ.get(POLICY_ENV) or DEFAULT_POLICY
     return policy_named(policy)
+
+
+def model_key(trunk: str | Path, sidecar: str | Path | None) -> str:
+    """Identity of a model pair for certification records: both files' sha256."""
+    t = sha256_file(Path(trunk))
+    s = sha256_file(Path(sidecar)) if sidecar else "none"
+    return f"{t[:16]}-{s[:16]}"
+
+
+def _load_cert(cert_dir: Path, key: str) -> dict:
+    p = cert_dir / f"{key}.json"
+    if not p.exists():
+        return {}
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if rec.get("pin") != PIN or rec.get("model_key") != key:
+        return {}
+    return {r: v for r, v in rec.get("recipes", {}).items() if v.get("passed") is True}
+
+
+def certified_recipes(trunk: str | Path, sidecar: str | Path | None,
+                      cert_dir: str | Path = "certifications") -> frozenset[str]:
+    """Recipes with a passing certification record for this exact pair on this build. The
+    files are hashed only where ``cert_dir`` holds records at all (a whole V4 GGUF takes
+    minutes to hash), so a run without certifications pays nothing."""
+    d = Path(cert_dir)
+    if not d.is_dir() or not any(d.glob("*.json")):
+        return frozenset()
+    return frozenset(_load_cert(d, model_key(trunk, sidecar)))
 
 
 def recipe_for(k: int) -> str:

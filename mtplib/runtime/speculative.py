@@ -781,9 +781,13 @@ class MTPRuntime:
         given as keywords replace those (`EngineOptions.build`), e.g. ``MTPRuntime(t, s,
         k=2, n_ctx=512, kv_type="f32")``. Validated and routed once, here."""
         from mtplib.model.gguf_header import read_header
-        from mtplib.runtime.capability import certified_recipes
         from mtplib.runtime.model import Model, check_pair
-        from mtplib.runtime.routing import resolve_policy, route, routing_metrics
+        from mtplib.runtime.routing import (
+            certified_recipes,
+            resolve_policy,
+            route,
+            routing_metrics,
+        )
 
         try:
             opts = EngineOptions.build(opts, **options)
