@@ -86,8 +86,8 @@ def test_mtp_off_always_routable():
         ("mtp.v4.draft1", [adv(0), adv(0)], "^shard indices"),
         (
             "mtp.v4.draft1",
-            [adv(0), adv(1, contract_version="mtp-contract/2")],
-            "^shard 1: contract_version expected 'mtp-contract/1', got 'mtp-contract/2'",
+            [adv(0), adv(1, contract_version="mtp-contract/1")],
+            "^shard 1: contract_version expected 'mtp-contract/2', got 'mtp-contract/1'",
         ),
         ("mtp.v4.draft1", [adv(0), adv(1, pin="other")], "^shard 1: pin expected 'v4flash@abc'"),
         ("mtp.v4.draft1", [adv(0, pin=""), adv(1, pin="")], "^shard 0: pin expected non-empty"),
@@ -106,7 +106,11 @@ def test_mtp_off_always_routable():
             [adv(0), adv(1, recipes={"mtp.v4.draft1": Status.IMPLEMENTED})],
             "^shard 1: recipe 'mtp.v4.draft1' is implemented, need certified",
         ),
-        ("mtp.v4.draft5", GOOD, "^shard 0: recipe 'mtp.v4.draft5' not advertised"),
+        (
+            "mtp.v4.draft5",
+            [adv(0, recipes={r: s for r, s in ALL_CERT.items() if r != "mtp.v4.draft5"})],
+            "^shard 0: recipe 'mtp.v4.draft5' not advertised",
+        ),
     ],
 )
 def test_fail_closed_causes(requested, adverts, reason):
@@ -140,7 +144,7 @@ def test_non_tail_sidecar_not_required():
 
 
 statuses = st.sampled_from(list(Status))
-versions = st.sampled_from([CONTRACT_VERSION, "mtp-contract/0", "mtp-contract/2"])
+versions = st.sampled_from([CONTRACT_VERSION, "mtp-contract/1", "mtp-contract/3"])
 pins = st.sampled_from(["p1", "p2"])
 
 

@@ -152,3 +152,36 @@ def test_process_still_alive_after_bad_calls(trunk):
     # every refusal above happened before upstream: the same model still decodes
     with Context(trunk, ContextConfig(n_ctx=64)) as c:
         assert len(greedy(c, PROMPT, 4).tokens) == 4
+
+
+def test_plain_decoding_is_the_engine_loop(pair, trunk, monkeypatch):
+    """greedy() runs the engine's loop with k = 0 (plain decoding is written once): the same
+    tokens as the old one-decode-per-token loop (spelled out here) and as MTPRuntime k=0."""
+    import mtplib.runtime.speculative as S
+    from mtplib.runtime.generate import prefill
+
+    calls = []
+    real = S.run_generation
+    monkeypatch.setattr(S, "run_generation",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cfg = ContextConfig(n_ctx=256, n_batch=16, n_ubatch=16, n_threads=1)
+    for prompt, n in ((PROMPT, 12), (list(range(40)), 9)):
+        with Context(trunk, cfg) as c:
+            g = greedy(c, prompt, n)
+            assert c.seq_pos_max(0) == -1  # the session's sequence was freed
+            logits, _ = prefill(c, prompt)
+            want, pos = [], len(prompt)
+            while True:
+                want.append(int(np.argmax(logits)))
+                if len(want) == n:
+                    break
+                c.decode([want[-1]], [pos], logits=True)
+                pos, logits = pos + 1, c.logits(-1)
+        assert g.tokens == want
+        assert g.metrics["target_decodes"] == n - 1 + -(-len(prompt) // 16)
+        assert set(g.metrics) == {"n_prompt", "n_generated", "ttft_s", "decode_s",
+                                  "decode_tok_s", "target_decodes"}
+    assert calls == [1, 1]
+    with S.MTPRuntime(str(pair.trunk), None, k=0, n_ctx=256, n_threads=1) as rt, \
+            Context(trunk, cfg) as c:
+        assert rt.generate(PROMPT, 12)[0] == greedy(c, PROMPT, 12).tokens

@@ -128,3 +128,25 @@ def test_cli_choices_come_from_the_settings():
     acts = {a.dest: a for a in sub._actions}
     assert tuple(acts["kv_type"].choices) == KV_TYPE_NAMES
     assert tuple(acts["flash_attn"].choices) == FLASH_ATTN_MODES
+
+
+def test_one_source_for_the_seven_shared_context_fields():
+    """DecodeSettings and ContextConfig share n_ctx..swa_full through ContextSettings: one
+    definition, one default (n_threads included), one validator, one message."""
+    from mtplib.runtime.model import ContextConfig, RuntimeInputError
+    from mtplib.runtime.settings import ContextSettings, default_threads
+
+    shared = [f.name for f in dataclasses.fields(ContextSettings)]
+    assert shared == ["n_ctx", "n_batch", "n_ubatch", "n_threads", "kv_type", "flash_attn",
+                      "swa_full"]
+    assert issubclass(DecodeSettings, ContextSettings)
+    assert issubclass(ContextConfig, ContextSettings)
+    d, c = DecodeSettings(), ContextConfig()
+    assert d.context_settings() == c.context_settings()
+    assert c.n_threads == d.n_threads == default_threads()
+    with pytest.raises(SettingsError, match="n_ubatch must be an integer >= 1, got 0"):
+        DecodeSettings(n_ubatch=0)
+    with pytest.raises(RuntimeInputError, match="n_ubatch must be an integer >= 1, got 0"):
+        ContextConfig(n_ubatch=0).validate()
+    with pytest.raises(RuntimeInputError, match="swa_full must be true or false"):
+        ContextConfig(swa_full="yes").validate()

@@ -23,13 +23,12 @@ from mtplib.commands.common import (
     tls_from_args,
 )
 from mtplib.contract.labels import PLACEMENT_CHOICES
+from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE, DraftSpec
 from mtplib.errors import InputError
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
 #: --ctx when not given, capped by the model's context_length
 DEFAULT_CTX = 2048
-#: --draft when --mtp is given without it
-DEFAULT_DRAFT = 3
 #: exit code of a ranged run that finished but moved cache state across a shard connection
 EXIT_CONTRACT = 3
 
@@ -81,9 +80,15 @@ def _print_result(a: argparse.Namespace, out: dict) -> None:
         print("contract violation:", v)
 
 
+def draft_spec(a: argparse.Namespace) -> DraftSpec:
+    """The drafting the (checked) arguments ask for: MTP off without --mtp, else --draft
+    (default DEFAULT_DRAFT)."""
+    return DraftSpec.requested(a.draft, mtp=bool(a.mtp))
+
+
 def draft_k(a: argparse.Namespace) -> int:
-    """The draft length the arguments ask for: 0 without --mtp, else --draft (default 3)."""
-    return (DEFAULT_DRAFT if a.draft is None else a.draft) if a.mtp else 0
+    """The draft length the arguments ask for: 0 without --mtp, else --draft."""
+    return draft_spec(a).k
 
 
 def _check_args(a: argparse.Namespace) -> None:
@@ -110,8 +115,8 @@ def check_engine_args(a: argparse.Namespace) -> None:
 
     if a.draft is not None and a.mtp is None:
         raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
-    if a.draft is not None and not 1 <= a.draft <= 8:
-        raise InputError(f"--draft must be in 1..8, got {a.draft}")
+    if a.draft is not None and a.draft not in DRAFT_RANGE:
+        raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}")
     if a.n < 0:
         raise InputError(f"--n must be >= 0, got {a.n}")
     for opt, v in (("--ctx", a.ctx), ("--batch", a.batch), ("--ubatch", a.ubatch)):
@@ -140,15 +145,9 @@ def check_engine_args(a: argparse.Namespace) -> None:
         raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
                          "--insecure-plaintext need --plan (they describe shards)")
     if a.plan:
+        # the trunk (and the pair) is validated once, by the backend, before any shard
+        # starts or any key is read (RangedMTP; whole-model runs check it in MTPRuntime)
         check_threads(a.shard_threads, "--shard-threads")
-        # the ranged client reads the trunk's block count before any shard loads it: the
-        # file must be one upstream loads (whole-model runs check it in Model)
-        from mtplib.model.gguf_header import read_header_fast, require_deepseek4
-        from mtplib.model.validate import validate_header
-
-        h = read_header_fast(a.model)
-        require_deepseek4(h)
-        validate_header(h)
     if a.endpoints:
         from mtplib.runtime.rpc import parse_endpoint
 
@@ -270,22 +269,21 @@ def open_backend(a: argparse.Namespace, *, sampler=None, warm: bool = False) -> 
     sampler replaces it in `stream`). ``warm``: set up every graph a generation will use
     at load, whole-model too (a ranged backend always does), as a long-lived service
     wants. A policy that refuses MTP is refused before any model loads or shard starts."""
-    from mtplib.runtime.routing import resolve_policy, route
+    from mtplib.runtime.routing import policy_gate
     from mtplib.runtime.speculative import EngineOptions, MTPRuntime
 
-    k = draft_k(a)
-    trace = bool(getattr(a, "trace", False))
+    # the one request object both paths take (validated here, routed once by the backend)
+    opts = EngineOptions(k=draft_k(a), settings=settings(a), sampler=sampler,
+                         trace=bool(getattr(a, "trace", False)), head=a.head)
     if not a.plan:
-        with MTPRuntime(a.model, a.mtp, k=k, settings=settings(a), sampler=sampler,
-                        trace=trace, head=a.head, policy=a.policy, warm=warm) as rt:
+        with MTPRuntime(a.model, a.mtp, opts=opts, policy=a.policy, warm=warm) as rt:
             yield rt
         return
     from mtplib.distributed.ranged_mtp import RangedMTP
 
-    policy = resolve_policy(a.policy)
-    route(k, policy=policy)  # the policy gate; each generation negotiates with the shards too
-    opts = EngineOptions(k=k, settings=settings(a), sampler=sampler, trace=trace, head=a.head)
-    with RangedMTP(a.model, plan=a.plan, sidecar=a.mtp if k else None, endpoints=endpoints(a),
+    policy = policy_gate(opts.k, a.policy)  # before any shard starts
+    with RangedMTP(a.model, plan=a.plan, sidecar=a.mtp if opts.k else None,
+                   endpoints=endpoints(a),
                    shard_threads=a.shard_threads, wan=a.wan, mtp_placement=a.mtp_placement,
                    policy=policy, allow_cache_crossing=a.allow_cache_crossing,
                    opts=opts, tls=tls_from_args(a),

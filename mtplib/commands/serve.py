@@ -132,8 +132,10 @@ def run(a: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived while the model was loading."""
+class _Terminated(BaseException):
+    """SIGTERM arrived while the model was loading. A BaseException (like
+    KeyboardInterrupt), so no ``except Exception`` on the load path (a GGUF parse wraps any
+    Exception as a bad file, exit 2) turns the stop into an error."""
 
 
 def _terminate(signum, frame) -> None:

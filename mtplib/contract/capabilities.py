@@ -8,14 +8,14 @@ always correct (just slower), and the reason names the first failing cause.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from mtplib.contract.types import (
     CONTRACT_VERSION,
     MAX_DRAFT,
-    MAX_PARSED_DRAFT,
+    MIN_DRAFT,
     MTP_OFF,
     MTP_RECIPES,
     RECIPES,
@@ -28,9 +28,10 @@ from mtplib.contract.types import (
 __all__ = [
     "ALPHA_POLICY",
     "BETA_POLICY",
+    "Capability",
     "POLICIES",
     "MAX_DRAFT",
-    "MAX_PARSED_DRAFT",
+    "MIN_DRAFT",
     "MTP_OFF",
     "MTP_RECIPES",
     "RECIPES",
@@ -40,6 +41,7 @@ __all__ = [
     "ShardAdvert",
     "ShardVerdict",
     "Status",
+    "build_advert",
     "negotiate",
     "parse_recipe",
     "policy_named",
@@ -132,6 +134,54 @@ def policy_statuses(recipes: Mapping[str, Status], policy: Policy) -> dict[str, 
             if r != MTP_OFF and s >= Status.DISABLED:
                 out[r] = Status.DISABLED
     return out
+
+
+NOT_CERTIFIED = "implemented; no passing certification run for this model hash"
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One shard's advert and, per recipe short of certified, why."""
+
+    advert: ShardAdvert
+    reasons: dict[str, str]  # recipe -> why it is not certified
+
+    def to_dict(self) -> dict:
+        return {"contract_version": self.advert.contract_version, "pin": self.advert.pin,
+                "has_mtp_sidecar": self.advert.has_mtp_sidecar,
+                "recipes": {r: s.label for r, s in self.advert.recipes.items()},
+                "reasons": self.reasons}
+
+
+def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar: bool,
+                 mtp_problem: str = "", build_problem: str = "",
+                 certified: Collection[str] = ()) -> Capability:
+    """The one advert builder: every recipe of the contract (mtp.off, mtp.v4.draft1..8)
+    with its status and reason, from what the shard found out.
+
+    ``build_problem``: the shard cannot run anything (wrong upstream build): every recipe
+    unsupported. ``mtp_problem``: why the MTP recipes do not run here (no sidecar, a pair
+    that does not belong together, a context upstream refused): unsupported. Otherwise a
+    recipe is implemented, certified if in ``certified`` (a passing certification run for
+    this exact pair), and DISABLED where ``policy`` disables MTP. `advertise()` and the
+    adverts every run routes on (`mtplib.runtime.routing`) are built here, so both offer
+    the same recipes with the same statuses."""
+    status: dict[str, Status] = {}
+    reasons: dict[str, str] = {}
+    for r in RECIPES:
+        problem = build_problem or ("" if r == MTP_OFF else mtp_problem)
+        if problem:
+            status[r], reasons[r] = Status.UNSUPPORTED, problem
+        elif r in certified:
+            status[r] = Status.CERTIFIED
+        else:
+            status[r], reasons[r] = Status.IMPLEMENTED, NOT_CERTIFIED
+    status = policy_statuses(status, policy)
+    for r, st in status.items():
+        if st == Status.DISABLED:
+            reasons[r] = f"{policy.name} policy: MTP disabled"
+    advert = ShardAdvert(shard_index, CONTRACT_VERSION, pin, has_mtp_sidecar, status)
+    return Capability(advert, reasons)
 
 
 @dataclass(frozen=True)

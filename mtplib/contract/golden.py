@@ -32,9 +32,10 @@ from mtplib.contract.seam import (
 from mtplib.contract.session import TRANSITIONS, Event, Session, State
 from mtplib.contract.types import (
     CONTRACT_VERSION,
+    DEFAULT_DRAFT,
     FLOAT_DTYPES,
     MAX_DRAFT,
-    MAX_PARSED_DRAFT,
+    MIN_DRAFT,
     RECIPES,
     SHARD_LOCAL,
     TINY_DIMS,
@@ -54,8 +55,9 @@ def _version_doc() -> Doc:
     return {
         "contract_version": CONTRACT_VERSION,
         "recipes": list(RECIPES),
+        "min_draft": MIN_DRAFT,
         "max_draft": MAX_DRAFT,
-        "max_parsed_draft": MAX_PARSED_DRAFT,
+        "default_draft": DEFAULT_DRAFT,
         "statuses": [s.label for s in Status],
         "shard_local_caches": sorted(k.value for k in SHARD_LOCAL),
         "dtypes": {d.value: d.itemsize for d in DType},
@@ -184,7 +186,7 @@ def boundary_cases(dims: ModelDims = TINY_DIMS) -> list[tuple[str, BoundaryMessa
         ("nbytes_mismatch", _msg(dims, nbytes=h * 2)),
         ("payload_mismatch", _msg(dims, n=1, payload=bytes(3))),
         ("verify_result_two_positions", _msg(dims, "verify_result", n=2)),
-        ("too_many_drafts", _msg(dims, "draft_tokens", n=MAX_PARSED_DRAFT + 1)),
+        ("too_many_drafts", _msg(dims, "draft_tokens", n=MAX_DRAFT + 1)),
     ]
     return [(name, m, sess) for name, m in cases]
 

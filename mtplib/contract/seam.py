@@ -18,7 +18,6 @@ from mtplib.contract.session import Session
 from mtplib.contract.types import (
     FLOAT_DTYPES,
     MAX_DRAFT,
-    MAX_PARSED_DRAFT,
     CacheKind,
     ContractError,
     DType,
@@ -330,9 +329,9 @@ def validate_boundary(
         raise _violation(exc) from None
     if spec.per == "message" and len(positions) != 1:
         raise SeamViolation(f"positions: expected 1 position for {kind}, got {len(positions)}")
-    if kind == "draft_tokens" and len(positions) > MAX_PARSED_DRAFT:
+    if kind == "draft_tokens" and len(positions) > MAX_DRAFT:
         raise SeamViolation(
-            f"positions: expected <= {MAX_PARSED_DRAFT} drafts, got {len(positions)}"
+            f"positions: expected <= {MAX_DRAFT} drafts, got {len(positions)}"
         )
     want_bytes = len(positions) * spec.bytes_per_row(dims, msg.dtype)
     if isinstance(msg.nbytes, bool) or msg.nbytes != want_bytes:

@@ -14,20 +14,25 @@ from dataclasses import dataclass
 
 from mtplib.errors import InputError
 
-CONTRACT_VERSION = "mtp-contract/1"
-"""Shards that advertise any other string cannot be negotiated with (fail closed)."""
+CONTRACT_VERSION = "mtp-contract/2"
+"""Shards that advertise any other string cannot be negotiated with (fail closed).
+
+mtp-contract/2: the recipes are mtp.v4.draft1..8 (the draft lengths the engines, the CLI
+and the llama adapter run), one bound for parsing and advertising; /1 defined recipes
+draft1..3 but parsed draft1..8 (README.md, "Contract versions")."""
 
 V4_HC = 4
 """DeepSeek-V4 hyper-connection streams: a hidden row is hc * n_embd values wide."""
 
 MTP_OFF = "mtp.off"
-MAX_DRAFT = 3
-"""Draft lengths the contract defines recipes for (mtp.v4.draft1..3)."""
-MAX_PARSED_DRAFT = 8
-"""mtp.v4.draft<k> parses for 1 <= k <= 8; anything else is an unknown recipe."""
-
-MTP_RECIPES: tuple[str, ...] = tuple(f"mtp.v4.draft{k}" for k in range(1, MAX_DRAFT + 1))
-RECIPES: tuple[str, ...] = (MTP_OFF, *MTP_RECIPES)
+MIN_DRAFT = 1
+MAX_DRAFT = 8
+"""Draft lengths the contract defines recipes for: mtp.v4.draft1..8, and no other."""
+DRAFT_RANGE = range(MIN_DRAFT, MAX_DRAFT + 1)
+DRAFT_BOUNDS = f"{MIN_DRAFT}..{MAX_DRAFT}"
+"""The draft-length bound as error messages spell it."""
+DEFAULT_DRAFT = 3
+"""The draft length of a run that turns MTP on and names none (CLI, lanes, runtimes)."""
 
 _DRAFT_RE = re.compile(r"mtp\.v4\.draft([0-9]+)")
 
@@ -81,11 +86,61 @@ def recipe_draft_k(recipe: object) -> int:
     m = _DRAFT_RE.fullmatch(recipe) if isinstance(recipe, str) else None
     # Leading zeros are refused so every recipe has exactly one spelling.
     if m is None or str(int(m.group(1))) != m.group(1):
-        raise fail("recipe", f"{MTP_OFF} or mtp.v4.draft<1..{MAX_PARSED_DRAFT}>", recipe)
+        raise fail("recipe", f"{MTP_OFF} or mtp.v4.draft<{MIN_DRAFT}..{MAX_DRAFT}>", recipe)
     k = int(m.group(1))
-    if not 1 <= k <= MAX_PARSED_DRAFT:
-        raise fail("recipe", f"mtp.v4.draft<k> with 1 <= k <= {MAX_PARSED_DRAFT}", recipe)
+    if not MIN_DRAFT <= k <= MAX_DRAFT:
+        raise fail("recipe", f"mtp.v4.draft<k> with {MIN_DRAFT} <= k <= {MAX_DRAFT}", recipe)
     return k
+
+
+def draft_problem(name: str, k: object) -> str | None:
+    """Why ``k`` is no draft length (message naming ``name``), or None: 0 (MTP off) or
+    MIN_DRAFT..MAX_DRAFT. The one bound the CLI, lanes, engines and adapter check."""
+    if isinstance(k, bool) or not isinstance(k, int) or not (k == 0 or k in DRAFT_RANGE):
+        return f"{name} must be in {DRAFT_BOUNDS} (0: MTP off), got {k!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """The one description of a run's drafting: k drafts per step, 0 = MTP off.
+
+    Why: the draft length, its bounds, the recipe id and "is MTP on" were decided in many
+    places; every entry point builds this (validated here) and reads them from it."""
+
+    k: int = 0
+
+    def __post_init__(self) -> None:
+        problem = draft_problem("draft length k", self.k)
+        if problem:
+            raise ContractError(problem)
+
+    @classmethod
+    def requested(cls, draft: int | None, *, mtp: bool) -> DraftSpec:
+        """What a user's options ask for: MTP off without a sidecar, else ``draft``
+        (DEFAULT_DRAFT when not given)."""
+        if not mtp:
+            return cls(0)
+        return cls(DEFAULT_DRAFT if draft is None else draft)
+
+    @classmethod
+    def from_recipe(cls, recipe: object) -> DraftSpec:
+        """The spec of a recipe id; ContractError for an unknown recipe."""
+        return cls(recipe_draft_k(recipe))
+
+    @property
+    def mtp(self) -> bool:
+        """MTP is on: the drafter proposes k >= 1 tokens per step."""
+        return self.k > 0
+
+    @property
+    def recipe(self) -> str:
+        """The contract's recipe id: mtp.off, or mtp.v4.draft<k>."""
+        return f"mtp.v4.draft{self.k}" if self.k else MTP_OFF
+
+
+MTP_RECIPES: tuple[str, ...] = tuple(DraftSpec(k).recipe for k in DRAFT_RANGE)
+RECIPES: tuple[str, ...] = (MTP_OFF, *MTP_RECIPES)
 
 
 class DType(enum.Enum):

@@ -125,6 +125,9 @@ class RemoteContext:
     def logits(self, i: int):
         return self._do("logits", i)
 
+    def logits_all(self, n: int):
+        return self._do("logits_all", n)
+
     def nextn_rows(self, n: int):
         return self._do("nextn_rows", n)
 

@@ -23,14 +23,21 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 
-from mtplib.contract.capabilities import Policy
+from mtplib.contract.capabilities import Decision, Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
+from mtplib.contract.types import DEFAULT_DRAFT, DraftSpec
 from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
-from mtplib.runtime.routing import RouteRefused, resolve_policy, route, routing_metrics
+from mtplib.runtime.routing import (
+    certified_recipes,
+    policy_gate,
+    resolve_policy,
+    route,
+    routing_metrics,
+)
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import EngineOptions, Generation
 
@@ -172,10 +179,10 @@ class RangedMTP:
     are given. ``generate`` returns (tokens, metrics) with that run's seam bytes; ``stream``
     yields the tokens step by step.
 
-    ``opts``: the generations' default EngineOptions (default: k=3 with a sidecar, else 0);
-    its engine is built and warmed here, at load (``warm``), and reported as ``setup`` in
-    the first generation's metrics. Another configuration passed to ``generate`` builds and
-    warms its own engine then (also reported as setup).
+    ``opts``: the generations' default EngineOptions (default: k = DEFAULT_DRAFT with a
+    sidecar, else 0); its engine is built and warmed here, at load (``warm``), and reported
+    as ``setup`` in the first generation's metrics. Another configuration passed to
+    ``generate`` builds and warms its own engine then (also reported as setup).
 
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
     beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
@@ -200,7 +207,7 @@ class RangedMTP:
                  tls: TlsConfig | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
-        from mtplib.model.gguf_header import read_header
+        from mtplib.model.gguf_header import read_header, require_deepseek4
         from mtplib.model.validate import validate_header
         from mtplib.ownership.plan import PlanError, ShardPlan
         from mtplib.runtime.model import check_pair
@@ -208,11 +215,19 @@ class RangedMTP:
         self._lock = threading.RLock()  # one generation at a time: counters are per runtime
         self.closed = False
         self.policy = resolve_policy(policy)
+        # validated once, before anything reads a key or upstream loads the file (the pair
+        # check validates both files)
         h = read_header(trunk)
-        validate_header(h)  # before anything reads a key or upstream loads the file
         if sidecar is not None:
             check_pair(h, read_header(sidecar))
+        else:
+            require_deepseek4(h)
+            validate_header(h)
         self.n_vocab = h.n_vocab
+        #: the routing decision of each engine configuration, negotiated once with the
+        #: shards' adverts (they do not change while this object lives)
+        self._routed: dict[tuple, Decision] = {}
+        self._certified = certified_recipes(trunk, sidecar) if sidecar else frozenset()
         self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
         if endpoints is not None and len(endpoints) != self.plan.n_shards:
             raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
@@ -222,15 +237,11 @@ class RangedMTP:
         self.has_sidecar = sidecar is not None
         self.warm, self.allow_cache_crossing = warm, allow_cache_crossing
         #: what `generate` runs without options (routed and checked per generation)
-        self.opts = opts or EngineOptions(k=3 if self.has_sidecar else 0)
+        self.opts = opts or EngineOptions(k=DraftSpec.requested(None, mtp=self.has_sidecar).k)
         load = self.opts
-        if load.k and not self.has_sidecar:
+        if not (self.has_sidecar and self.policy.allow_mtp):
+            # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
             load = replace(load, k=0)
-        if load.k:
-            try:  # a policy that disables MTP (alpha) gets the plain engine at load
-                route(load.k, policy=self.policy, n_shards=self.plan.n_shards)
-            except RouteRefused:
-                load = replace(load, k=0)
         load = self._resolve(load)  # refuses a cache-moving default before any shard starts
         placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
         self._stack = contextlib.ExitStack()
@@ -258,10 +269,16 @@ class RangedMTP:
         return opts
 
     def _build(self, opts: EngineOptions) -> dict | None:
-        """Build (and warm) the worker's engine for ``opts`` unless it has one; returns the
-        setup report, or None when it was already set up. Labelled "setup" in the worker."""
-        route(opts.k, policy=self.policy, n_shards=self.plan.n_shards,
-              has_sidecar=self.mtp_on_tail)
+        """Route ``opts``, then build (and warm) the worker's engine for it unless it has
+        one; returns the setup report, or None when it was already set up (labelled
+        "setup" in the worker). The routing decision is negotiated once per configuration,
+        with the shards' real adverts (the tail's says whether the MTP block was placed
+        next to the sampler), and kept in ``_routed``; RouteRefused unless routed."""
+        key = _engine_key(opts)
+        if key not in self._routed:
+            self._routed[key] = route(opts.draft, policy=self.policy,
+                                      n_shards=self.plan.n_shards,
+                                      has_sidecar=self.mtp_on_tail, certified=self._certified)
         return self.rt.call(_worker_engine, opts, self.warm)
 
     @property
@@ -314,9 +331,9 @@ class RangedMTP:
         opts = self.opts if opts is None else opts
         if not self.has_sidecar:
             opts = replace(opts, k=0)
-        # the policy first (its refusal names it), then what the options would move
-        decision = route(opts.k, policy=self.policy, n_shards=self.plan.n_shards,
-                         has_sidecar=self.mtp_on_tail)
+        # the policy first (its refusal names it), then what the options would move; the
+        # routing decision itself is the configuration's, negotiated once (`_build`)
+        policy_gate(opts.k, self.policy)
         opts = self._resolve(opts)
         if sampler is not None:
             opts = replace(opts, sampler=sampler)
@@ -325,6 +342,7 @@ class RangedMTP:
             rt = self.rt
             toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
             built = self._build(opts)  # before counting: setup is not the generation's
+            decision = self._routed[_engine_key(opts)]
             # the load-time setup is reported by the first generation; later ones report a
             # setup only when their configuration needed an engine of its own
             setup = self._setup if self._setup is not None else built
@@ -405,9 +423,8 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
     shard starts; the engine is built and warmed at load (metrics["setup"])."""
     from mtplib.distributed.worker import detokenize
 
-    pol = resolve_policy(policy)
-    k = 0 if sidecar is None else (3 if opts is None else opts.k)
-    route(k, policy=pol)  # the policy gate; each generation negotiates with the shards too
+    k = 0 if sidecar is None else (DEFAULT_DRAFT if opts is None else opts.k)
+    pol = policy_gate(k, policy)  # before any shard starts; RangedMTP routes the request
     with RangedMTP(trunk, plan=plan, sidecar=sidecar if k else None,
                    endpoints=endpoints, shard_threads=shard_threads,
                    insecure_plaintext=insecure_plaintext, wan=wan,

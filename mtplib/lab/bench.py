@@ -47,6 +47,7 @@ from pathlib import Path
 
 from mtplib.contract import labels
 from mtplib.contract.capabilities import RouteRefused
+from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.files import write_json
 from mtplib.lab import display as D
@@ -141,8 +142,8 @@ class BenchConfig:
 
     def validate(self) -> None:
         errs = []
-        if not self.ks or any(int(k) < 1 for k in self.ks):
-            errs.append(f"ks must be draft lengths >= 1, got {self.ks}")
+        if not self.ks or any(int(k) not in DRAFT_RANGE for k in self.ks):
+            errs.append(f"ks must be draft lengths in {DRAFT_BOUNDS}, got {self.ks}")
         if not self.plans:
             errs.append("plans must list at least one plan ('whole' or ranges like '0-1,2-3')")
         if not self.prompts:
@@ -162,8 +163,8 @@ class BenchConfig:
             s = self.sweep
             if not s.rates or any(not 0.0 <= float(r) <= 1.0 for r in s.rates):
                 errs.append(f"sweep.rates must be in [0, 1], got {s.rates}")
-            if not s.ks or any(int(k) < 1 for k in s.ks):
-                errs.append(f"sweep.ks must be >= 1, got {s.ks}")
+            if not s.ks or any(int(k) not in DRAFT_RANGE for k in s.ks):
+                errs.append(f"sweep.ks must be in {DRAFT_BOUNDS}, got {s.ks}")
             if s.reps < 1 or s.warmup < 0:
                 errs.append("sweep.reps must be >= 1 and sweep.warmup >= 0")
             if s.draft_cost not in ("mtp", "none"):

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError
 from mtplib.host import cpu_info, gpu_info
 from mtplib.lab.correctness import seeded_prompt
@@ -80,9 +81,9 @@ class LayerCostConfig:
                         f"got {self.steps!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             errs.append(f"warmup must be an int >= 0, got {self.warmup!r}")
-        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 8
-                              for k in self.ks):
-            errs.append(f"ks must be draft lengths in 1..8, got {self.ks!r}")
+        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int)
+                              or k not in DRAFT_RANGE for k in self.ks):
+            errs.append(f"ks must be draft lengths in {DRAFT_BOUNDS}, got {self.ks!r}")
         if not isinstance(self.n_prompt, int) or self.n_prompt < 2:
             errs.append(f"n_prompt must be an int >= 2, got {self.n_prompt!r}")
         elif isinstance(self.n_ctx, int) and isinstance(self.steps, int) and self.ks and \

@@ -31,6 +31,7 @@ import numpy as np
 
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS, StepKind
+from mtplib.contract.types import MAX_DRAFT, draft_problem
 from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
@@ -80,8 +81,8 @@ class WanConfig:
         if bad:
             raise InputError(f"wan: unknown topology/placement/mode {bad}; topologies "
                              f"{TOPOLOGIES}, placements {PLACEMENTS}, modes {MODES}")
-        if any(k < 0 or k > 8 for k in [*self.ks, *self.cold_ks]):
-            raise InputError(f"wan: ks and cold_ks must be in 0..8, got {self.ks}, "
+        if any(draft_problem("k", k) for k in [*self.ks, *self.cold_ks]):
+            raise InputError(f"wan: ks and cold_ks must be in 0..{MAX_DRAFT}, got {self.ks}, "
                              f"{self.cold_ks}")
         if any(not 0 <= r <= 10_000 for r in [*self.rtts_ms, *self.cold_rtts_ms]):
             raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..10000, got "

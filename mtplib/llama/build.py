@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mtplib.contract.capabilities import Policy
+from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS
 from mtplib.errors import InputError
 from mtplib.llama.draft import K_RANGE, MTPDraftModel
 from mtplib.model.fixture import require_weights
@@ -58,7 +59,7 @@ def check_inputs(trunk: str | Path, sidecar: str | Path, draft: int,
     """Refuse what upstream or `Llama` would fail on (or silently ignore) before either
     runs: files, the pair, the draft length, and the Llama arguments."""
     if isinstance(draft, bool) or not isinstance(draft, int) or draft not in K_RANGE:
-        raise InputError(f"draft must be an integer in 1..{K_RANGE[-1]}, got {draft!r}")
+        raise InputError(f"draft must be an integer in {DRAFT_BOUNDS}, got {draft!r}")
     known = _llama_params()
     bad = sorted(set(llama_kwargs) - known)
     if bad:  # Llama swallows unknown keywords (**kwargs): a typo would pass silently
@@ -175,7 +176,7 @@ def _replace_context(llm: Any, cfg: ContextConfig, draft: MTPDraftModel,
     ext.llama_set_embeddings_nextn(ctx.ctx, True, False)
 
 
-def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = 3, *,
+def mtp_llama(trunk: str | Path, sidecar: str | Path, draft: int = DEFAULT_DRAFT, *,
               policy: Policy | str | None = None, **llama_kwargs: Any):
     """A `llama_cpp.Llama` on ``trunk`` that drafts ``draft`` tokens per step with the MTP
     block of ``sidecar`` (its `mtp-` file). ``llama_kwargs`` go to `Llama` (defaults:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from llama_cpp.llama_speculative import LlamaDraftModel
 
+from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader
 from mtplib.runtime.drafters import MTPDrafter
@@ -34,8 +35,8 @@ from mtplib.runtime.row_source import RowSourceDecision
 from mtplib.runtime.rows import CapturedRows, read_rows
 from mtplib.runtime.speculative import DraftCounts
 
-#: Draft lengths `mtp_llama` accepts (upstream's default is 3; 8 is plenty for one block).
-K_RANGE = range(1, 9)
+#: Draft lengths `mtp_llama` accepts: the contract's recipes (mtp.v4.draft1..8)
+K_RANGE = DRAFT_RANGE
 _SEQ = 0  # llama_cpp.Llama decodes one sequence, id 0
 _EMPTY = np.zeros(0, dtype=np.intc)
 
@@ -87,10 +88,10 @@ class MTPDraftModel(LlamaDraftModel):
     refused on its first call.
     """
 
-    def __init__(self, sidecar: str | Path, k: int = 3, *,
+    def __init__(self, sidecar: str | Path, k: int = DEFAULT_DRAFT, *,
                  header: GGUFHeader | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k not in K_RANGE:
-            raise InputError(f"draft length must be an integer in 1..{K_RANGE[-1]}, got {k!r}")
+            raise InputError(f"draft length must be an integer in {DRAFT_BOUNDS}, got {k!r}")
         self.k = k
         self.stats = DraftStats(k)
         self.sidecar = Model(sidecar, load_mtp=True, header=header)

@@ -226,11 +226,10 @@ def plan(*, whole: bool = False) -> Check:
 
 def drafts(lo: int) -> Check:
     """Draft lengths (0 = MTP off where ``lo`` is 0), each at most the longest draft the
-    contract parses."""
-    from mtplib.contract.types import MAX_PARSED_DRAFT
+    contract defines (its one draft spec)."""
+    from mtplib.contract.types import MAX_DRAFT
 
-    return list_of(integer(lo, MAX_PARSED_DRAFT),
-                   what=f"draft lengths {lo}..{MAX_PARSED_DRAFT} (ints)")
+    return list_of(integer(lo, MAX_DRAFT), what=f"draft lengths {lo}..{MAX_DRAFT} (ints)")
 
 
 def prompt() -> Check:

@@ -9,50 +9,21 @@ trunk and the sidecar (see `certify`). Nothing is assumed.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from mtplib.contract.capabilities import Policy, ShardAdvert, Status, policy_statuses
-from mtplib.contract.types import CONTRACT_VERSION, MAX_DRAFT, MTP_OFF
+from mtplib.contract.capabilities import Capability, Policy, build_advert
+from mtplib.contract.types import MAX_DRAFT, MIN_DRAFT, MTP_OFF, RECIPES, DraftSpec
 from mtplib.files import write_json
-from mtplib.runtime.routing import PIN, resolve_policy
-from mtplib.stamps import now_iso, sha256_file
+from mtplib.runtime.routing import (
+    PIN,
+    certified_recipes,
+    model_key,
+    resolve_policy,
+)
+from mtplib.stamps import now_iso
 
-RECIPES = [MTP_OFF] + [f"mtp.v4.draft{k}" for k in range(1, MAX_DRAFT + 1)]
-__all__ = ["PIN", "RECIPES", "Capability", "advertise", "certify", "model_key"]
-
-
-@dataclass(frozen=True)
-class Capability:
-    advert: ShardAdvert
-    reasons: dict[str, str]  # recipe -> why it is not certified
-
-    def to_dict(self) -> dict:
-        return {"contract_version": self.advert.contract_version, "pin": self.advert.pin,
-                "has_mtp_sidecar": self.advert.has_mtp_sidecar,
-                "recipes": {r: s.label for r, s in self.advert.recipes.items()},
-                "reasons": self.reasons}
-
-
-def model_key(trunk: str | Path, sidecar: str | Path | None) -> str:
-    """Identity of a model pair for certification records: both files' sha256."""
-    t = sha256_file(Path(trunk))
-    s = sha256_file(Path(sidecar)) if sidecar else "none"
-    return f"{t[:16]}-{s[:16]}"
-
-
-def _load_cert(cert_dir: Path, key: str) -> dict:
-    p = cert_dir / f"{key}.json"
-    if not p.exists():
-        return {}
-    try:
-        rec = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    if rec.get("pin") != PIN or rec.get("model_key") != key:
-        return {}
-    return {r: v for r, v in rec.get("recipes", {}).items() if v.get("passed") is True}
+__all__ = ["PIN", "RECIPES", "Capability", "advertise", "certified_recipes", "certify",
+           "model_key"]
 
 
 def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int = 0,
@@ -61,26 +32,22 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
     """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed.
 
     Under a policy that disables MTP (alpha; default: $MTPLIB_POLICY, else beta) every MTP
-    recipe that would run is DISABLED, and no MTP context is probed."""
+    recipe that would run is DISABLED, and no MTP context is probed. The advert is built by
+    the contract's `build_advert`, as the adverts every run routes on are."""
     from mtplib.model.arch import config_from_keys
     from mtplib.model.gguf_header import read_header
     from mtplib.runtime.lib import UpstreamError, load
     from mtplib.runtime.model import check_pair
 
     pol = resolve_policy(policy)
-
-    reasons: dict[str, str] = {}
-    status = {r: Status.UNSUPPORTED for r in RECIPES}
-    mtp_reason = ""
     try:
         load()
     except UpstreamError as e:
-        reasons = {r: f"wrong upstream build: {e}" for r in RECIPES}
-        return Capability(ShardAdvert(shard_index, CONTRACT_VERSION, "unknown", False,
-                                      status), reasons)
-    status[MTP_OFF] = Status.IMPLEMENTED
+        return build_advert(shard_index, pin="unknown", policy=pol, has_mtp_sidecar=False,
+                            build_problem=f"wrong upstream build: {e}")
+    mtp_problem = ""
     if sidecar is None:
-        mtp_reason = "no MTP sidecar"
+        mtp_problem = "no MTP sidecar"
     else:
         try:
             th, sh = read_header(trunk), read_header(sidecar)
@@ -89,24 +56,10 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
             if probe and pol.allow_mtp:
                 _probe_mtp_context(str(sidecar))
         except Exception as e:  # noqa: BLE001 - any failure means unsupported, with why
-            mtp_reason = f"{type(e).__name__}: {e}"
-    for r in RECIPES[1:]:
-        if mtp_reason:
-            reasons[r] = mtp_reason
-        else:
-            status[r] = Status.IMPLEMENTED
-    certs = _load_cert(Path(cert_dir), model_key(trunk, sidecar))
-    for r in RECIPES:
-        if status[r] == Status.IMPLEMENTED and r in certs:
-            status[r] = Status.CERTIFIED
-        elif status[r] == Status.IMPLEMENTED:
-            reasons[r] = "implemented; no passing certification run for this model hash"
-    status = policy_statuses(status, pol)
-    for r, st in status.items():
-        if st == Status.DISABLED:
-            reasons[r] = f"{pol.name} policy: MTP disabled"
-    advert = ShardAdvert(shard_index, CONTRACT_VERSION, PIN, sidecar is not None, status)
-    return Capability(advert, reasons)
+            mtp_problem = f"{type(e).__name__}: {e}"
+    return build_advert(shard_index, pin=PIN, policy=pol, has_mtp_sidecar=sidecar is not None,
+                        mtp_problem=mtp_problem,
+                        certified=certified_recipes(trunk, sidecar, cert_dir))
 
 
 def _probe_mtp_context(sidecar: str) -> None:
@@ -121,8 +74,8 @@ def _probe_mtp_context(sidecar: str) -> None:
 def certify(trunk: str, sidecar: str, *, cert_dir: str | Path = "certifications",
             prompts: list[list[int]] | None = None, n_new: int = 48, n_threads: int = 2
             ) -> dict:
-    """Certification run: for every MTP recipe, MTP-on greedy output must equal MTP-off on
-    every prompt. Writes ``cert_dir/<model_key>.json``; returns the record."""
+    """Certification run: for every MTP recipe (draft1..MAX_DRAFT), MTP-on greedy output
+    must equal MTP-off on every prompt. Writes ``cert_dir/<model_key>.json``; returns the record."""
     from mtplib.runtime.speculative import MTPRuntime
 
     prompts = prompts or [[1, 2, 3, 4, 5, 6, 7, 8], list(range(10, 60, 3)), [42] * 12]
@@ -131,11 +84,11 @@ def certify(trunk: str, sidecar: str, *, cert_dir: str | Path = "certifications"
     rec = {"model_key": model_key(trunk, sidecar), "pin": PIN, "when": now_iso(),
            "n_new": n_new, "prompts": prompts, "recipes": {}}
     rec["recipes"][MTP_OFF] = {"passed": True, "note": "reference run"}
-    for k in range(1, MAX_DRAFT + 1):
+    for k in range(MIN_DRAFT, MAX_DRAFT + 1):
         with MTPRuntime(trunk, sidecar, k=k, n_threads=n_threads) as rt:
             outs = [rt.generate(p, n_new)[0] for p in prompts]
         equal = [o == r for o, r in zip(outs, ref, strict=True)]
-        rec["recipes"][f"mtp.v4.draft{k}"] = {"passed": all(equal), "equal": equal}
+        rec["recipes"][DraftSpec(k).recipe] = {"passed": all(equal), "equal": equal}
     out = Path(cert_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{rec['model_key']}.json", rec, indent=2, sort_keys=True)

@@ -1,8 +1,8 @@
-"""Plain greedy generation (MTP off): the baseline every MTP run is compared against."""
+"""Plain greedy generation (MTP off): the baseline every MTP run is compared against, on
+any context (a local one or a ranged `RemoteContext`), through the engine's one loop."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,34 +48,24 @@ def prefill(ctx: Context, tokens: Sequence[int], *, seq_id: int = 0, start: int 
 
 
 def greedy(ctx: Context, prompt: Sequence[int], n_new: int, *, seq_id: int = 0) -> Generation:
-    """Greedy decode ``n_new`` tokens after ``prompt``; one target decode per token."""
+    """Greedy decode ``n_new`` tokens after ``prompt``; one target decode per token.
+
+    The engine's loop with no drafter (k = 0: `mtplib.runtime.speculative.run_generation`),
+    so plain decoding is written once, for this baseline and for MTP off. The sequence is
+    freed afterwards (the engine closes its session)."""
+    from mtplib.runtime.drafters import Drafter
+    from mtplib.runtime.speculative import Engine, run_generation
+
     check_budget(ctx, len(prompt), n_new)
-    t0 = time.perf_counter()
-    logits, _ = prefill(ctx, prompt, seq_id=seq_id)
-    out: list[int] = []
-    t_first = None
-    pos = len(prompt)
-    while len(out) < n_new:
-        tok = int(np.argmax(logits))
-        out.append(tok)
-        if t_first is None:
-            t_first = time.perf_counter()
-        if len(out) == n_new:
-            break
-        ctx.decode([tok], [pos], seq_id=seq_id, logits=True)
-        pos += 1
-        logits = ctx.logits(-1)
-    t1 = time.perf_counter()
-    n_dec = max(len(out) - 1, 0)
-    metrics = {
-        "n_prompt": len(prompt),
-        "n_generated": len(out),
-        "ttft_s": (t_first - t0) if t_first else None,
-        "decode_s": (t1 - t_first) if t_first else 0.0,
-        "decode_tok_s": (n_dec / (t1 - t_first)) if t_first and t1 > t_first else None,
-        "target_decodes": n_dec + (len(prompt) + ctx.n_batch - 1) // ctx.n_batch,
-    }
-    return Generation(out, metrics)
+    # plain steps never roll back: no state checkpoints to save (a ranged context's
+    # state never moves)
+    engine = Engine(ctx, Drafter(), k=0, checkpoints="replay")
+    tokens, m = run_generation(engine, prompt, n_new, seq_id=seq_id)
+    metrics = {k: m[k] for k in ("n_prompt", "n_generated", "ttft_s", "decode_s",
+                                 "decode_tok_s")}
+    prefills = (len(prompt) + ctx.n_batch - 1) // ctx.n_batch if tokens else 0
+    metrics["target_decodes"] = max(len(tokens) - 1, 0) + prefills
+    return Generation(tokens, metrics)
 
 
 def run_greedy(model_path: str, prompt: Sequence[int], n_new: int, *, n_ctx: int = 2048,

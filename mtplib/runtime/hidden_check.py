@@ -18,7 +18,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +74,8 @@ def as_config(cfg: ContextConfig | dict | None, masked: bool) -> ContextConfig:
         if unknown:
             raise RuntimeInputError(f"unknown context config fields: {sorted(unknown)}")
         base = ContextConfig(**cfg)
-    base.mtp = False
-    base.nextn_rows = "masked" if masked else "all"
-    return base.validate()
+    # ContextConfig is frozen (its shared fields are ContextSettings'): a changed copy
+    return replace(base, mtp=False, nextn_rows="masked" if masked else "all").validate()
 
 
 def _flags(n: int, pattern: str) -> list[bool]:

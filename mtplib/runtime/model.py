@@ -12,7 +12,7 @@ import hashlib
 import numbers
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +24,7 @@ from mtplib.runtime.lib import UpstreamError, load
 from mtplib.runtime.settings import (
     FLASH_ATTN_MODES,
     KV_TYPE_NAMES,
-    DecodeSettings,
-    FlashAttn,
-    KvType,
-    choice_problem,
+    ContextSettings,
 )
 
 #: the allowed names come from mtplib.runtime.settings; a name without a ggml value here
@@ -167,13 +164,17 @@ class Model:
 
     def __init__(self, path: str | Path, *, load_mtp: bool = False,
                  header: GGUFHeader | None = None, devices: Sequence | None = None,
-                 tensor_split: Sequence[float] | None = None) -> None:
+                 tensor_split: Sequence[float] | None = None, validated: bool = False
+                 ) -> None:
+        """``validated``: ``header`` was validated for this request already (`check_pair`
+        validates both files), so it is not validated again."""
         self.header = header or read_header(path)
         require_deepseek4(self.header)
         from mtplib.model.fixture import require_weights
 
         require_weights(self.header)
-        validate_header(self.header)  # every constraint upstream would abort on
+        if not (validated and header is not None):
+            validate_header(self.header)  # every constraint upstream would abort on
         if load_mtp and not self.header.is_mtp_only:
             raise ModelFileError(f"{path}: load_mtp needs an MTP sidecar (mtp-*.gguf)")
         if not load_mtp and self.header.is_mtp_only:
@@ -251,41 +252,31 @@ class Model:
         self.close()
 
 
-@dataclass
-class ContextConfig:
-    """What a context is created with; recorded with every measurement."""
+@dataclass(frozen=True)
+class ContextConfig(ContextSettings):
+    """What a context is created with; recorded with every measurement. The seven options
+    it shares with `DecodeSettings` (n_ctx, n_batch, n_ubatch, n_threads, kv_type,
+    flash_attn, swa_full) are `ContextSettings`' (defaults and rules defined once); the
+    rest is this context's own. Checked by `validate` (a Context validates its config)."""
 
-    n_ctx: int = 2048
-    n_batch: int = 512
-    n_ubatch: int = 512
     n_seq_max: int = 1
     n_rs_seq: int = 0  # tail-rollback depth (V4: set >= draft length)
-    n_threads: int = field(default_factory=lambda: min(os.cpu_count() or 1, 8))
-    kv_type: KvType = "f16"
-    flash_attn: FlashAttn = "auto"
     mtp: bool = False  # LLAMA_CONTEXT_TYPE_MTP
     nextn_rows: str = "off"  # off | all | masked: after-decode h_nextn rows
     no_perf: bool = True
-    swa_full: bool = True  # the C API default; upstream's tools (common_params) use false
 
     @classmethod
-    def from_settings(cls, s: DecodeSettings, **extra) -> ContextConfig:
+    def from_settings(cls, s: ContextSettings, **extra) -> ContextConfig:
         """The context for ``s`` (hidden_rows is the loop's, not the context's); ``extra``
         sets the fields settings do not hold (mtp, nextn_rows, n_rs_seq, n_seq_max, ...)."""
-        return cls(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                   n_threads=s.n_threads, kv_type=s.kv_type, flash_attn=s.flash_attn,
-                   swa_full=s.swa_full, **extra)
+        return cls(**{**s.context_settings(), **extra})
 
     def validate(self) -> ContextConfig:
-        errs = [e for e in (choice_problem("kv_type", self.kv_type, KV_TYPE_NAMES),
-                            choice_problem("flash_attn", self.flash_attn, FLASH_ATTN_MODES))
-                if e]
+        errs = self.context_problems()
         if self.nextn_rows not in ("off", "all", "masked"):
             errs.append(f"nextn_rows {self.nextn_rows!r} not in off/all/masked")
-        for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads"):
-            v = getattr(self, k)
-            if not _is_int(v) or v < 1:
-                errs.append(f"{k} must be an int >= 1, got {v!r}")
+        if not _is_int(self.n_seq_max) or self.n_seq_max < 1:
+            errs.append(f"n_seq_max must be an integer >= 1, got {self.n_seq_max!r}")
         if _is_int(self.n_threads) and self.n_threads > max_threads():
             # thousands of threads crash upstream's thread pool (seen: a segfault at 100000)
             errs.append(f"n_threads {self.n_threads} exceeds this machine's "

@@ -447,7 +447,8 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
         devices.append(devs[0])
     names = {device_name(d): ep for d, ep in zip(devices, endpoints, strict=True)}
     with log_capture() as lines:
-        model = Model(trunk, header=th, devices=devices, tensor_split=plan.tensor_split())
+        model = Model(trunk, header=th, devices=devices, tensor_split=plan.tensor_split(),
+                      validated=sh is not None)  # check_pair validated both
     try:
         placement = {il: names.get(dev, dev) for il, dev in layer_devices(lines).items()}
         model.plan, model.endpoints, model.placement = plan, endpoints, placement
@@ -458,12 +459,14 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
         side = None
         if sh is not None and mtp_placement == Placement.CLIENT:
             # explicit CPU device: with devices=NULL upstream would spread it over the shards
-            side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()])
+            side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()],
+                         validated=True)
             side.endpoints, side.device_endpoints, side.load_buffers = [], names, []
             side.placement = {}
         elif sh is not None:
             with log_capture() as lines:
-                side = Model(sidecar, load_mtp=True, header=sh, devices=[devices[-1]])
+                side = Model(sidecar, load_mtp=True, header=sh, devices=[devices[-1]],
+                             validated=True)
             side.endpoints = [endpoints[-1]]
             side.device_endpoints = names
             side.placement = {il: names.get(dev, dev)

@@ -56,20 +56,45 @@ def count_problem(name: str, value: object) -> str | None:
     return None if ok else f"{name} must be an integer >= 1, got {value!r}"
 
 
+def default_threads() -> int:
+    """The one n_threads default of every context and run: up to two CPU threads."""
+    return min(2, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
-class DecodeSettings:
-    """The context and decoding options one run is made with (validated on creation;
-    `dataclasses.replace` validates the copy too)."""
+class ContextSettings:
+    """The seven options every llama context is made with, defined and checked once:
+    `DecodeSettings` (a run's settings) and `mtplib.runtime.model.ContextConfig` (one
+    context's) both extend it."""
 
     n_ctx: int = 2048
     n_batch: int = 512
     n_ubatch: int = 512
-    n_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    n_threads: int = field(default_factory=default_threads)
     kv_type: KvType = "f16"
     flash_attn: FlashAttn = "auto"
     #: full-size SWA cache: true is the C API default (mtplib's); upstream's llama-server
     #: and llama-cli use false (a window-sized cache)
     swa_full: bool = True
+
+    def context_problems(self) -> list[str]:
+        """What is wrong with the seven shared options (messages name the field)."""
+        errs = [count_problem(k, getattr(self, k)) for k in COUNT_FIELDS]
+        errs += [choice_problem("kv_type", self.kv_type, KV_TYPE_NAMES),
+                 choice_problem("flash_attn", self.flash_attn, FLASH_ATTN_MODES)]
+        if not isinstance(self.swa_full, bool):
+            errs.append(f"swa_full must be true or false, got {self.swa_full!r}")
+        return [e for e in errs if e]
+
+    def context_settings(self) -> dict:
+        """The seven shared options by name (to build the other kind from this one)."""
+        return {f.name: getattr(self, f.name) for f in fields(ContextSettings)}
+
+
+@dataclass(frozen=True)
+class DecodeSettings(ContextSettings):
+    """The context and decoding options one run is made with (validated on creation;
+    `dataclasses.replace` validates the copy too)."""
     #: where the target's h_nextn rows come from: "auto" checks this configuration once
     #: (upstream's API rows can be wrong, see mtplib.runtime.rows) and uses the API rows
     #: if right, else the eval-callback capture, else refuses MTP; or force "api"/"captured".
@@ -77,13 +102,9 @@ class DecodeSettings:
     hidden_rows: RowSource = "auto"
 
     def __post_init__(self) -> None:
-        errs = [count_problem(k, getattr(self, k)) for k in COUNT_FIELDS]
-        errs += [choice_problem("kv_type", self.kv_type, KV_TYPE_NAMES),
-                 choice_problem("flash_attn", self.flash_attn, FLASH_ATTN_MODES),
-                 choice_problem("hidden_rows", self.hidden_rows, ROW_SOURCES)]
-        if not isinstance(self.swa_full, bool):
-            errs.append(f"swa_full must be true or false, got {self.swa_full!r}")
-        errs = [e for e in errs if e]
+        errs = self.context_problems()
+        if e := choice_problem("hidden_rows", self.hidden_rows, ROW_SOURCES):
+            errs.append(e)
         if errs:
             raise SettingsError("bad decode settings: " + "; ".join(errs))
 

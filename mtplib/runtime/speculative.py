@@ -24,7 +24,14 @@ import numpy as np
 from mtplib.contract.capabilities import Policy
 from mtplib.contract.labels import TIME_PARTS, StepKind
 from mtplib.contract.session import Event, IllegalTransition, Session, State
-from mtplib.contract.types import DraftProposal, VerifyResult, plan_rollback
+from mtplib.contract.types import (
+    DEFAULT_DRAFT,
+    DraftProposal,
+    DraftSpec,
+    VerifyResult,
+    draft_problem,
+    plan_rollback,
+)
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import (
@@ -247,7 +254,7 @@ class SpecSession:
         if len(drafts) != k:
             raise RuntimeInputError(f"drafter {e.drafter.name} returned {len(drafts)} of {k}")
         return DraftProposal(self.id, self.session.epoch, self.base, tuple(drafts), 0,
-                             f"mtp.v4.draft{k}")
+                             DraftSpec(k).recipe)
 
     def verify(self, proposal: DraftProposal | None) -> VerifyResult | None:
         """Decode [last, drafts...] in one target batch; accept while the target agrees.
@@ -427,8 +434,8 @@ class Engine:
                  sampler: Sampler | None = None, rows: RowFn = api_rows,
                  trace: bool = False, phase: PhaseFn = no_phase,
                  head: HeadFn | None = None, checkpoints: str = "state") -> None:
-        if k < 0:
-            raise RuntimeInputError(f"draft length k must be >= 0, got {k}")
+        if problem := draft_problem("draft length k", k):
+            raise RuntimeInputError(problem)
         if k + 1 > target.n_batch:
             raise RuntimeInputError(f"k+1={k + 1} exceeds the target's n_batch {target.n_batch}")
         if (drafter.needs_rows or head is not None) and target.cfg.nextn_rows != "all":
@@ -508,7 +515,7 @@ class EngineOptions:
     """Everything an Engine is built with, besides the models (picklable: it crosses into
     the ranged worker process)."""
 
-    k: int = 3
+    k: int = DEFAULT_DRAFT
     #: context and decoding settings (the same type upstream's side of a comparison takes)
     settings: DecodeSettings = DecodeSettings()
     n_seq_max: int = 1
@@ -528,11 +535,34 @@ class EngineOptions:
     #: are then right where the check proves them right, with no graph split for a capture
     reserve: bool = True
 
+    @classmethod
+    def build(cls, base: EngineOptions | None = None, /, **fields_: object) -> EngineOptions:
+        """The one request object from keywords: any EngineOptions field, and any
+        DecodeSettings field (replaced into ``settings``), on top of ``base`` (default:
+        the defaults), e.g. ``EngineOptions.build(k=2, n_ctx=512)``. Validated here."""
+        own = {f.name for f in fields(cls)}
+        setting_names = {f.name for f in fields(DecodeSettings)}
+        unknown = set(fields_) - own - setting_names
+        if unknown:
+            raise TypeError(f"got unexpected keyword arguments {sorted(unknown)}")
+        opts = base or cls()
+        mine = {k: v for k, v in fields_.items() if k in own}
+        settings = mine.pop("settings", None) or opts.settings
+        overrides = {k: v for k, v in fields_.items() if k in setting_names}
+        return replace(opts, settings=replace(settings, **overrides), **mine)
+
+    @property
+    def draft(self) -> DraftSpec:
+        """The contract's draft spec of these options (k, recipe, MTP on)."""
+        return DraftSpec(self.k)
+
     def resolved(self, *, ranged: bool) -> EngineOptions:
         """These options with ``head="auto"`` made concrete (`resolve_head`)."""
-        return replace(self, head=resolve_head(self.head, ranged=ranged, mtp=self.k > 0))
+        return replace(self, head=resolve_head(self.head, ranged=ranged, mtp=self.draft.mtp))
 
     def __post_init__(self) -> None:
+        if problem := draft_problem("draft length k", self.k):
+            raise RuntimeInputError(problem)
         if self.head not in HEADS:
             raise RuntimeInputError(f"head must be one of {HEADS}, got {self.head!r}")
         if self.checkpoints not in CHECKPOINTS:
@@ -556,7 +586,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     from mtplib.runtime.drafters import MTPDrafter
     from mtplib.runtime.model import ContextConfig
 
-    use_mtp = sidecar is not None and opts.k > 0 and drafter is None
+    use_mtp = sidecar is not None and opts.draft.mtp and drafter is None
     if opts.head == "auto":
         raise RuntimeInputError("head='auto' must be resolved by the entry point "
                                 "(EngineOptions.resolved) before the engine is built")
@@ -767,42 +797,48 @@ class MTPRuntime:
     in `generate`'s metrics), so no generation pays first-use graph allocation.
     """
 
-    def __init__(self, trunk: str, sidecar: str | None = None, *, k: int = 3,
-                 settings: DecodeSettings | None = None, n_seq_max: int = 1,
-                 n_rs_seq: int | None = None, sampler: Sampler | None = None,
-                 rows: RowFn | None = None, drafter: Drafter | None = None,
-                 trunk_kwargs: dict | None = None, sidecar_kwargs: dict | None = None,
-                 trace: bool = False, head: str = "auto", checkpoints: str = "state",
-                 reserve: bool = True, policy: Policy | str | None = None,
-                 warm: bool = False, **setting_overrides) -> None:
-        """``settings`` (default: DecodeSettings()) with any of its fields given as
-        keywords replaced, e.g. ``MTPRuntime(t, s, k=2, n_ctx=512, kv_type="f32")``."""
+    def __init__(self, trunk: str, sidecar: str | None = None, *,
+                 opts: EngineOptions | None = None, rows: RowFn | None = None,
+                 drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
+                 sidecar_kwargs: dict | None = None, policy: Policy | str | None = None,
+                 warm: bool = False, **options) -> None:
+        """``opts``: the request (`EngineOptions`); any of its fields, or of DecodeSettings',
+        given as keywords replace those (`EngineOptions.build`), e.g. ``MTPRuntime(t, s,
+        k=2, n_ctx=512, kv_type="f32")``. Validated and routed once, here."""
         from mtplib.model.gguf_header import read_header
         from mtplib.runtime.model import Model, check_pair
-        from mtplib.runtime.routing import resolve_policy, route, routing_metrics
+        from mtplib.runtime.routing import (
+            certified_recipes,
+            resolve_policy,
+            route,
+            routing_metrics,
+        )
 
-        unknown = set(setting_overrides) - {f.name for f in fields(DecodeSettings)}
-        if unknown:
-            raise TypeError(f"MTPRuntime got unexpected keyword arguments {sorted(unknown)}")
-        settings = replace(settings or DecodeSettings(), **setting_overrides)
-        self.opts = EngineOptions(k=k, settings=settings, n_seq_max=n_seq_max,
-                                  n_rs_seq=n_rs_seq, sampler=sampler, trace=trace, head=head,
-                                  checkpoints=checkpoints, reserve=reserve
-                                  ).resolved(ranged=False)
+        try:
+            opts = EngineOptions.build(opts, **options)
+        except TypeError as e:
+            raise TypeError(f"MTPRuntime {e}") from None
+        self.opts = opts.resolved(ranged=False)
         self._owned: list = []
         self._lock = threading.RLock()  # serializes every call into upstream (class doc)
         self.closed = False
         self.setup: dict | None = None
-        use_mtp = sidecar is not None and k > 0 and drafter is None
-        # each header is read once: the pair check and the Model share it
+        spec = DraftSpec(opts.k if sidecar is not None else 0)  # what is negotiated
+        use_mtp = spec.mtp and drafter is None
+        # each header is read and validated once: the pair check validates both, and the
+        # Model takes the checked header
         trunk_kwargs, sidecar_kwargs = dict(trunk_kwargs or {}), dict(sidecar_kwargs or {})
         if sidecar is not None:
             trunk_kwargs.setdefault("header", read_header(trunk))
             sidecar_kwargs.setdefault("header", read_header(sidecar))
             check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
+            trunk_kwargs["validated"] = sidecar_kwargs["validated"] = True
         self.policy = resolve_policy(policy)
-        mtp_k = k if sidecar is not None else 0
-        self.routing = routing_metrics(route(mtp_k, policy=self.policy), self.policy)
+        # a passing certification run for this exact pair (if recorded) makes the advert's
+        # recipe certified, so a policy that wants certified can route it
+        certified = certified_recipes(trunk, sidecar) if spec.mtp else frozenset()
+        self.routing = routing_metrics(route(spec, policy=self.policy, certified=certified),
+                                       self.policy)
         try:
             self.trunk = Model(trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
