@@ -5,7 +5,7 @@ seam-<build>.json (seam_waits.py), wan/<build>/wan.json and target/<build>/<mode
     PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/report.py [--write]
 
 --write puts them into README.md between its <!-- side by side -->, <!-- wan --> and
-<!-- target --> markers.
+<!-- target --> (and <!-- target rerun -->: target-rerun/) markers.
 """
 
 from __future__ import annotations
@@ -115,11 +115,11 @@ def _spread(xs: list[float]) -> str:
             if xs else "-")
 
 
-def target_tables() -> list[str]:
+def target_tables(folder: str = "target") -> list[str]:
     """The target cell (100 ms, k=2, every shard remote, 16 prompts x 64 tokens): tok/s
     per build and mode, and the speed-ups paired by prompt (patched over baseline; MTP on
     over MTP off)."""
-    runs = {(b, m): _load(HERE / "target" / b / m / "wan.json")
+    runs = {(b, m): _load(HERE / folder / b / m / "wan.json")
             for b in ("baseline", "patched") for m in ("warm", "cold")}
     runs = {bm: r for bm, r in runs.items() if r}
     if not runs:
@@ -174,7 +174,8 @@ def write_readme(path: Path = HERE / "README.md") -> None:
     """Replace the text between each pair of markers in README.md with the tables."""
     text = path.read_text()
     for name, lines in (("side by side", side_by_side()), ("wan", wan_tables()),
-                        ("target", target_tables())):
+                        ("target", target_tables()),
+                        ("target rerun", target_tables("target-rerun"))):
         start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
         i, j = text.index(start) + len(start), text.index(end)
         text = text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:]
@@ -187,7 +188,8 @@ def main() -> None:
         print(f"wrote {HERE / 'README.md'}")
         return
     print("\n".join(["<!-- side by side -->", *side_by_side(), "", "<!-- wan -->",
-                     *wan_tables(), "", "<!-- target -->", *target_tables()]))
+                     *wan_tables(), "", "<!-- target -->", *target_tables(), "",
+                     "<!-- target rerun -->", *target_tables("target-rerun")]))
 
 
 if __name__ == "__main__":
