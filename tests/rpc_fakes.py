@@ -53,16 +53,6 @@ def hello() -> bytes:
     return request(RPC_CMD_HELLO, bytes(24))
 
 
-def recv_exact(s, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed early")
-        buf += chunk
-    return buf
-
-
 class FakeShard:
     """A loopback RPC server that, like upstream's, serves one connection at a time (the
     next waits in the listen backlog); ``answer(conn_index, cmd, payload)`` returns the raw

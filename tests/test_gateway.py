@@ -22,7 +22,6 @@ from rpc_fakes import (
     client_hello,
     corpus,
     hello,
-    recv_exact,
     request,
     send_and_time_close,
     wait_closed,
@@ -41,6 +40,7 @@ from mtplib.runtime.rpc import (
     SET_TENSOR_HEADER,
     ShardError,
     handshake,
+    recv_exact,
 )
 
 

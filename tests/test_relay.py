@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from rpc_fakes import recv_exact
 
 from mtplib.distributed.relay import (
     RPC_TENSOR_SIZE,
@@ -19,7 +18,7 @@ from mtplib.distributed.relay import (
     parse_wan,
 )
 from mtplib.errors import InputError
-from mtplib.runtime.rpc import ShardError
+from mtplib.runtime.rpc import ShardError, recv_exact
 
 
 class Echo:

@@ -23,7 +23,6 @@ from rpc_fakes import (
     FakeShard,
     bad_sessions,
     corpus,
-    recv_exact,
     reply,
     request,
     send_and_time_close,
@@ -44,6 +43,7 @@ from mtplib.runtime.rpc import (
     RPC_GET_MAX_SIZE,
     ShardError,
     probe,
+    recv_exact,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -332,21 +332,15 @@ class CountingRelay:
             self.tensors.clear()
 
     def quiesce(self, timeout_s: float = 0.5) -> bool:
-        """Wait until nothing is in flight (no socket readable, no pump mid-forward) on two
-        checks in a row; True if reached within ``timeout_s``."""
+        """Wait until nothing is in flight: everything counted (`settled`) and no chunk held
+        for the emulated delay, on two checks in a row; True if reached within ``timeout_s``."""
         end = time.monotonic() + timeout_s
         calm = 0
         while time.monotonic() < end:
             with self._lock:
-                conns = [c for c in self._conns if not c.closed.is_set()]
-            socks = [s for c in conns for s in (c.client, c.upstream)]
-            busy = any(any(c.busy) or c.queues[0] or c.queues[1] for c in conns) or any(
-                s.pending() for s in socks if hasattr(s, "pending"))
-            try:
-                readable = select.select(socks, [], [], 0)[0] if socks else []
-            except (OSError, ValueError):  # a socket closed under us: that is calm too
-                readable = []
-            calm = calm + 1 if not busy and not readable else 0
+                held = any(c.queues[0] or c.queues[1] for c in self._conns
+                           if not c.closed.is_set())
+            calm = calm + 1 if self.settled() and not held else 0
             if calm >= 2:
                 return True
             time.sleep(0.001)

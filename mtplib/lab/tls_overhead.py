@@ -26,6 +26,7 @@ from pathlib import Path
 
 from mtplib.distributed.relay import WanLink
 from mtplib.runtime.results import GenerationMetrics
+from mtplib.runtime.rpc import recv_exact
 
 
 def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int = 24,
@@ -149,17 +150,17 @@ def micro(rounds: int = 7, n_rtt: int = 300, mib: int = 64, log=print) -> dict:
                     with socket.create_connection((host, int(port))) as s:
                         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         s.sendall(hello)  # the session's first request
-                        _exact(s, 36)
+                        recv_exact(s, 36)
                         t = time.perf_counter()
                         for _ in range(n_rtt):
                             s.sendall(bytes([15]) + struct.pack("<Q", 0))
-                            _exact(s, 12)
+                            recv_exact(s, 12)
                         res[name]["rtt_us"].append((time.perf_counter() - t) / n_rtt * 1e6)
                         t = time.perf_counter()
                         for _ in range(mib):
                             s.sendall(tensor)
                         s.sendall(bytes([15]) + struct.pack("<Q", 0))  # answered: all arrived
-                        _exact(s, 12)
+                        recv_exact(s, 12)
                         res[name]["mib_s"].append(mib / (time.perf_counter() - t))
                     time.sleep(0.2)  # the gateway closes the session before the next
             log(f"micro: {res}")
@@ -173,16 +174,6 @@ def micro(rounds: int = 7, n_rtt: int = 300, mib: int = 64, log=print) -> dict:
         out[name] = {k: {"n": len(x), "median": statistics.median(x), "min": min(x),
                          "max": max(x)} for k, x in v.items()}
     return out
-
-
-def _exact(s, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        d = s.recv(n - len(buf))
-        if not d:
-            raise ConnectionError("closed")
-        buf += d
-    return buf
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -139,6 +139,17 @@ class ShardInfo:
     memory_total: int
 
 
+def recv_exact(io, n: int) -> bytes:
+    """Exactly ``n`` bytes from a socket-like ``io`` (ConnectionError if it closes first)."""
+    buf = b""
+    while len(buf) < n:
+        chunk = io.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
 def _recv_exact(io, n: int, deadline: float, endpoint: str) -> bytes:
     buf = b""
     while len(buf) < n:
