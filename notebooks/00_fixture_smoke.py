@@ -97,5 +97,5 @@ from mtplib.lab.display import show
 
 runs = [run_greedy(trunk, prompt_tokens, n_tokens, n_threads=threads) for _ in range(2)]
 assert runs[0].tokens == runs[1].tokens, "greedy decoding is not deterministic"
-show([{"run": i, **r.metrics, "tokens": " ".join(map(str, r.tokens[:16])) + " ..."}
+show([{"run": i, **r.summary(), "tokens": " ".join(map(str, r.tokens[:16])) + " ..."}
       for i, r in enumerate(runs)])

@@ -29,14 +29,14 @@ def snapshot(e, seq: int) -> dict:
     """What one session holds: committed tokens, its contract session, the target cache's
     bookkeeping and real extent, exact counts, and the MTP drafter's state for it."""
     s = e.sessions[seq]
-    m = s.metrics.to_dict()
+    m = s.metrics.result()
     d = e.drafter
     return {
         "tokens": list(s.tokens), "seq": s.seq, "session_id": s.id,
         "state": s.session.state.value, "epoch": s.session.epoch,
         "position": s.session.position, "n_cached": s.n_cached,
         "target_pos_max": e.target.seq_pos_max(seq),
-        "counts": {k: m[k] for k in COUNTS},
+        "counts": {k: getattr(m, k) for k in COUNTS},
         "drafter_n_fed": d.n_fed.get(seq), "drafter_pos_max": d.ctx.seq_pos_max(seq),
         "drafter_pending": np.array(d.pending[seq]),
     }

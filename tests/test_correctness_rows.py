@@ -4,6 +4,8 @@ compared the placement string with a list, so every ranged MTP row read
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from mtplib.lab import correctness as C
@@ -11,11 +13,11 @@ from mtplib.lab import correctness as C
 
 def test_mtp_where_reads_the_placement_string_and_the_endpoints():
     tail = "127.0.0.1:5001"
-    on_tail = {"mtp_placement": "tail", "mtp_endpoints": [tail]}
+    on_tail = SimpleNamespace(mtp_placement="tail", mtp_endpoints=[tail])  # RangedMetrics
     assert C._mtp_where(on_tail, tail, 2) == {"mtp_placement": "tail", "mtp_on_tail": True}
-    client = {"mtp_placement": "client", "mtp_endpoints": []}
+    client = SimpleNamespace(mtp_placement="client", mtp_endpoints=[])
     assert C._mtp_where(client, tail, 2) == {"mtp_placement": "client", "mtp_on_tail": False}
-    spread = {"mtp_placement": "tail", "mtp_endpoints": ["127.0.0.1:5000", tail]}
+    spread = SimpleNamespace(mtp_placement="tail", mtp_endpoints=["127.0.0.1:5000", tail])
     assert C._mtp_where(spread, tail, 1)["mtp_on_tail"] is False
     assert C._mtp_where(on_tail, tail, 0) == {"mtp_placement": None, "mtp_on_tail": None}
 

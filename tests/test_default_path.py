@@ -18,6 +18,7 @@ from mtplib.distributed.ranged_mtp import (
     check_cache_locality,
     resolve_placement,
 )
+from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime.model import RuntimeInputError
@@ -98,9 +99,9 @@ def test_cli_opted_in_cache_crossing_exits_3(pair):
              "--allow-cache-crossing", env={"MTPLIB_UPSTREAM": "stock"})
     assert p.returncode == 3, p.stderr[-2000:]
     out = json.loads(p.stdout)
-    m = out["metrics"]
-    assert m["wire_violations"] and m["cache_bytes_crossing"] > 0
-    assert m["upstream"]["build"] == "stock" and len(out["tokens"]) == 6
+    m = RangedMetrics.from_dict(out["metrics"])  # the CLI's JSON reads back typed
+    assert m.wire_violations and m.cache_bytes_crossing > 0
+    assert m.upstream["build"] == "stock" and len(out["tokens"]) == 6
 
 
 # -- the default path on the pin -----------------------------------------------------------
@@ -115,18 +116,19 @@ def test_cli_default_ranged_mtp_is_the_safe_fast_path(pair):
     off = _cli(*base)
     on = _cli(*base, "--mtp", str(pair.sidecar), "--draft", "2")
     assert off.returncode == 0 and on.returncode == 0, (off.stderr[-1500:], on.stderr[-1500:])
-    m_off, out_on = json.loads(off.stdout)["metrics"], json.loads(on.stdout)
-    m = out_on["metrics"]
+    m_off = RangedMetrics.from_dict(json.loads(off.stdout)["metrics"])
+    out_on = json.loads(on.stdout)
+    m = RangedMetrics.from_dict(out_on["metrics"])
     assert out_on["tokens"] == json.loads(off.stdout)["tokens"]
-    assert m["mtp_placement"] == "client" and m["head"] == "client"
-    assert m["upstream"]["build"] == "patched" and m["upstream"]["patches"]
-    assert m["cache_bytes_crossing"] == 0 and m["wire_violations"] == []
-    assert m["setup"]["setup_s"] > 0 and m["setup"]["widths"] == [1, 2, 3]
-    assert m["verify_steps"] > 0 and m["drafted"] > 0
+    assert m.mtp_placement == "client" and m.head == "client"
+    assert m.upstream["build"] == "patched" and m.upstream["patches"]
+    assert m.cache_bytes_crossing == 0 and m.wire_violations == []
+    assert m.setup["setup_s"] > 0 and m.setup["widths"] == [1, 2, 3]
+    assert m.verify_steps > 0 and m.drafted > 0
     from conftest import decode_waits
 
-    assert m["waits_per_step"]["verify"] == m_off["waits_per_step"]["decode"] == decode_waits(2)
-    assert m["waits_per_step"].get("draft", 0) == 0  # the drafter is in the client
+    assert m.waits_per_step["verify"] == m_off.waits_per_step["decode"] == decode_waits(2)
+    assert m.waits_per_step.get("draft", 0) == 0  # the drafter is in the client
 
 
 @patched
@@ -141,12 +143,12 @@ def test_ranged_stream_and_warm_setup(pair):
         toks1, m1 = r.generate(PROMPT, N_NEW)
         toks2, m2 = r.generate(PROMPT, N_NEW)
         assert toks1 == toks2 == ref
-        assert m1["setup"]["widths"] == [1, 2, 3] and m2["setup"] is None
-        assert m1["waits_per_step"]["verify"] == m2["waits_per_step"]["verify"]
+        assert m1.setup["widths"] == [1, 2, 3] and m2.setup is None
+        assert m1.waits_per_step["verify"] == m2.waits_per_step["verify"]
         g = r.stream(PROMPT, N_NEW)
         chunks = list(g)
         assert [t for c in chunks for t in c] == g.tokens == ref and len(chunks) > 1
-        assert g.metrics["seam_bytes"] > 0
+        assert g.metrics.seam_bytes > 0
         with r.stream(PROMPT, N_NEW) as g2:
             next(iter(g2))
         with pytest.raises(RuntimeInputError, match="not finished"):
@@ -163,7 +165,7 @@ def test_whole_stream_sampler_and_threads(pair):
     with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, warm=True) as rt:
         assert rt.setup["widths"] == [1, 2, 3]
         ref, m = rt.generate(PROMPT, N_NEW)
-        assert m["setup"]["widths"] == [1, 2, 3] and m["upstream"]["build"] in ("stock",
+        assert m.setup["widths"] == [1, 2, 3] and m.upstream["build"] in ("stock",
                                                                                "patched")
         g = rt.stream(PROMPT, N_NEW)
         assert [t for c in g for t in c] == ref == g.tokens

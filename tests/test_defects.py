@@ -145,8 +145,8 @@ def test_n_zero_generates_nothing(pair, mtp_runtime, k):
     else:
         with MTPRuntime(str(pair.trunk), k=0, n_ctx=256, n_threads=1) as rt:
             toks, m = rt.generate(PROMPT, 0)
-    assert toks == [] and m["n_generated"] == 0 and m["n_prompt"] == len(PROMPT)
-    assert "memory" in m and "routing" in m
+    assert toks == [] and m.n_generated == 0 and m.n_prompt == len(PROMPT)
+    assert m.memory and m.routing
     assert len(mtp_runtime.generate(PROMPT, 1)[0]) == 1  # one is still one
 
 
@@ -222,7 +222,7 @@ def test_ranged_n_zero_and_bad_arguments(ranged):
     from mtplib.runtime.speculative import EngineOptions
 
     toks, m = ranged.generate(PROMPT, 0, EngineOptions(k=2))
-    assert toks == [] and m["n_generated"] == 0
+    assert toks == [] and m.n_generated == 0
     for prompt, n_new, msg in ((PROMPT, -3, "n_new"), ([1, 2.5], 2, "not an integer"),
                                ([1, 10**6], 2, "out of range")):
         with pytest.raises(RuntimeInputError, match=msg):
@@ -238,7 +238,7 @@ def test_ranged_threads_count_their_own_seam_bytes(ranged):
     # the first prefill of a prompt length asks the shards for its new shapes' allocation
     # sizes (bytes of its own); compare generations that all find them cached
     ranged.generate(PROMPT, 6, opts)
-    alone = ranged.generate(PROMPT, 6, opts)[1]["seam_bytes"]
+    alone = ranged.generate(PROMPT, 6, opts)[1].seam_bytes
     results: list = []
     ts = [threading.Thread(target=lambda: results.append(ranged.generate(PROMPT, 6, opts)))
           for _ in range(2)]
@@ -250,7 +250,7 @@ def test_ranged_threads_count_their_own_seam_bytes(ranged):
     for toks, m in results:
         assert len(toks) == 6
         # the same generation alone moves the same bytes, give or take a little protocol noise
-        assert abs(m["seam_bytes"] - alone) <= 0.1 * alone, (m["seam_bytes"], alone)
+        assert abs(m.seam_bytes - alone) <= 0.1 * alone, (m.seam_bytes, alone)
 
 
 def test_ranged_closed_raises(pair):

@@ -16,7 +16,7 @@ def drafts(pair, **cfg):
     with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=3, trace=True, n_threads=1,
                     **cfg) as rt:
         toks, m = rt.generate(PROMPT, 12)
-    return toks, [s["drafts"] for s in m["steps"]], m["hidden_rows"]
+    return toks, [s["drafts"] for s in m.steps], m.hidden_rows
 
 
 def test_drafts_identical_across_configurations(pair):

@@ -120,7 +120,7 @@ def test_drafts_are_the_runtime_mtp_drafters(mtp):
     with MTPRuntime(str(PAIR.trunk), str(PAIR.sidecar), k=3, n_ctx=512, n_threads=1,
                     flash_attn="off", trace=True) as rt:
         _, metrics = rt.generate(ids, N)
-    want = [s for s in metrics["steps"] if len(s["drafts"]) == 3]
+    want = [s for s in metrics.steps if len(s["drafts"]) == 3]
     n = min(len(got), len(want))
     assert n >= 3
     assert got[:n] == want[:n]

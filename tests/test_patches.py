@@ -38,7 +38,7 @@ with RangedMTP(trunk, plan="0-1,2-3", allow_cache_crossing=True) as r:
     r.generate(list(range(100, 132)), 4, opts)
     toks, m = r.generate(list(range(100, 132)), 6, opts)
 print(json.dumps({"build": upstream_info()["build"], "tokens": toks,
-                  "cache": m["cache_bytes_crossing"], "waits": m["waits_per_step"]["decode"]}))
+                  "cache": m.cache_bytes_crossing, "waits": m.waits_per_step["decode"]}))
 """
 
 
@@ -95,8 +95,8 @@ with RangedMTP(trunk, plan=plan) as r:
         relay.set_link(WanLink(20))
     toks, m = r.generate(list(range(100, 132)), 6, opts)
 print(json.dumps({"build": upstream_info()["build"], "tokens": toks,
-                  "waits": m["waits_per_step"]["decode"],
-                  "bytes": m["wire_bytes_by_class"]["decode"], "steps": m["steps_by_label"]}))
+                  "waits": m.waits_per_step["decode"],
+                  "bytes": m.wire_bytes_by_class["decode"], "steps": m.steps_by_label}))
 """
 
 

@@ -102,12 +102,12 @@ def test_mtp_runtime_refuses_mtp_under_alpha(pair, monkeypatch):
             MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, policy=policy)
     with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=0, policy="alpha", **SMALL) as rt:
         plain, m = rt.generate(PROMPT, 8)  # plain decoding is always allowed
-        assert rt.mtp_ctx is None and m["drafted"] == 0
-        assert m["routing"]["policy"] == "alpha" and m["routing"]["recipe"] == "mtp.off"
+        assert rt.mtp_ctx is None and m.drafted == 0
+        assert m.routing["policy"] == "alpha" and m.routing["recipe"] == "mtp.off"
     with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, policy="beta", **SMALL) as rt:
         toks, m = rt.generate(PROMPT, 8)
-        assert toks == plain and m["drafted"] > 0
-        assert m["routing"] == {"policy": "beta", "recipe": "mtp.v4.draft2",
+        assert toks == plain and m.drafted > 0
+        assert m.routing == {"policy": "beta", "recipe": "mtp.v4.draft2",
                                 "reason": "all 1 shards implement mtp.v4.draft2"}
     monkeypatch.setenv(POLICY_ENV, "alpha")  # a lane's policy reaches code that names none
     with pytest.raises(RouteRefused, match="policy 'alpha'"):
@@ -160,8 +160,8 @@ def test_ranged_mtp_refuses_mtp_under_alpha_but_decodes_plainly(pair):
         with pytest.raises(RouteRefused, match=f"^mtp.v4.draft1 {ALPHA_MSG}"):
             r.generate(PROMPT, 4, EngineOptions(k=1))
         toks, m = r.generate(PROMPT, 4, EngineOptions(k=0))
-        assert len(toks) == 4 and m["drafted"] == 0
-        assert m["routing"]["recipe"] == "mtp.off"
+        assert len(toks) == 4 and m.drafted == 0
+        assert m.routing["recipe"] == "mtp.off"
 
 
 # -- bench and lanes ----------------------------------------------------------------------

@@ -44,15 +44,15 @@ def test_ranged_equals_whole_mtp_off_and_on(pair, whole, plan):
             assert toks == whole[k][0], (plan, k)
             assert toks == whole[0][0]
             if k:
-                assert m["drafted"] == whole[k][1]["drafted"]
-                assert m["mtp_placement"] == "tail" and m["mtp_endpoints"] == [tail]  # on the tail
-                assert {"prefill", "verify", "draft"} <= set(m["seam_bytes_per_token"])
+                assert m.drafted == whole[k][1].drafted
+                assert m.mtp_placement == "tail" and m.mtp_endpoints == [tail]  # on the tail
+                assert {"prefill", "verify", "draft"} <= set(m.seam_bytes_per_token)
                 # MTP runs on the tail: drafting moves far less than a verify step
-                assert m["seam_bytes_per_token"]["draft"] < m["seam_bytes_per_token"]["verify"]
+                assert m.seam_bytes_per_token["draft"] < m.seam_bytes_per_token["verify"]
             else:
-                assert "draft" not in m["seam_bytes_per_token"]
-            assert m["seam_bytes"] > 0 and m["plan"] == plan
-        owners = sorted(set(m["placement"].values()), key=r.rt.endpoints.index)
+                assert "draft" not in m.seam_bytes_per_token
+            assert m.seam_bytes > 0 and m.plan == plan
+        owners = sorted(set(m.placement.values()), key=r.rt.endpoints.index)
         assert owners == r.rt.endpoints  # every shard owns some of the trunk's layers
 
 

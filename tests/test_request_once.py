@@ -62,7 +62,7 @@ def test_ranged_request_validates_and_routes_once(pair, counts):
     out = ranged_mtp.generate_ranged(str(pair.trunk), PROMPT, 6, plan="0-1,2-3",
                                      sidecar=str(pair.sidecar),
                                      opts=EngineOptions(k=2, settings=SETTINGS))
-    assert out["metrics"]["routing"]["recipe"] == "mtp.v4.draft2"
+    assert out.metrics.routing["recipe"] == "mtp.v4.draft2"
     assert counts == {"validate": 1, "route": 1}
     # another configuration on the same object is its own request: routed once more, and
     # a repeated one is not routed again; the files are not validated again
@@ -71,7 +71,7 @@ def test_ranged_request_validates_and_routes_once(pair, counts):
         counts.update(validate=0, route=0)
         for _ in range(2):
             toks, m = r.generate(PROMPT, 6, EngineOptions(k=1, settings=SETTINGS))
-            assert m["routing"]["reason"] == "all 2 shards implement mtp.v4.draft1"
+            assert m.routing["reason"] == "all 2 shards implement mtp.v4.draft1"
         r.generate(PROMPT, 6)
     assert counts == {"validate": 0, "route": 1}
 

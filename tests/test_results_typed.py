@@ -41,15 +41,18 @@ def test_summaries_recompute_the_committed_numbers(committed):
     assert B.summarize(typed, committed["sampling"]) == committed["summary"]
 
 
-def test_generation_metrics_read_a_generation(pair):
+def test_a_generation_is_typed_and_its_dict_round_trips(pair):
     with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2) as rt:
-        _, m = rt.generate(seeded_prompt(1, 6), 8)
-    g = GenerationMetrics.from_dict(m)
-    assert (g.decode_tok_s, g.n_generated, g.drafted, g.accepted) == (
-        m["decode_tok_s"], 8, m["drafted"], m["accepted"])
+        _, g = rt.generate(seeded_prompt(1, 6), 8)
+    assert isinstance(g, GenerationMetrics) and g.n_generated == 8 and g.drafted > 0
     assert list(g.time_s) == list(TIME_PARTS) and g.memory["trunk_weights_bytes"] > 0
-    assert g.hidden_rows == m["hidden_rows"]
-    broken = dict(m)
+    assert g.routing["recipe"] == "mtp.v4.draft2" and g.upstream["build"]
+    d = g.to_dict()
+    assert json.loads(json.dumps(d)) == d  # the JSON edge: plain data only
+    assert {"decode_tok_s", "memory", "routing", "upstream", "hidden_rows"} <= set(d)
+    assert "setup" not in d and "synthetic" not in d  # absent, as in every earlier file
+    assert GenerationMetrics.from_dict(d) == g
+    broken = dict(d)
     del broken["decode_tok_s"]
     with pytest.raises(KeyError, match="decode_tok_s"):
         GenerationMetrics.from_dict(broken)
@@ -103,3 +106,34 @@ def test_a_wan_row_missing_a_field_is_named():
 
     with pytest.raises(InputError, match="lacks .*decode_tok_s"):
         W.WanRun.from_dict({"plan": "0-1,2-3", "k": 0})
+
+
+#: the keys `mtplib generate --plan ... --json` printed before its metrics were typed
+RANGED_KEYS = {
+    "k", "n_prompt", "n_generated", "drafted", "accepted", "acceptance_rate",
+    "accepted_per_position", "accepted_per_position_counts", "drafted_per_position",
+    "accept_len_hist", "verify_steps", "plain_steps", "rollbacks", "ttft_s", "decode_s",
+    "decode_tok_s", "time_s", "hidden_rows", "memory", "seam_bytes", "seam_bytes_per_token",
+    "seam_data_bytes_per_token", "seam_contract_min_per_token", "seam_ratio",
+    "waits_per_step", "wire_bytes_by_class", "seam_bytes_by_value", "steps_by_label",
+    "cache_bytes_crossing", "wire_violations", "wan", "seam_report", "plan", "endpoints",
+    "local_shards", "routing", "placement", "transport", "head", "upstream", "setup"}
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_ranged_generation_is_typed_with_the_keys_it_always_had(pair, k):
+    from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.distributed.results import RangedMetrics
+    from mtplib.runtime.speculative import EngineOptions
+
+    with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
+                   opts=EngineOptions(k=k)) as r:
+        _, m = r.generate(seeded_prompt(1, 6), 6)
+    assert isinstance(m, RangedMetrics) and m.plan == "0-1,2-3"
+    assert m.cache_bytes_crossing == 0 and m.waits_per_step and m.seam_bytes > 0
+    d = m.to_dict()
+    want = RANGED_KEYS | {"mtp_placement", "mtp_endpoints"}  # the sidecar is loaded
+    assert set(d) == want
+    assert json.loads(json.dumps(d)) == d
+    assert RangedMetrics.from_dict(d) == m
+    assert RangedMetrics.from_dict(json.loads(json.dumps(d))).to_dict() == d

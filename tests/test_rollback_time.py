@@ -44,9 +44,9 @@ def _run(trunk: str, k: int, drafter=None, n_rs_seq=None, checkpoints="replay"
 
 def test_plain_decoding_has_no_rollback_steps_or_time(pair):
     m, labels = _run(str(pair.trunk), 0)
-    assert m["rollbacks"] == {} and m["plain_steps"] == N_NEW - 1
+    assert m.rollbacks == {} and m.plain_steps == N_NEW - 1
     assert labels["rollback"] == 0 and labels["decode"] == N_NEW - 1
-    assert m["time_s"]["rollback"] == 0.0
+    assert m.time_s["rollback"] == 0.0
 
 
 def test_all_drafts_accepted_has_no_rollback_steps(pair):
@@ -54,8 +54,8 @@ def test_all_drafts_accepted_has_no_rollback_steps(pair):
         ref, _ = rt.generate(PROMPT, N_NEW)
     d = OracleDrafter(ref, len(PROMPT), wrong=False, n_vocab=256)
     m, labels = _run(str(pair.trunk), 2, d)
-    assert m["accepted"] == m["drafted"] > 0 and m["rollbacks"] == {}
-    assert labels["rollback"] == 0 and m["time_s"]["rollback"] == 0.0
+    assert m.accepted == m.drafted > 0 and m.rollbacks == {}
+    assert labels["rollback"] == 0 and m.time_s["rollback"] == 0.0
 
 
 @pytest.mark.parametrize(("n_rs_seq", "checkpoints", "kind"), [
@@ -65,20 +65,20 @@ def test_all_drafts_accepted_has_no_rollback_steps(pair):
 def test_rejected_drafts_are_one_timed_rollback_step_each(pair, n_rs_seq, checkpoints, kind):
     d = OracleDrafter([0] * 256, len(PROMPT), wrong=True, n_vocab=256)
     m, labels = _run(str(pair.trunk), 2, d, n_rs_seq, checkpoints)
-    n = m["verify_steps"]
-    assert n > 0 and m["rollbacks"] == {kind: n}  # every verify rejected its drafts
-    assert n + m["plain_steps"] == N_NEW - 1  # one token (the target's) per step
+    n = m.verify_steps
+    assert n > 0 and m.rollbacks == {kind: n}  # every verify rejected its drafts
+    assert n + m.plain_steps == N_NEW - 1  # one token (the target's) per step
     # state checkpoints: one saved after the prefill and one before each verify (labelled
     # rollback too: what they cost belongs to rolling back)
     saves = 1 + n if checkpoints == "state" else 0
     assert labels["rollback"] == n + saves
-    assert m["time_s"]["rollback"] > 0.0
+    assert m.time_s["rollback"] > 0.0
 
 
 def test_ranged_mtp_off_has_no_rollback_time_or_seam_step(pair):
     with RangedMTP(str(pair.trunk), plan="0-1,2-3") as r:
         _, m = r.generate(PROMPT, N_NEW, EngineOptions(k=0))
-    assert m["rollbacks"] == {}
-    assert m["time_s"]["rollback"] == 0.0
-    assert "rollback" not in m["steps_by_label"]
-    assert m["seam_report"]["steps"].get("rollback", {}).get("steps", 0) == 0
+    assert m.rollbacks == {}
+    assert m.time_s["rollback"] == 0.0
+    assert "rollback" not in m.steps_by_label
+    assert m.seam_report["steps"].get("rollback", {}).get("steps", 0) == 0

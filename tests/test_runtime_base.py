@@ -33,7 +33,7 @@ def test_trunk_loads_without_mtp_and_decodes_deterministically(pair, trunk):
     a = run_greedy(str(pair.trunk), PROMPT, 24)
     b = run_greedy(str(pair.trunk), PROMPT, 24)
     assert a.tokens == b.tokens and len(a.tokens) == 24
-    assert a.metrics["ttft_s"] > 0 and a.metrics["decode_tok_s"] > 0
+    assert a.metrics.ttft_s > 0 and a.metrics.decode_tok_s > 0
 
 
 def test_chunked_prefill_matches_one_batch(trunk):
@@ -178,9 +178,10 @@ def test_plain_decoding_is_the_engine_loop(pair, trunk, monkeypatch):
                 c.decode([want[-1]], [pos], logits=True)
                 pos, logits = pos + 1, c.logits(-1)
         assert g.tokens == want
-        assert g.metrics["target_decodes"] == n - 1 + -(-len(prompt) // 16)
-        assert set(g.metrics) == {"n_prompt", "n_generated", "ttft_s", "decode_s",
-                                  "decode_tok_s", "target_decodes"}
+        assert g.target_decodes == n - 1 + -(-len(prompt) // 16)
+        assert (g.metrics.k, g.metrics.n_generated, g.metrics.drafted) == (0, n, 0)
+        assert set(g.summary()) == {"n_prompt", "n_generated", "ttft_s", "decode_s",
+                                    "decode_tok_s", "target_decodes"}
     assert calls == [1, 1]
     with S.MTPRuntime(str(pair.trunk), None, k=0, n_ctx=256, n_threads=1) as rt, \
             Context(trunk, cfg) as c:

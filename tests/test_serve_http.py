@@ -23,7 +23,9 @@ from mtplib.commands.serve_app import (  # noqa: E402
     create_app,
     timings,
 )
+from mtplib.contract.labels import TIME_PARTS  # noqa: E402
 from mtplib.errors import InputError  # noqa: E402
+from mtplib.runtime.results import GenerationMetrics  # noqa: E402
 
 EOG = 63
 
@@ -32,7 +34,7 @@ class FakeGeneration:
     def __init__(self, be: FakeBackend, prompt: list[int], n: int, sampler) -> None:
         self.be, self.prompt, self.n, self.sampler = be, prompt, n, sampler
         self.tokens: list[int] = []
-        self.metrics: dict | None = None
+        self.metrics: GenerationMetrics | None = None
         self.closed = False
 
     def __iter__(self):
@@ -41,16 +43,20 @@ class FakeGeneration:
             be.active += 1
             be.max_active = max(be.max_active, be.active)
         try:
-            t0 = time.perf_counter()
             for i in range(self.n):
                 be.gate.wait(10)
                 tok = be.next_token(self.prompt, i, self.sampler.seed)
                 self.tokens.append(tok)
                 time.sleep(be.step_s)
                 yield [tok]
-            self.metrics = {"n_prompt": len(self.prompt), "n_generated": self.n,
-                            "ttft_s": 0.010, "decode_s": 0.002 * max(self.n - 1, 0),
-                            "drafted": 6, "accepted": 4, "t0": t0}
+            self.metrics = GenerationMetrics(
+                k=2, n_prompt=len(self.prompt), n_generated=self.n, drafted=6, accepted=4,
+                acceptance_rate=4 / 6, accepted_per_position=[1.0, 1 / 3],
+                accepted_per_position_counts=[3, 1], drafted_per_position=[3, 3],
+                accept_len_hist={"0": 0, "1": 2, "2": 1}, verify_steps=3,
+                plain_steps=max(self.n - 4, 0), rollbacks={}, ttft_s=0.010,
+                decode_s=0.002 * max(self.n - 1, 0), decode_tok_s=500.0,
+                time_s=dict.fromkeys(TIME_PARTS, 0.0))
         finally:
             with be.count_lock:
                 be.active -= 1

@@ -106,7 +106,7 @@ def main() -> int:
                 wall_s = time.perf_counter() - t0
                 deferred = _stream_read_after(ready["listening"], p, a.n, 2 * wall)
                 toks, m = lib.generate(p, a.n)
-                build = m.get("upstream")
+                build = m.upstream
                 last = chunks[-1].model_extra
                 rows.append({
                     "request": i + 1,
@@ -114,12 +114,12 @@ def main() -> int:
                     "serve_stream_decode_tok_s": last["timings"]["predicted_per_second"],
                     "serve_stream_deferred_decode_tok_s":
                         deferred["timings"]["predicted_per_second"],
-                    "library_decode_tok_s": m["decode_tok_s"],
+                    "library_decode_tok_s": m.decode_tok_s,
                     "serve_client_tok_s": a.n / wall,
                     "serve_stream_client_tok_s": a.n / wall_s,
                     "draft_n": r.model_extra["timings"].get("draft_n", 0),
                     "draft_n_accepted": r.model_extra["timings"].get("draft_n_accepted", 0),
-                    "library_drafted": m["drafted"], "library_accepted": m["accepted"],
+                    "library_drafted": m.drafted, "library_accepted": m.accepted,
                     "tokens_equal": (r.model_extra["tokens"] == toks == last["tokens"]
                                      == deferred["tokens"])})
                 print(json.dumps(rows[-1]), file=sys.stderr)

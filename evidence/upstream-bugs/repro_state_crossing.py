@@ -22,5 +22,5 @@ for rs in (0, 2):
         toks, m = r.generate(prompt, 8, opts)
         rep = r.rt.seam_report()
         print(f"n_rs_seq={rs}: cache bytes crossing {rep['cache_bytes_crossing']}, "
-              f"waits per decode {m['waits_per_step']['decode']:.1f}, tensors "
+              f"waits per decode {m.waits_per_step['decode']:.1f}, tensors "
               f"{rep['cache_tensors_crossing']}")

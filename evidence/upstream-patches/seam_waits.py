@@ -45,13 +45,13 @@ def main(out_path: str) -> None:
                 for relay in relays:
                     relay.set_link(WanLink())
                 rows.append({"plan": plan, "n_shards": len(relays), "k": k,
-                             "waits_per_step": m["waits_per_step"],
-                             "steps": m["steps_by_label"],
-                             "bytes_by_class": m["wire_bytes_by_class"],
-                             "seam_bytes_by_value": m["seam_bytes_by_value"],
-                             "cache_bytes_crossing": m["cache_bytes_crossing"],
+                             "waits_per_step": m.waits_per_step,
+                             "steps": m.steps_by_label,
+                             "bytes_by_class": m.wire_bytes_by_class,
+                             "seam_bytes_by_value": m.seam_bytes_by_value,
+                             "cache_bytes_crossing": m.cache_bytes_crossing,
                              "tokens": toks})
-                print(plan, k, m["waits_per_step"], flush=True)
+                print(plan, k, m.waits_per_step, flush=True)
     info = upstream_info()
     out = {"upstream": {k: info[k] for k in ("build", "patches", "llama_cpp_commit")},
            "prompt_tokens": len(prompt), "n_new": 12, "rtt_ms": 20, "rows": rows}

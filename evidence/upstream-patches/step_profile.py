@@ -53,14 +53,14 @@ def main() -> None:
             for p in prompts[:3]:
                 LABELLING.update(s=0.0, n=0)
                 _, m = r.generate(list(p), 32, opts)
-                n = m["n_generated"] - 1
-                parts = {str(a): round(1000 * (b or 0) / n, 1) for a, b in m["time_s"].items()
+                n = m.n_generated - 1
+                parts = {str(a): round(1000 * (b or 0) / n, 1) for a, b in m.time_s.items()
                          if a != "prefill"}
-                print(f"k={k} {m['decode_tok_s']:.2f} tok/s; ms/token {parts}; decode "
-                      f"{1000 * m['decode_s'] / n:.1f} ms/token; labelling "
+                print(f"k={k} {m.decode_tok_s:.2f} tok/s; ms/token {parts}; decode "
+                      f"{1000 * m.decode_s / n:.1f} ms/token; labelling "
                       f"{1000 * LABELLING['s']:.0f} ms in {LABELLING['n']} calls (whole "
                       f"generation); steps "
-                      f"{ {str(a): b for a, b in m['steps_by_label'].items()} }", flush=True)
+                      f"{ {str(a): b for a, b in m.steps_by_label.items()} }", flush=True)
 
 
 if __name__ == "__main__":

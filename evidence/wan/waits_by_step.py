@@ -36,12 +36,12 @@ for placement in ("tail", "client"):
                 r.generate(prompt, 16, opts)  # warm-up
                 toks, m = r.generate(prompt, 16, opts)
                 rows.append({"k": k, "mtp_placement": placement if k else "-", "head": head,
-                             "waits_per_step": m["waits_per_step"],
-                             "steps": m["steps_by_label"],
-                             "bytes_by_class": m["wire_bytes_by_class"],
-                             "cache_bytes_crossing": m["cache_bytes_crossing"],
-                             "hidden_rows": m["hidden_rows"], "tokens": toks})
-                print(k, placement, head, m["waits_per_step"], m["cache_bytes_crossing"])
+                             "waits_per_step": m.waits_per_step,
+                             "steps": m.steps_by_label,
+                             "bytes_by_class": m.wire_bytes_by_class,
+                             "cache_bytes_crossing": m.cache_bytes_crossing,
+                             "hidden_rows": m.hidden_rows, "tokens": toks})
+                print(k, placement, head, m.waits_per_step, m.cache_bytes_crossing)
 info = upstream_info()
 out = {"upstream": {k: info[k] for k in ("build", "patches", "llama_cpp_commit")},
        "plan": "0-1,2-3", "prompt_tokens": len(prompt), "n_new": 16, "rows": rows}

@@ -24,7 +24,9 @@ from mtplib.commands.common import (
 )
 from mtplib.contract.labels import PLACEMENT_CHOICES
 from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE, DraftSpec
+from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError
+from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
 #: --ctx when not given, capped by the model's context_length
@@ -43,40 +45,40 @@ def run(a: argparse.Namespace) -> int:
         prompt = a.tokens if a.tokens is not None else backend.tokenize(a.prompt)
         tokens, metrics = backend.generate(prompt, a.n)
         text = backend.detokenize(tokens) if a.prompt is not None else None
-    out = {"tokens": tokens, "metrics": metrics}
-    if text is not None:
-        out["text"] = text
-    violations = metrics.get("wire_violations") or []
+    ranged = isinstance(metrics, RangedMetrics)
     if a.json:
+        out = {"tokens": tokens, "metrics": metrics.to_dict()}
+        if text is not None:
+            out["text"] = text
         print(json.dumps(out))
     else:
-        _print_result(a, out)
-    return EXIT_CONTRACT if violations else 0
+        _print_result(a, tokens, text, metrics)
+    return EXIT_CONTRACT if ranged and metrics.wire_violations else 0
 
 
-def _print_result(a: argparse.Namespace, out: dict) -> None:
+def _print_result(a: argparse.Namespace, tokens: list[int], text: str | None,
+                  m: GenerationMetrics) -> None:
     """The human-readable result: tokens, text, speed and MTP counts; ranged adds the
     seam and wire accounting."""
-    m, k = out["metrics"], draft_k(a)
-    print("tokens:", " ".join(map(str, out["tokens"])))
-    if "text" in out:
-        print("text:  ", out["text"])
-    line = f"ttft {m['ttft_s'] or 0:.4f} s, decode {m['decode_tok_s'] or 0:.1f} tok/s"
+    k = draft_k(a)
+    print("tokens:", " ".join(map(str, tokens)))
+    if text is not None:
+        print("text:  ", text)
+    line = f"ttft {m.ttft_s or 0:.4f} s, decode {m.decode_tok_s or 0:.1f} tok/s"
     if k:
-        line += (f", k={k}: accepted {m['accepted']}/{m['drafted']} drafts, per position "
-                 + ", ".join("-" if x is None else f"{x:.2f}" for x in m["accepted_per_position"]))
-    if a.plan:
-        line += f", plan {m['plan']}"
-    print(line)
-    if not a.plan:
+        line += (f", k={k}: accepted {m.accepted}/{m.drafted} drafts, per position "
+                 + ", ".join("-" if x is None else f"{x:.2f}" for x in m.accepted_per_position))
+    if not isinstance(m, RangedMetrics):
+        print(line)
         return
-    per = ", ".join(f"{k} {v:.0f}" for k, v in m["seam_bytes_per_token"].items())
-    print(f"seam bytes {m['seam_bytes']} (per token: {per}; contract minimum "
-          + ", ".join(f"{k} {v}" for k, v in m["seam_contract_min_per_token"].items()) + ")")
-    print("waits per step: " + ", ".join(f"{k} {v:.2f}" for k, v in m["waits_per_step"].items())
-          + f"; WAN {','.join(m['wan'])} ms; cache bytes crossing shards: "
-          f"{m['cache_bytes_crossing']}")
-    for v in m["wire_violations"]:
+    print(line + f", plan {m.plan}")
+    per = ", ".join(f"{k} {v:.0f}" for k, v in m.seam_bytes_per_token.items())
+    print(f"seam bytes {m.seam_bytes} (per token: {per}; contract minimum "
+          + ", ".join(f"{k} {v}" for k, v in m.seam_contract_min_per_token.items()) + ")")
+    print("waits per step: " + ", ".join(f"{k} {v:.2f}" for k, v in m.waits_per_step.items())
+          + f"; WAN {','.join(m.wan)} ms; cache bytes crossing shards: "
+          f"{m.cache_bytes_crossing}")
+    for v in m.wire_violations:
         print("contract violation:", v)
 
 

@@ -346,7 +346,7 @@ class GenerationWorker:
             metrics = None
             if finish == "length":  # exhausted: the library's own metrics
                 with contextlib.suppress(MtplibError):
-                    metrics = gen.metrics
+                    metrics = gen.metrics.to_dict()  # the response's figures
         if finish == "abort":
             return
         pieces.append(text.flush())

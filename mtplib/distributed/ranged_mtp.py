@@ -27,6 +27,7 @@ from mtplib.contract.capabilities import Decision, Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
 from mtplib.contract.types import DEFAULT_DRAFT, DraftSpec
 from mtplib.distributed.relay import WanLink, parse_wan
+from mtplib.distributed.results import SEAM_KEYS, RangedGeneration, RangedMetrics
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
@@ -315,7 +316,7 @@ class RangedMTP:
 
     def generate(self, prompt: Sequence[int] | str, n_new: int,
                  opts: EngineOptions | None = None, *, sampler: Sampler | None = None
-                 ) -> tuple[list[int], dict]:
+                 ) -> tuple[list[int], RangedMetrics]:
         result: dict = {}
         for _ in self._steps(prompt, n_new, opts, sampler, result, stream=False):
             pass
@@ -367,22 +368,21 @@ class RangedMTP:
                     with contextlib.suppress(Exception):
                         rt.call(_worker_end)
             tokens, metrics = done
-            metrics.update(rt.seam_metrics())
-            metrics["seam_report"] = rt.seam_report()
-            metrics["plan"] = str(self.plan)
-            metrics["endpoints"] = list(rt.endpoints)
-            metrics["local_shards"] = self.shards is not None
-            metrics["routing"] = routing_metrics(decision, self.policy)
-            metrics["placement"] = {str(k): v for k, v in rt.trunk["placement"].items()}
-            metrics["wan"] = [str(r.link) for r in rt.relays.relays]
-            metrics["transport"] = "tls" if rt.tls is not None else "plaintext"
-            metrics["head"] = opts.head
-            metrics["upstream"] = build_info()
-            metrics["setup"] = setup  # None: this engine was set up for an earlier generation
-            if rt.sidecar:
-                metrics["mtp_placement"] = rt.mtp_placement
-                metrics["mtp_endpoints"] = sorted(set(rt.sidecar["placement"].values()))
-            result["tokens"], result["metrics"] = tokens, metrics
+            seam = rt.seam_metrics()
+            result["tokens"] = tokens
+            result["metrics"] = RangedMetrics(
+                **{**metrics.fields_dict(), "routing": routing_metrics(decision, self.policy),
+                   "upstream": build_info(),
+                   "setup": setup},  # None: set up for an earlier generation
+                **{key: seam[key] for key in SEAM_KEYS}, seam_report=rt.seam_report(),
+                plan=str(self.plan), endpoints=list(rt.endpoints),
+                local_shards=self.shards is not None,
+                placement={str(k): v for k, v in rt.trunk["placement"].items()},
+                wan=[str(r.link) for r in rt.relays.relays],
+                transport="tls" if rt.tls is not None else "plaintext", head=opts.head,
+                mtp_placement=rt.mtp_placement if rt.sidecar else None,
+                mtp_endpoints=sorted(set(rt.sidecar["placement"].values()))
+                if rt.sidecar else None)
 
     @property
     def mtp_on_tail(self) -> bool:
@@ -416,11 +416,11 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                     wan: str | Sequence[WanLink] | None = None,
                     mtp_placement: str = "auto", policy: Policy | str | None = None,
                     allow_cache_crossing: bool = False, warm: bool = True,
-                    tls: TlsConfig | None = None) -> dict:
+                    tls: TlsConfig | None = None) -> RangedGeneration:
     """One generation with the trunk split over shards by ``plan`` (MTP when a sidecar is
-    given and k > 0). Returns {"tokens", "metrics"(, "text")}. A policy that refuses the
+    given and k > 0). A policy that refuses the
     recipe, or a configuration that would move cache state (RangedMTP), is refused before any
-    shard starts; the engine is built and warmed at load (metrics["setup"])."""
+    shard starts; the engine is built and warmed at load (``metrics.setup``)."""
     from mtplib.distributed.worker import detokenize
 
     k = 0 if sidecar is None else (DEFAULT_DRAFT if opts is None else opts.k)
@@ -431,7 +431,5 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                    mtp_placement=mtp_placement, policy=pol, opts=opts or EngineOptions(k=k),
                    warm=warm, allow_cache_crossing=allow_cache_crossing, tls=tls) as r:
         tokens, metrics = r.generate(prompt, n_new)
-        out = {"tokens": tokens, "metrics": metrics}
-        if isinstance(prompt, str):
-            out["text"] = r.rt.call(detokenize, tokens)
-        return out
+        text = r.rt.call(detokenize, tokens) if isinstance(prompt, str) else None
+        return RangedGeneration(tokens, metrics, text)

@@ -315,7 +315,7 @@ class BenchRun:
         return self.metrics.time_s[part]
 
     def memory(self, key: str) -> int | None:
-        return self.metrics.memory.get(key)
+        return self.metrics.memory_bytes(key)
 
     def to_dict(self) -> dict:
         m = self.metrics
@@ -338,7 +338,7 @@ class BenchRun:
             "verify_steps": m.verify_steps, "plain_steps": m.plain_steps,
             "rollbacks": dict(m.rollbacks),
             **{f"t_{p}_s": m.time_s[p] for p in TIME_PARTS},
-            **{key: m.memory.get(key) for key in MEMORY_KEYS},
+            **{key: m.memory_bytes(key) for key in MEMORY_KEYS},
             "quality_valid": self.quality_valid})
         if self.quality:
             row.update(asdict(self.quality))
@@ -367,9 +367,9 @@ def _typed(rows: Sequence[BenchRun | dict]) -> list[BenchRun]:
     return [r if isinstance(r, BenchRun) else BenchRun.from_dict(r) for r in rows]
 
 
-def _run(m: dict, **kw) -> BenchRun:
-    """A BenchRun from a generation's metrics dict (what `generate` returns)."""
-    return BenchRun(metrics=GenerationMetrics.from_dict(m), **kw)
+def _run(m: GenerationMetrics, **kw) -> BenchRun:
+    """A BenchRun from a generation's metrics (what `generate` returns)."""
+    return BenchRun(metrics=m, **kw)
 
 
 class CostedSyntheticDrafter(Drafter):
@@ -419,17 +419,16 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
                 for rep in range(cfg.warmup + cfg.reps):
                     toks, m = r.generate(prompt, cfg.n_new, opts)
                     tick()
-                    gen_bytes = sum(row["bytes"] for lab, row in m["seam_report"]["steps"].items()
+                    gen_bytes = sum(row["bytes"] for lab, row in m.seam_report["steps"].items()
                                     if lab not in ("load", "setup", "other", "prefill"))
-                    g = GenerationMetrics.from_dict(m)
                     rows.append(BenchRun(
                         rep=rep - cfg.warmup if rep >= cfg.warmup else None,
                         warmup=rep < cfg.warmup, n_new=cfg.n_new, mode="mtp" if k else "off",
                         k=k, prompt=_prompt_label(i, spec), plan=plan, threads=cfg.threads,
-                        seam_bytes_per_token=gen_bytes / max(g.n_generated, 1), metrics=g,
-                        ranged=RangedSeam(m["seam_bytes_per_token"],
-                                          m["seam_contract_min_per_token"],
-                                          m.get("mtp_placement"), m.get("head")),
+                        seam_bytes_per_token=gen_bytes / max(m.n_generated, 1), metrics=m,
+                        ranged=RangedSeam(m.seam_bytes_per_token,
+                                          m.seam_contract_min_per_token,
+                                          m.mtp_placement, m.head),
                         quality=_quality(ref, toks, margins, len(prompt))))
     return rows
 
@@ -532,11 +531,11 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
                 ref, ref_m = rt.generate(prompt, cfg.n_new)
                 tick()
                 rt.engine.trace = False
-                refs[i] = (prompt, ref, ref_m["margins"])
+                refs[i] = (prompt, ref, ref_m.margins)
                 prompts_info.append({"prompt": _prompt_label(i, spec), "n_prompt": len(prompt),
-                                     "min_margin_off": min(ref_m["margins"].values())})
+                                     "min_margin_off": min(ref_m.margins.values())})
                 runs.extend(timed(rt, prompt, cfg.n_new, cfg.warmup, cfg.reps, ref,
-                                  ref_m["margins"], mode="off", k=0,
+                                  ref_m.margins, mode="off", k=0,
                                   prompt=_prompt_label(i, spec), **common))
             if cfg.sampling:
                 off_streams = _sampled(rt, refs, cfg.sampling, tick)
@@ -576,7 +575,7 @@ def _sampled(rt: MTPRuntime, refs: dict, sc: SamplingConfig,
                 rt.engine.sampler = Sampler(sc.temperature, sc.top_p, seed)
                 toks, m = rt.generate(prompt, sc.n_new)
                 tick()
-                out[(i, seed)] = (toks, GenerationMetrics.from_dict(m))
+                out[(i, seed)] = (toks, m)
     finally:
         rt.engine.sampler = old
     return out

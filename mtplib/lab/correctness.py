@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mtplib.contract.labels import STEP_KINDS, StepKind
+from mtplib.distributed.results import RangedMetrics
 from mtplib.lab.progress import bar as _bar
 from mtplib.lab.quality import NOISE_BOUND, compare_streams
 from mtplib.runtime.drafters import OracleDrafter
@@ -43,10 +44,10 @@ def equality(trunk: str, sidecar: str, *, seeds: Sequence[int] = range(20),
                     ref, ref_m = refs[s]
                     got, m = rt.generate(seeded_prompt(s), n_new)
                     bar.update()
-                    cmp = compare_streams(ref, got, ref_m["margins"], n_prompt=12)
-                    rows.append({"seed": s, "k": k, **cmp, "drafted": m["drafted"],
-                                 "accepted": m["accepted"],
-                                 "min_margin_off": min(ref_m["margins"].values())})
+                    cmp = compare_streams(ref, got, ref_m.margins, n_prompt=12)
+                    rows.append({"seed": s, "k": k, **cmp, "drafted": m.drafted,
+                                 "accepted": m.accepted,
+                                 "min_margin_off": min(ref_m.margins.values())})
     return rows
 
 
@@ -66,14 +67,14 @@ def forced(trunk: str, *, ks: Sequence[int] = (1, 2, 3), n_new: int = 32,
                             n_threads=n_threads) as rt:
                 out, m = rt.generate(prompt, n_new)
             bar.update()
-            steps = m["verify_steps"] + m["plain_steps"]
+            steps = m.verify_steps + m.plain_steps
             rows.append({
                 "k": k, "mode": "reject" if wrong else "accept",
                 "n_rs_seq": k if n_rs is None else n_rs, "same_output": out == ref,
-                "drafted": m["drafted"], "accepted": m["accepted"],
+                "drafted": m.drafted, "accepted": m.accepted,
                 "target_steps": steps,
                 "expected_steps": n_new - 1 if wrong else expected_verify_steps(n_new, k),
-                "rollbacks": dict(m["rollbacks"]),
+                "rollbacks": dict(m.rollbacks),
             })
     return rows
 
@@ -178,27 +179,27 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
                         k=k, settings=DecodeSettings(n_threads=n_threads)))
                     bar.update()
                     ref, ref_m = whole[k]
-                    cmp = compare_streams(ref, toks, ref_m["margins"], n_prompt=len(prompt))
-                    per = m["seam_bytes_per_token"]
+                    cmp = compare_streams(ref, toks, ref_m.margins, n_prompt=len(prompt))
+                    per = m.seam_bytes_per_token
                     rows.append({
                         "plan": plan, "k": k, "equal": cmp["equal"], "near_tie": cmp["near_tie"],
-                        "drafted": m["drafted"], "accepted": m["accepted"],
-                        "seam_bytes": m["seam_bytes"],
+                        "drafted": m.drafted, "accepted": m.accepted,
+                        "seam_bytes": m.seam_bytes,
                         **{f"bytes_per_token_{lab}": per.get(lab) for lab in STEP_KINDS},
-                        "contract_min_decode": m["seam_contract_min_per_token"].get(
+                        "contract_min_decode": m.seam_contract_min_per_token.get(
                             StepKind.DECODE,
-                            m["seam_contract_min_per_token"].get(StepKind.PREFILL)),
+                            m.seam_contract_min_per_token.get(StepKind.PREFILL)),
                         **_mtp_where(m, r.rt.endpoints[-1], k),
-                        "hidden_rows": m.get("hidden_rows"),
+                        "hidden_rows": m.hidden_rows,
                     })
     return rows
 
 
-def _mtp_where(metrics: dict, tail: str, k: int) -> dict:
+def _mtp_where(metrics: RangedMetrics, tail: str, k: int) -> dict:
     """Where a ranged generation's MTP block ran: its placement ("tail" or "client") and
     whether upstream put all of it on the ``tail`` endpoint (both None for MTP off)."""
     if not k:
         return {"mtp_placement": None, "mtp_on_tail": None}
-    place = metrics.get("mtp_placement")
+    place = metrics.mtp_placement
     return {"mtp_placement": place,
-            "mtp_on_tail": place == "tail" and metrics.get("mtp_endpoints") == [tail]}
+            "mtp_on_tail": place == "tail" and metrics.mtp_endpoints == [tail]}

@@ -243,10 +243,9 @@ class _MtplibSide:
                 ref or [0], len(prompt), list(self.case.rates), self.rt.trunk.n_vocab,
                 seed=self.cfg.synth_seed, inner=self.mtp)
         try:
-            toks, m = self.rt.generate(prompt, self.cfg.n_new)
+            toks, g = self.rt.generate(prompt, self.cfg.n_new)
         finally:
             self.rt.engine.drafter = self.mtp
-        g = GenerationMetrics.from_dict(m)
         return {"decode_tok_s": g.decode_tok_s, "n_generated": g.n_generated,
                 "drafted": g.drafted, "accepted": g.accepted,
                 "acceptance_rate": g.acceptance_rate, "tokens": toks,
@@ -451,8 +450,7 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
     ctx = DecodeSettings(n_ctx=cfg.settings.n_ctx, n_threads=cfg.settings.n_threads)
     rows: list[dict] = []
 
-    def row(m: dict, **kw) -> dict:
-        g = GenerationMetrics.from_dict(m)
+    def row(g: GenerationMetrics, **kw) -> dict:
         r = {"decode_tok_s": g.decode_tok_s, "drafted": g.drafted,
              "accepted": g.accepted, "acceptance_rate": g.acceptance_rate,
              "accepted_per_position": list(g.accepted_per_position), "time_s": dict(g.time_s),

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from mtplib.distributed.relay import WanLink
-from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.rpc import recv_exact
 
 
@@ -65,11 +64,10 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
                             toks, m = runs[name].generate(list(prompt), n_new, opts)
                             rows.append({"transport": name, "rtt_ms": rtt, "prompt": pi,
                                          "rep": rep, "tokens": toks,
-                                         "decode_tok_s":
-                                             GenerationMetrics.from_dict(m).decode_tok_s,
-                                         "waits_per_step": m["waits_per_step"],
-                                         "seam_bytes": m["seam_bytes"],
-                                         "transport_metric": m["transport"]})
+                                         "decode_tok_s": m.decode_tok_s,
+                                         "waits_per_step": m.waits_per_step,
+                                         "seam_bytes": m.seam_bytes,
+                                         "transport_metric": m.transport})
                 log(f"rtt {rtt:g} ms: {summary_line(rows, rtt)}")
     return {"config": {"rtts_ms": rtts_ms, "reps": reps, "n_prompts": n_prompts,
                        "n_new": n_new, "prompt_len": prompt_len, "k": k,

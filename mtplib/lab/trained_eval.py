@@ -268,9 +268,9 @@ def acceptance(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]],
             for p in prompts:
                 toks, m = gen(p, n_new)
                 outputs.append(toks)
-                acc += m["accepted_per_position_counts"]
-                dr += m["drafted_per_position"]
-                hist += [m["accept_len_hist"][str(i)] for i in range(k + 1)]
+                acc += m.accepted_per_position_counts
+                dr += m.drafted_per_position
+                hist += [m.accept_len_hist[str(i)] for i in range(k + 1)]
         finally:
             close()
         steps = hist.sum()
@@ -321,8 +321,8 @@ def speed(trunk: str | Path, sidecar: str | Path, prompts: list[list[int]], *,
                 for p in prompts:
                     toks, m = rts[k].generate(p, n_new)
                     toks_all.append(toks)
-                    n_tok += m["n_generated"] - 1
-                    dt += m["decode_s"]
+                    n_tok += m.n_generated - 1
+                    dt += m.decode_s
                 rates[k].append(n_tok / dt)
                 if ref is None:
                     ref = toks_all

@@ -32,6 +32,7 @@ import numpy as np
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS, StepKind
 from mtplib.contract.types import MAX_DRAFT, draft_problem
+from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
@@ -189,31 +190,31 @@ def _typed(rows: Sequence[WanRun | dict]) -> list[WanRun]:
     return [r if isinstance(r, WanRun) else WanRun.from_dict(r) for r in rows]
 
 
-def _row(m: dict, tokens: list[int], **kw) -> dict:
+def _row(m: RangedMetrics, tokens: list[int], **kw) -> dict:
     """A generation's row (as its dict: the result is saved as it is)."""
-    steps = (m.get("verify_steps") or 0) + (m.get("plain_steps") or 0)
-    up = m.get("upstream") or {}
+    steps = m.verify_steps + m.plain_steps
+    up = m.upstream or {}
     return WanRun(
         **kw, build=up.get("build"), patches=up.get("patches", []),
-        setup_s=(m.get("setup") or {}).get("setup_s"), decode_tok_s=m["decode_tok_s"],
-        ttft_s=m["ttft_s"], n_generated=m["n_generated"], drafted=m.get("drafted", 0),
-        accepted=m.get("accepted", 0), steps=steps,
-        tokens_per_step=(m["n_generated"] - 1) / steps if steps else None,
-        hidden_rows=m.get("hidden_rows"), waits_per_step=m["waits_per_step"],
-        steps_by_label=m["steps_by_label"], wire_bytes_by_class=m["wire_bytes_by_class"],
-        seam_bytes_per_token=m["seam_bytes_per_token"],
-        cache_bytes_crossing=m["cache_bytes_crossing"],
-        wire_violations=m["wire_violations"], waits_decode_phase=_decode_waits(m),
+        setup_s=(m.setup or {}).get("setup_s"), decode_tok_s=m.decode_tok_s,
+        ttft_s=m.ttft_s, n_generated=m.n_generated, drafted=m.drafted,
+        accepted=m.accepted, steps=steps,
+        tokens_per_step=(m.n_generated - 1) / steps if steps else None,
+        hidden_rows=m.hidden_rows, waits_per_step=m.waits_per_step,
+        steps_by_label=m.steps_by_label, wire_bytes_by_class=m.wire_bytes_by_class,
+        seam_bytes_per_token=m.seam_bytes_per_token,
+        cache_bytes_crossing=m.cache_bytes_crossing,
+        wire_violations=m.wire_violations, waits_decode_phase=_decode_waits(m),
         tokens=tokens).to_dict()
 
 
-def _decode_waits(m: dict) -> float | None:
+def _decode_waits(m: RangedMetrics) -> float | None:
     """Waits of the decoding phase (every step kind but prefill), per generated token."""
     tot = 0.0
-    for label, w in m["waits_per_step"].items():
+    for label, w in m.waits_per_step.items():
         if label in DECODE_PHASES and w:
-            tot += w * m["steps_by_label"].get(label, 0)
-    n = m["n_generated"] - 1
+            tot += w * m.steps_by_label.get(label, 0)
+    n = m.n_generated - 1
     return tot / n if n > 0 else None
 
 
@@ -365,10 +366,10 @@ def _run_cold(trunk, sidecar, cfg, prompts, rows, log, tick) -> None:
                                 raise InputError(f"cold run failed (exit {p.returncode}): "
                                                  f"{' '.join(cmd[:12])} ...: "
                                                  f"{out.get('error')}")
-                            m = out["metrics"]
+                            m = RangedMetrics.from_dict(out["metrics"])  # the CLI's JSON
                             rows.append(_row(m, out["tokens"], mode="cold", plan=plan,
                                              topology=topo,
-                                             placement=m.get("mtp_placement", "-") if k
+                                             placement=(m.mtp_placement or "-") if k
                                              else "-", rtt_ms=rtt, k=k, prompt=pi, rep=rep,
                                              process_wall_s=wall, exit=p.returncode))
                             tick()

@@ -4,20 +4,29 @@ any context (a local one or a ranged `RemoteContext`), through the engine's one 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from mtplib.runtime.model import Context, RuntimeInputError
+from mtplib.runtime.results import GenerationMetrics
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
-    tokens: list[int]
-    metrics: dict = field(default_factory=dict)
+    """A plain generation: its tokens, the engine's metrics and the target decodes it took."""
 
-    def to_json(self) -> dict:
-        return {"tokens": self.tokens, "metrics": self.metrics}
+    tokens: list[int]
+    metrics: GenerationMetrics
+    #: one per token after the first, plus the prompt's chunks of n_batch
+    target_decodes: int
+
+    def summary(self) -> dict:
+        """The figures a table shows (the smoke notebook's)."""
+        m = self.metrics
+        return {"n_prompt": m.n_prompt, "n_generated": m.n_generated, "ttft_s": m.ttft_s,
+                "decode_s": m.decode_s, "decode_tok_s": m.decode_tok_s,
+                "target_decodes": self.target_decodes}
 
 
 def check_budget(ctx: Context, n_prompt: int, n_new: int) -> None:
@@ -61,11 +70,8 @@ def greedy(ctx: Context, prompt: Sequence[int], n_new: int, *, seq_id: int = 0) 
     # state never moves)
     engine = Engine(ctx, Drafter(), k=0, checkpoints="replay")
     tokens, m = run_generation(engine, prompt, n_new, seq_id=seq_id)
-    metrics = {k: m[k] for k in ("n_prompt", "n_generated", "ttft_s", "decode_s",
-                                 "decode_tok_s")}
     prefills = (len(prompt) + ctx.n_batch - 1) // ctx.n_batch if tokens else 0
-    metrics["target_decodes"] = max(len(tokens) - 1, 0) + prefills
-    return Generation(tokens, metrics)
+    return Generation(tokens, m, max(len(tokens) - 1, 0) + prefills)
 
 
 def run_greedy(model_path: str, prompt: Sequence[int], n_new: int, *, n_ctx: int = 2048,

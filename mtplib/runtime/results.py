@@ -1,23 +1,29 @@
-"""What one generation measured, typed: `GenerationMetrics`.
+"""What one generation measured, typed: `GenerationMetrics` (the whole model) and, in
+`mtplib.distributed.results`, its ranged kind.
 
-The engine reports a generation as a JSON-friendly metrics dict (`Metrics.to_dict` plus
-what each entry point adds: memory, routing, seam bytes). Code that computes with those
-numbers reads them through this dataclass (``g.decode_tok_s``, not ``m["decode_tok_s"]``),
-so a renamed or missing key fails in one place, with its name, instead of in every reader.
+Every entry point returns one of these; code that computes with the numbers reads fields
+(``g.decode_tok_s``, not ``m["decode_tok_s"]``), so a renamed or missing value fails in one
+place, with its name. A dict exists only at the JSON/CSV edge: `to_dict` writes the keys
+the files have always had (so ``--json`` output, bench.json and wan.json are unchanged) and
+`from_dict` reads them back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar
 
 from mtplib.contract.labels import TIME_PARTS, StepKind
+
+#: keys written only when the generation has them (None: absent in the dict)
+_OPTIONAL = ("hidden_rows", "memory", "steps", "margins", "routing", "upstream", "setup")
 
 
 @dataclass(frozen=True)
 class GenerationMetrics:
-    """One generation's counts and times (the engine's metrics, MTP on or off)."""
+    """One generation's counts and times (the engine's metrics, MTP on or off), with what
+    the entry point that ran it adds (memory, routing, build)."""
 
     k: int
     n_prompt: int
@@ -41,16 +47,71 @@ class GenerationMetrics:
     decode_tok_s: float | None
     #: seconds per part of a step (`mtplib.contract.labels.TIME_PARTS`)
     time_s: dict[StepKind, float]
-    #: peak RSS, weights and per-sequence state bytes where the entry point measured them
-    memory: dict[str, int] = field(default_factory=dict)
+    #: where the drafter's target rows came from ("api", "captured", "off"); None: not said
     hidden_rows: str | None = None
+    #: the drafts were forced (a synthetic drafter): the speed counts, the tokens do not
+    synthetic: bool = False
+    #: peak RSS, weights and per-sequence state bytes (None: the entry point measured none)
+    memory: dict[str, int] | None = None
+    #: the per-step trace and near-tie margins (only with ``trace=True``)
+    steps: list[dict] | None = None
+    margins: dict[str, float] | None = None
+    #: the routing decision, the upstream build, the load-time setup (where reported)
+    routing: dict | None = None
+    upstream: dict | None = None
+    setup: dict | None = None
+
+    #: keys `to_dict` always writes, even when None (a subclass may add to it)
+    _ALWAYS: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def quality_valid(self) -> bool:
+        """Whether the tokens can be compared with MTP off (not with forced drafts)."""
+        return not self.synthetic
+
+    def memory_bytes(self, key: str) -> int | None:
+        """One memory figure (None where it was not measured)."""
+        return (self.memory or {}).get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metrics as the JSON files hold them (the keys of every earlier file)."""
+        out: dict[str, Any] = {}
+        for f in fields(GenerationMetrics):  # a subclass writes its own fields after these
+            v = getattr(self, f.name)
+            if f.name == "time_s":
+                v = {str(p): float(t) for p, t in v.items()}
+            elif f.name == "synthetic":
+                if v:
+                    out.update(synthetic=True, quality_valid=False)
+                continue
+            elif v is None and f.name in _OPTIONAL and f.name not in self._ALWAYS:
+                continue
+            out[f.name] = v
+        return out
 
     @classmethod
     def from_dict(cls, m: Mapping[str, Any]) -> GenerationMetrics:
-        """The typed view of a metrics dict; keys it does not type are ignored, a missing
-        required one raises KeyError naming it."""
-        opt = {"memory", "hidden_rows"}
-        kw = {f.name: m[f.name] for f in fields(cls) if f.name not in opt}
-        kw["time_s"] = {p: float(m["time_s"][p]) for p in TIME_PARTS}
-        kw["rollbacks"] = dict(m["rollbacks"])
-        return cls(**kw, memory=dict(m.get("memory") or {}), hidden_rows=m.get("hidden_rows"))
+        """The typed view of a metrics dict (what `to_dict` or an earlier file wrote); keys
+        it does not type are ignored, a missing required one raises KeyError naming it."""
+        return cls(**cls.fields_from(m))
+
+    @staticmethod
+    def fields_from(m: Mapping[str, Any]) -> dict[str, Any]:
+        """The `GenerationMetrics` fields of a metrics dict (a subclass adds its own)."""
+        kw: dict[str, Any] = {}
+        for f in fields(GenerationMetrics):
+            if f.name == "time_s":
+                kw["time_s"] = {p: float(m["time_s"][p]) for p in TIME_PARTS}
+            elif f.name == "synthetic":
+                kw["synthetic"] = bool(m.get("synthetic", False))
+            elif f.name == "rollbacks":
+                kw["rollbacks"] = dict(m["rollbacks"])
+            elif f.name in m:
+                kw[f.name] = m[f.name]
+            elif f.default is MISSING:
+                raise KeyError(f.name)
+        return kw
+
+    def fields_dict(self) -> dict[str, Any]:
+        """This generation's `GenerationMetrics` fields (to build a subclass from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(GenerationMetrics)}

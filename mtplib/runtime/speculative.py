@@ -41,6 +41,7 @@ from mtplib.runtime.model import (
     check_n_new,
     check_tokens,
 )
+from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import DecodeSettings, RowSource
 
@@ -134,23 +135,26 @@ class Metrics(DraftCounts):
     n_prompt: int = 0
     n_generated: int = 0
 
-    def to_dict(self) -> dict:
+    def result(self, **extra) -> GenerationMetrics:
+        """What the generation measured, typed; ``extra``: what the caller adds (the row
+        source, memory, the trace)."""
         dec = self.t_end - self.t_first if self.t_first else 0.0
         n_dec = max(self.n_generated - 1, 0)
-        return {
-            "k": self.k,
-            "n_prompt": self.n_prompt,
-            "n_generated": self.n_generated,
-            **self.counts_dict(),
-            "verify_steps": self.verify_steps,
-            "plain_steps": self.plain_steps,
-            "rollbacks": dict(self.rollbacks),
-            "ttft_s": (self.t_first - self.t_start) if self.t_first else None,
-            "decode_s": dec,
-            "decode_tok_s": n_dec / dec if dec > 0 else None,
-            "time_s": dict(zip(TIME_PARTS, (self.t_prefill, self.t_draft, self.t_verify,
-                                            self.t_feed, self.t_rollback), strict=True)),
-        }
+        return GenerationMetrics(
+            k=self.k, n_prompt=self.n_prompt, n_generated=self.n_generated,
+            drafted=self.drafted, accepted=self.accepted,
+            acceptance_rate=self.acceptance_rate,
+            accepted_per_position=self.accepted_per_position,
+            accepted_per_position_counts=list(self.accepted_per_position_n),
+            drafted_per_position=list(self.drafted_per_position),
+            accept_len_hist={str(i): self.accept_len_hist.get(i, 0) for i in range(self.k + 1)},
+            verify_steps=self.verify_steps, plain_steps=self.plain_steps,
+            rollbacks=dict(self.rollbacks),
+            ttft_s=(self.t_first - self.t_start) if self.t_first else None,
+            decode_s=dec, decode_tok_s=n_dec / dec if dec > 0 else None,
+            time_s=dict(zip(TIME_PARTS, (self.t_prefill, self.t_draft, self.t_verify,
+                                         self.t_feed, self.t_rollback), strict=True)),
+            **extra)
 
 
 class SpecSession:
@@ -666,9 +670,9 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
         m = Metrics(k=engine.k)
         m.n_prompt = len(prompt)
-        metrics = {**m.to_dict(), "hidden_rows": engine.hidden_rows}
-        if memory is not None:
-            metrics["memory"] = memory(0 if seq_id is None else seq_id)
+        metrics = m.result(hidden_rows=engine.hidden_rows,
+                           memory=None if memory is None else
+                           memory(0 if seq_id is None else seq_id))
         if result is not None:
             result["tokens"], result["metrics"] = [], metrics
         return
@@ -678,16 +682,15 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
         while s.metrics.n_generated < n_new:
             yield s.step(min(engine.k, n_new - s.metrics.n_generated - 1))
         s.metrics.t_end = time.perf_counter()
-        metrics = s.metrics.to_dict()
-        metrics["hidden_rows"] = engine.hidden_rows
-        if getattr(engine.drafter, "synthetic", False):  # forced acceptance: speed only
-            metrics.update(synthetic=True, quality_valid=False)
-        if memory is not None:
-            metrics["memory"] = memory(s.seq)
-        if s.trace is not None:
-            metrics["steps"] = s.trace
-            metrics["margins"] = {str(p): m for p, m in sorted(s.margins.items())
-                                  if p >= len(prompt)}
+        traced = s.trace is not None
+        metrics = s.metrics.result(
+            hidden_rows=engine.hidden_rows,
+            # forced acceptance: the speed counts, the tokens do not
+            synthetic=bool(getattr(engine.drafter, "synthetic", False)),
+            memory=None if memory is None else memory(s.seq),
+            steps=s.trace if traced else None,
+            margins={str(p): m for p, m in sorted(s.margins.items()) if p >= len(prompt)}
+            if traced else None)
         if result is not None:
             result["tokens"] = s.tokens[s.metrics.n_prompt:]
             result["metrics"] = metrics
@@ -697,7 +700,7 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
 
 def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,
                    seq_id: int | None = None, memory: Callable[[int], dict] | None = None
-                   ) -> tuple[list[int], dict]:
+                   ) -> tuple[list[int], GenerationMetrics]:
     """Open a session, generate, report metrics (and the trace), close the session."""
     out: dict = {}
     for _ in generation_steps(engine, prompt, n_new, seq_id=seq_id, memory=memory, result=out):
@@ -727,7 +730,7 @@ class Generation:
         return self._require("tokens")
 
     @property
-    def metrics(self) -> dict:
+    def metrics(self) -> GenerationMetrics:
         return self._require("metrics")
 
     def _require(self, key: str):
@@ -880,13 +883,12 @@ class MTPRuntime:
                                             memory=self.memory, result=result)
             finally:
                 e.sampler = saved
-            result["metrics"]["routing"] = dict(self.routing)
-            result["metrics"]["upstream"] = build_info()
-            if self.setup is not None:
-                result["metrics"]["setup"] = dict(self.setup)
+            result["metrics"] = replace(
+                result["metrics"], routing=dict(self.routing), upstream=build_info(),
+                setup=None if self.setup is None else dict(self.setup))
 
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None,
-                 sampler: Sampler | None = None) -> tuple[list[int], dict]:
+                 sampler: Sampler | None = None) -> tuple[list[int], GenerationMetrics]:
         g = self.stream(prompt, n_new, seq_id=seq_id, sampler=sampler)
         for _ in g:
             pass

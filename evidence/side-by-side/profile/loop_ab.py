@@ -45,7 +45,7 @@ def main() -> None:
 
     def engine() -> float:
         _, m = run_generation(Engine(ctx, Drafter(), k=0), prompt, N_NEW)
-        return m["decode_tok_s"]
+        return m.decode_tok_s
 
     def raw(read: bool) -> float:
         ctx.decode(prompt, range(N_PROMPT), logits=[False] * (N_PROMPT - 1) + [True])

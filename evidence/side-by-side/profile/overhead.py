@@ -99,7 +99,7 @@ def mode_step(k, rates):
         steps.clear()
         _, m = rt.generate(p, N_NEW)
         if rep:
-            res.append((m["decode_tok_s"], list(steps)))
+            res.append((m.decode_tok_s, list(steps)))
     allsteps = [s for _, ss in res for s in ss]
     return {"decode_tok_s_median": round(statistics.median(t for t, _ in res), 2),
             "step_ms_median": round(1e3 * statistics.median(s[0] for s in allsteps), 3),
@@ -147,7 +147,7 @@ def mode_parts(k, rates):
     out["C llama_decode target"] = {"calls": len(tt.times), "median_us": med_us(tt.times)}
     if mt:
         out["C llama_decode mtp"] = {"calls": len(mt.times), "median_us": med_us(mt.times)}
-    return {"decode_tok_s": round(m["decode_tok_s"], 2), "per_call": out}
+    return {"decode_tok_s": round(m.decode_tok_s, 2), "per_call": out}
 
 
 class _Noop:
@@ -179,7 +179,7 @@ def mode_noop(k, rates):
         t0 = time.perf_counter()
         _, m = rt.generate(p, n)
         ts.append(time.perf_counter() - t0 - (sum(mt.times) if mt else 0.0))
-    steps = m["verify_steps"] + m["plain_steps"]
+    steps = m.verify_steps + m.plain_steps
     set_drafter(rt, mtp, rates)
     pr = cProfile.Profile()
     pr.enable()
@@ -282,7 +282,7 @@ def mode_ab(k, rates):
             _, m = rt.generate(p, N_NEW)
             if rep:
                 res[variant].append(statistics.median(s[0] - s[1] - s[2] for s in steps))
-                tps[variant].append(m["decode_tok_s"])
+                tps[variant].append(m.decode_tok_s)
     return {v: {"non_c_ms_per_step_median": round(1e3 * statistics.median(res[v]), 3),
                 "decode_tok_s_median": round(statistics.median(tps[v]), 2),
                 "runs": len(res[v])} for v in res}
