@@ -1,5 +1,5 @@
 """The benchmark's plots (`mtplib.lab.bench`'s results): matplotlib Figures from a loaded
-bench.json, no pyplot state. `figures` is what `bench.save` writes under ``plots/``."""
+bench.json, no pyplot state. `figures` is what `bench_summary.save` writes under ``plots/``."""
 
 from __future__ import annotations
 
