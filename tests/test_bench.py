@@ -14,8 +14,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mtplib.lab import bench as B
+from mtplib.contract.labels import TIME_PARTS
+from mtplib.lab import bench_config as BC
+from mtplib.lab import bench_summary as BS
 from mtplib.lab import tables
+from mtplib.lab.display import REFERENCE_S9
+from mtplib.lab.sweep import break_even
 from mtplib.records.evidence import (
     copy_run,
     load_raw,
@@ -57,7 +61,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(run_dir):
-    return B.load(run_dir / "bench")
+    return BS.load(run_dir / "bench")
 
 
 def test_lane_writes_notebook_metrics_plots_record_and_readme(run_dir):
@@ -90,7 +94,7 @@ def test_rows_are_complete_and_sane(data):
         assert r["n_generated"] == 32 and r["decode_tok_s"] > 0 and r["ttft_s"] > 0
         assert sum(r["accept_len_hist"].values()) == r["verify_steps"]
         assert r["quality_valid"] and (r["equal_to_off"] or r["near_tie"]), r
-        assert all(r[f"t_{p}_s"] >= 0 for p in B.TIME_PARTS)
+        assert all(r[f"t_{p}_s"] >= 0 for p in TIME_PARTS)
         assert r["rss_peak_bytes"] > 0 and r["trunk_weights_bytes"] > 0
     summ = {r["k"]: r for r in data["summary"]}
     assert sorted(summ) == [0, 1, 2]
@@ -101,13 +105,13 @@ def test_rows_are_complete_and_sane(data):
         assert len(s["accepted_per_position"]) == k and s["mtp_weights_mib"] > 0
         assert s["decode_tok_s_min"] <= s["decode_tok_s_median"] <= s["decode_tok_s_max"]
         assert s["unexplained_divergences"] == 0
-        assert sum(s[f"share_{p}_pct"] for p in B.TIME_PARTS) == pytest.approx(100)
+        assert sum(s[f"share_{p}_pct"] for p in TIME_PARTS) == pytest.approx(100)
         assert s["sampling_streams"] == 2 and s["sampling_equal_streams"] == 2
-    assert data["reference_s9"] == B.REFERENCE_S9
+    assert data["reference_s9"] == REFERENCE_S9
     # the summaries are recomputed from the recorded per-run rows
-    assert B.summarize(data["runs"], data["sampling"]) == data["summary"]
-    assert B.sweep_summary(data["sweep_runs"], data["runs"]) == data["sweep"]
-    assert B.break_even(data["sweep"]) == data["break_even"]
+    assert BS.summarize(data["runs"], data["sampling"]) == data["summary"]
+    assert BS.sweep_summary(data["sweep_runs"], data["runs"]) == data["sweep"]
+    assert break_even(data["sweep"]) == data["break_even"]
 
 
 def test_sweep_speedup_and_exact_acceptance_at_rates_0_and_1(data):
@@ -128,7 +132,7 @@ def test_break_even_interpolation():
     def pts(k, xy):
         return [{"plan": "whole", "k": k, "acceptance_pos_1": x, "speedup": y} for x, y in xy]
 
-    rows = {r["k"]: r for r in B.break_even(
+    rows = {r["k"]: r for r in break_even(
         pts(1, [(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)])
         + pts(2, [(0.0, 0.4), (1.0, 0.8)])
         + pts(3, [(0.0, 1.1), (1.0, 2.0)])
@@ -225,15 +229,15 @@ def test_gpu_lanes_stop_cleanly_without_a_gpu_build(tmp_path):
 
 
 def test_bench_config_validation(tmp_path):
-    cfg = B.BenchConfig.from_dict(load_lane(REPO / "params" / "cpu-fixture.yaml").bench)
+    cfg = BC.BenchConfig.from_dict(load_lane(REPO / "params" / "cpu-fixture.yaml").bench)
     assert cfg.plans == ["whole", "0-1,2-3"] and cfg.ks == [1, 2, 3]
     assert cfg.sweep.rates[-1] == 1.0
     for bad, msg in [({"wat": 1}, "unknown keys"), ({"ks": [0]}, "ks must"),
                      ({"sweep": {"rates": [1.5]}}, "sweep.rates"),
                      ({"sweep": {"nope": 1}}, "unexpected keyword"),
                      ({"backend": "tpu"}, "backend")]:
-        with pytest.raises(B.BenchConfigError, match=msg):
-            B.BenchConfig.from_dict(bad)
+        with pytest.raises(BC.BenchConfigError, match=msg):
+            BC.BenchConfig.from_dict(bad)
     lane = tmp_path / "bad.yaml"
     lane.write_text("lane: x\nfixture: {preset: tiny}\nnotebooks: [04_benchmark.ipynb]\n"
                     "bench: {ks: [0]}\n")
@@ -253,7 +257,7 @@ def test_unmeasured_memory_is_missing_not_zero(tmp_path):
     from mtplib.records.readme import fmt
 
     runs = json.loads((REPO / "evidence" / "DGR-066" / "bench" / "bench.json").read_text())["runs"]
-    summ = {(s["plan"], s["k"]): s for s in B.summarize(runs)}
+    summ = {(s["plan"], s["k"]): s for s in BS.summarize(runs)}
     ranged = [s for (plan, _), s in summ.items() if plan != "whole"]
     assert ranged and all(s["rss_peak_mib"] is None for s in ranged)
     assert summ[("whole", 0)]["mtp_seq_state_kib"] is None
@@ -269,7 +273,7 @@ def test_bench_takes_a_wan_for_its_ranged_plans():
     import subprocess
     import sys
 
-    cfg = B.BenchConfig.from_dict({"plans": ["whole", "0-1,2-3"], "wan": "50:100"})
+    cfg = BC.BenchConfig.from_dict({"plans": ["whole", "0-1,2-3"], "wan": "50:100"})
     assert cfg.wan == "50:100"
     r = subprocess.run([sys.executable, "-m", "mtplib.cli", "bench", "--wan", "5,6,7",
                         "--quiet"], capture_output=True, text=True, timeout=120)

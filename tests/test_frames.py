@@ -15,6 +15,8 @@ import pytest
 import mtplib.records
 from mtplib.errors import InputError
 from mtplib.lab import bench as B
+from mtplib.lab import bench_config as BC
+from mtplib.lab import bench_summary as BS
 from mtplib.lab import tables
 from mtplib.lab import wan as W
 
@@ -108,8 +110,8 @@ def test_seam_bytes_rows_say_mtp_on_tail_as_a_nullable_bool(frames):
 
 def test_bench_csvs_have_one_scalar_per_cell_and_integer_reps(run_dir, tmp_path):
     data = _json(run_dir, "bench/bench.json")
-    paths = B.write_csvs(data, tmp_path)
-    assert set(paths) == set(B.TABLES)
+    paths = BS.write_csvs(data, tmp_path)
+    assert set(paths) == set(BS.TABLES)
     with paths["runs"].open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(data["runs"])
@@ -162,11 +164,11 @@ def test_frame_dtypes_and_counters():
 
 
 def test_a_fresh_bench_run_loads(pair, tmp_path):
-    cfg = B.BenchConfig.from_dict({"ks": [1], "n_new": 4, "reps": 1, "warmup": 1,
+    cfg = BC.BenchConfig.from_dict({"ks": [1], "n_new": 4, "reps": 1, "warmup": 1,
                                    "threads": 1, "prompts": [{"seed": 0, "len": 6}],
                                    "sweep": None})
     res = B.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
-    B.save(res, tmp_path / "bench", plots=False)
+    BS.save(res, tmp_path / "bench", plots=False)
     f = mtplib.records.load(tmp_path)
     assert set(f) == {"bench", "bench_summary", "bench_sweep", "bench_sweep_runs",
                       "bench_break_even", "bench_sampling"}

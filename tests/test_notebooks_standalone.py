@@ -16,6 +16,7 @@ import pytest
 from mtplib import paths
 from mtplib.errors import InputError
 from mtplib.lab import bench as B
+from mtplib.lab import bench_config as BC
 from mtplib.lab import correctness as C
 from mtplib.records import scratch as S
 from mtplib.records.lanes import KERNEL, kernel_env
@@ -100,7 +101,7 @@ def test_bench_progress_total_is_the_number_of_generations(pair, monkeypatch):
     with sampling and the sweep; a total that drifts from the loops fails here."""
     monkeypatch.setattr(B, "progress_bar", _Bar)
     _Bar.made.clear()
-    cfg = B.BenchConfig.from_dict({
+    cfg = BC.BenchConfig.from_dict({
         "plans": ["whole", "0-1,2-3"], "ks": [1, 2], "n_new": 4, "reps": 1, "warmup": 1,
         "threads": 1, "prompts": [{"seed": 0, "len": 6}],
         "sweep": {"rates": [1.0], "ks": [1], "reps": 1, "warmup": 0},

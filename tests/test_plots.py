@@ -17,7 +17,6 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
-from mtplib.lab import bench as B
 from mtplib.lab import bench_plots as BP
 from mtplib.lab import correctness_plots as CP
 from mtplib.lab import display as D
@@ -142,11 +141,11 @@ def test_bench_plots_without_a_model_or_ranged_plan_say_so(bench):
 
 
 def test_reference_sources_are_public_and_cited():
-    for key in B.REFERENCE_S9:
+    for key in D.REFERENCE_S9:
         ref = D.REFERENCES[key]
         assert ref.url.startswith("https://") and ref.title and ref.cite().endswith(ref.url)
     t = D.references_table()
-    assert list(t["reference"]) == list(B.REFERENCE_S9) and t["url"].str.startswith(
+    assert list(t["reference"]) == list(D.REFERENCE_S9) and t["url"].str.startswith(
         "https://").all()
     assert not set(D.DATA_COLOURS) & set(D.REFERENCE_COLOURS.values())
     with pytest.raises(ValueError, match="panels"):

@@ -20,7 +20,7 @@ from mtplib.contract.capabilities import (
     negotiate,
 )
 from mtplib.errors import InputError
-from mtplib.lab import bench as B
+from mtplib.lab import bench_config as BC
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.records.lanes import LaneError, load_lane, run_lane
 from mtplib.runtime.capability import advertise
@@ -166,16 +166,16 @@ def test_ranged_mtp_refuses_mtp_under_alpha_but_decodes_plainly(pair):
 
 # -- bench and lanes ----------------------------------------------------------------------
 def test_bench_refuses_under_alpha_before_anything_runs(tmp_path):
-    cfg = B.BenchConfig.from_dict({"ks": [1]}, policy="alpha")
+    cfg = BC.BenchConfig.from_dict({"ks": [1]}, policy="alpha")
     assert cfg.policy == "alpha"
     with pytest.raises(RouteRefused, match=f"^bench: mtp.v4.draft1 {ALPHA_MSG}"):
-        B.check_requirements(cfg)
-    B.check_requirements(B.BenchConfig.from_dict({"ks": [1]}))  # beta, the default
-    assert B.BenchConfig.from_dict({}).policy == "beta"
-    with pytest.raises(B.BenchConfigError, match="differs from the lane's policy 'alpha'"):
-        B.BenchConfig.from_dict({"policy": "beta"}, policy="alpha")
-    with pytest.raises(B.BenchConfigError, match="^bench: policy: expected one of"):
-        B.BenchConfig.from_dict({"policy": "gamma"})
+        BC.check_requirements(cfg)
+    BC.check_requirements(BC.BenchConfig.from_dict({"ks": [1]}))  # beta, the default
+    assert BC.BenchConfig.from_dict({}).policy == "beta"
+    with pytest.raises(BC.BenchConfigError, match="differs from the lane's policy 'alpha'"):
+        BC.BenchConfig.from_dict({"policy": "beta"}, policy="alpha")
+    with pytest.raises(BC.BenchConfigError, match="^bench: policy: expected one of"):
+        BC.BenchConfig.from_dict({"policy": "gamma"})
     out = tmp_path / "b"
     r = cli("bench", "--params", REPO / "params" / "cpu-fixture.yaml", "--out", out,
             "--policy", "alpha")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtplib.lab import bench as B
+from mtplib.lab import bench_summary as BS
 from mtplib.lab.contract_checks import golden_check, policy_check
 from mtplib.model.fixture import write_fixture
 from mtplib.ownership import report as rep
@@ -73,7 +73,7 @@ def test_bench_round_trips_through_lab_bench(tmp_path):
     assert data == json.loads(path.read_text())
     fields = ("config", "runs", "sweep_runs", "sampling", "backend", "wall_s", "prompts",
               "model")  # model: written only when known (absent from older files)
-    paths = RM.write_bench(tmp_path, B.BenchResult(**{k: data[k] for k in fields if k in data}),
+    paths = RM.write_bench(tmp_path, BS.BenchResult(**{k: data[k] for k in fields if k in data}),
                            plots=False)
     assert paths["json"] == tmp_path / RM.BENCH_JSON
     again = RM.read_bench(tmp_path)  # summaries recomputed from the rows

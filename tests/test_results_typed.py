@@ -11,6 +11,9 @@ import pytest
 
 from mtplib.contract.labels import TIME_PARTS
 from mtplib.lab import bench as B
+from mtplib.lab import bench_config as BC
+from mtplib.lab import bench_rows as BR
+from mtplib.lab import bench_summary as BS
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.speculative import MTPRuntime
@@ -25,7 +28,7 @@ def committed() -> dict:
 
 def test_committed_rows_round_trip_exactly(committed):
     rows = committed["runs"] + committed["sweep_runs"]
-    typed = [B.BenchRun.from_dict(r) for r in rows]
+    typed = [BR.BenchRun.from_dict(r) for r in rows]
     assert [t.to_dict() for t in typed] == rows
     kinds = {(t.mode, t.quality is not None, t.ranged is not None, t.sweep is not None)
              for t in typed}
@@ -35,10 +38,10 @@ def test_committed_rows_round_trip_exactly(committed):
 
 
 def test_summaries_recompute_the_committed_numbers(committed):
-    assert B.summarize(committed["runs"], committed["sampling"]) == committed["summary"]
-    assert B.sweep_summary(committed["sweep_runs"], committed["runs"]) == committed["sweep"]
-    typed = [B.BenchRun.from_dict(r) for r in committed["runs"]]
-    assert B.summarize(typed, committed["sampling"]) == committed["summary"]
+    assert BS.summarize(committed["runs"], committed["sampling"]) == committed["summary"]
+    assert BS.sweep_summary(committed["sweep_runs"], committed["runs"]) == committed["sweep"]
+    typed = [BR.BenchRun.from_dict(r) for r in committed["runs"]]
+    assert BS.summarize(typed, committed["sampling"]) == committed["summary"]
 
 
 def test_a_generation_is_typed_and_its_dict_round_trips(pair):
@@ -59,12 +62,12 @@ def test_a_generation_is_typed_and_its_dict_round_trips(pair):
 
 
 def test_a_bench_run_is_typed_until_it_is_written(pair, committed):
-    cfg = B.BenchConfig.from_dict({"ks": [1], "n_new": 4, "reps": 1, "warmup": 1,
+    cfg = BC.BenchConfig.from_dict({"ks": [1], "n_new": 4, "reps": 1, "warmup": 1,
                                    "threads": 1, "prompts": [{"seed": 0, "len": 6}],
                                    "sweep": {"rates": [1.0], "ks": [1], "reps": 1,
                                              "warmup": 0}})
     res = B.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
-    assert all(isinstance(r, B.BenchRun) for r in res.runs + res.sweep_runs)
+    assert all(isinstance(r, BR.BenchRun) for r in res.runs + res.sweep_runs)
     assert all(isinstance(r.metrics, GenerationMetrics) for r in res.runs)
     data = res.to_json()
     want = {(r["mode"], tuple(sorted(r))) for r in committed["runs"] + committed["sweep_runs"]

@@ -18,6 +18,8 @@ def run(a: argparse.Namespace) -> int:
     import pandas as pd
 
     from mtplib.lab import bench as B
+    from mtplib.lab import bench_summary as BS
+    from mtplib.lab.bench_config import BenchConfig
     from mtplib.records.lanes import (
         LaneError,
         check_lane_requirements,
@@ -34,7 +36,7 @@ def run(a: argparse.Namespace) -> int:
     if a.policy is not None:
         lane.policy = a.policy
     check_lane_requirements(lane)
-    cfg = B.BenchConfig.from_dict(lane.bench, threads=lane.threads, policy=lane.policy)
+    cfg = BenchConfig.from_dict(lane.bench, threads=lane.threads, policy=lane.policy)
     if a.wan is not None:
         from dataclasses import replace
 
@@ -58,14 +60,14 @@ def run(a: argparse.Namespace) -> int:
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr))
     try:
         result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
-        saved = B.save(result, out / "bench")
+        saved = BS.save(result, out / "bench")
     except BaseException as e:  # the record says so, then the one-line error (or bug)
         record.update(ended=now_iso(), status="failed", error=f"{type(e).__name__}: {e}")
         write_json(out / "run_record.json", record)
         raise
     record.update(ended=now_iso(), status="ok")
     write_json(out / "run_record.json", record)
-    data = B.load(out / "bench")
+    data = BS.load(out / "bench")
     if a.json:
         print(json.dumps({"out": str(out), "bench_json": str(saved["json"]),
                           "plots": str(out / "bench" / "plots"), "wall_s": data["wall_s"],

@@ -1,5 +1,5 @@
 """The benchmark's plots (`mtplib.lab.bench`'s results): matplotlib Figures from a loaded
-bench.json, no pyplot state. `figures` is what `bench.save` writes under ``plots/``."""
+bench.json, no pyplot state. `figures` is what `bench_summary.save` writes under ``plots/``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 
 from mtplib.contract.labels import TIME_PARTS
 from mtplib.lab import display as D
+from mtplib.lab.bench_rows import typed_runs
 from mtplib.lab.display import REFERENCE_S9
 
 
@@ -75,8 +76,8 @@ def plot_speed(data: dict):
                 continue
             ax.bar(r["k"], r["decode_tok_s_median"], color=D.data_colour(r["k"]), alpha=0.85)
             ax.vlines(r["k"], r["decode_tok_s_min"], r["decode_tok_s_max"], color=D.NEUTRAL)
-        pts = [(r["k"], r["decode_tok_s"]) for r in data["runs"]
-               if not r["warmup"] and r["plan"] == plan and r["decode_tok_s"] is not None]
+        pts = [(r.k, r.decode_tok_s) for r in typed_runs(data["runs"])
+               if not r.warmup and r.plan == plan and r.decode_tok_s is not None]
         if pts:
             ax.scatter(*zip(*pts, strict=True), s=8, color=D.NEUTRAL, zorder=3)
         ax.set_xticks([r["k"] for r in summ], [_k_tick(r["k"]) for r in summ])

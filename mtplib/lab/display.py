@@ -30,7 +30,7 @@ class Reference:
         return f"{self.title}, {self.where}: {self.url}"
 
 
-#: The public sources of the comparison numbers (mtplib.lab.bench.REFERENCE_S9). Legends say
+#: The public sources of the comparison numbers (REFERENCE_S9 below). Legends say
 #: "ref." and a short label; `references_table()` gives the full citation.
 REFERENCES: dict[str, Reference] = {
     "deepseek_v3": Reference(

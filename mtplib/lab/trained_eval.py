@@ -428,7 +428,7 @@ def anchor_table(metrics_path: str | None = None) -> list[dict]:
     import json
     from pathlib import Path
 
-    from mtplib.lab.bench import REFERENCE_S9
+    from mtplib.lab.display import REFERENCE_S9
 
     p = Path(metrics_path) if metrics_path else EVIDENCE_DIR / "metrics.json"
     m = json.loads(p.read_text())

@@ -331,7 +331,11 @@ FILES: tuple[tuple[str, str], ...] = (
     ("mtplib/runtime/routing.py", "the deployment policy on every MTP path"),
     ("mtplib/distributed/ranged_mtp.py", "ranged MTP: trunk layers on RPC shards, MTP on the "
      "tail"),
-    ("mtplib/lab/bench.py", "the MTP off vs on benchmark, its CSVs and plots"),
+    ("mtplib/lab/bench.py", "the MTP off vs on benchmark: its runs"),
+    ("mtplib/lab/bench_config.py", "the benchmark's `bench:` section and what it requires"),
+    ("mtplib/lab/bench_rows.py", "the benchmark's typed rows"),
+    ("mtplib/lab/bench_summary.py", "the benchmark's summaries, bench.json and CSVs"),
+    ("mtplib/lab/bench_plots.py", "the benchmark's plots"),
     ("mtplib/lab/sweep.py", "the acceptance sweep and the break-even rule"),
     ("mtplib/lab/quality.py", "token agreement against MTP off, with the near-tie allowance"),
     ("mtplib/lab/correctness.py", "the correctness scenarios of notebook 03_correctness"),

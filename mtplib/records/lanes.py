@@ -48,7 +48,7 @@ class Lane:
     threads: int = 2
     parameters: dict = field(default_factory=dict)
     description: str = ""
-    bench: dict | None = None  # the `bench:` section (mtplib.lab.bench.BenchConfig)
+    bench: dict | None = None  # the `bench:` section (mtplib.lab.bench_config.BenchConfig)
     evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
     wan: dict | None = None  # the `wan:` section (mtplib.lab.wan.WanConfig)
     #: `policy:` alpha | beta, for the bench and every notebook's MTP runs (None:
@@ -365,7 +365,7 @@ def check_lane_requirements(lane: Lane) -> None:
             raise LaneError(f"{lane.path}: {e}") from None
     needs = f" (lane needs: {lane.requires['hardware']})" if lane.requires else ""
     if lane.bench is not None:
-        from mtplib.lab.bench import BenchConfig, MissingCapability, check_requirements
+        from mtplib.lab.bench_config import BenchConfig, MissingCapability, check_requirements
 
         try:
             check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads,

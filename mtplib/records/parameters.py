@@ -331,10 +331,10 @@ def _bench_cross(d: dict, where: str, ctx: Context) -> None:
 
 
 def bench_section() -> Check:
-    """The ``bench:`` section (mtplib.lab.bench.BenchConfig)."""
+    """The ``bench:`` section (mtplib.lab.bench_config.BenchConfig)."""
     def check(v: object, where: str, ctx: Context) -> object:
         from mtplib.contract.capabilities import POLICIES
-        from mtplib.lab.bench import BenchConfig, SamplingConfig
+        from mtplib.lab.bench_config import BenchConfig, SamplingConfig
         from mtplib.lab.sweep import SweepConfig
 
         sweep = section(SweepConfig, {"ks": drafts(1),

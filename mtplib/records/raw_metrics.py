@@ -27,7 +27,7 @@ from mtplib import files
 if TYPE_CHECKING:
     import pandas as pd
 
-    from mtplib.lab.bench import BenchResult
+    from mtplib.lab.bench_summary import BenchResult
     from mtplib.ownership.derivation import CacheParams, Inventory, Ownership
 
 BENCH_DIR = "bench"
@@ -177,14 +177,14 @@ def read_seam_bytes(run_dir: str | Path) -> list[dict] | None:
 def write_bench(run_dir: str | Path, result: BenchResult, *, plots: bool = True
                 ) -> dict[str, Path]:
     """The benchmark's raw metrics, CSVs and plots under ``run_dir/bench/`` (the format is
-    `mtplib.lab.bench.save`'s)."""
-    from mtplib.lab import bench
+    `mtplib.lab.bench_summary.save`'s)."""
+    from mtplib.lab import bench_summary
 
-    return bench.save(result, Path(run_dir) / BENCH_DIR, plots=plots)
+    return bench_summary.save(result, Path(run_dir) / BENCH_DIR, plots=plots)
 
 
 def read_bench(run_dir: str | Path) -> dict:
     """What `write_bench` wrote to ``bench.json`` (as DataFrames: `mtplib.records.load`)."""
-    from mtplib.lab import bench
+    from mtplib.lab import bench_summary
 
-    return bench.load(Path(run_dir) / BENCH_DIR)
+    return bench_summary.load(Path(run_dir) / BENCH_DIR)
