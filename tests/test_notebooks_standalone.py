@@ -126,9 +126,20 @@ def _files() -> set[str]:
     return out
 
 
-def _stderr(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                   for o in c.outputs if o.get("name") == "stderr")
+def _bars(nb) -> list[str]:
+    """The progress bars of an executed notebook's code cells (fails unless each bar is one
+    output, none on stderr)."""
+    from test_jupyter import BAR, bar_outputs
+
+    bars = []
+    for c in nb.cells:
+        if c.cell_type == "code":
+            shown, err = bar_outputs(c.outputs)
+            names = [t.split(":")[0] for t in shown]  # 05 shows one bar per build
+            assert len(set(names)) == len(names), shown
+            assert not any(BAR.search(t) for t in err), err
+            bars += shown
+    return bars
 
 
 @pytest.mark.slow
@@ -158,8 +169,9 @@ def test_notebook_runs_on_its_own(name, tmp_path, monkeypatch):
         assert not any(cwd.iterdir()), f"{stem} wrote into its working directory"
         assert _files() == before, f"{stem} wrote outside outputs/scratch: " \
             f"{sorted(_files() ^ before)}"
+        bars = _bars(nbformat.read(str(out_nb), as_version=4))  # one output per bar
         if stem[:2] in ("03", "04", "05"):  # the long cells show their bars
-            assert "100%" in _stderr(nbformat.read(str(out_nb), as_version=4)), stem
+            assert bars and all("100%" in b for b in bars), (stem, bars)
     finally:
         for p in (set(S.SCRATCH.iterdir()) - before_scratch) if S.SCRATCH.is_dir() else ():
             shutil.rmtree(p, ignore_errors=True)

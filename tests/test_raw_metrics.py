@@ -59,6 +59,16 @@ def test_writers_convert_tables_and_what_json_lacks(tmp_path):
                           "whole_vs_ranged"]
 
 
+@pytest.mark.parametrize("write", [RM.write_ownership, RM.write_state, RM.write_correctness,
+                                   RM.write_seam_bytes])
+def test_writers_make_a_run_dir_that_does_not_exist_yet(write, tmp_path):
+    """``papermill 03_correctness.ipynb OUT -p run_dir NEW`` failed in its last cell (after
+    every measurement) with FileNotFoundError: nothing had made NEW."""
+    run = tmp_path / "new" / "run"
+    path = write(run, [{"a": 1}] if write is RM.write_seam_bytes else {"a": 1})
+    assert path.parent == run and json.loads(path.read_text()) in ({"a": 1}, [{"a": 1}])
+
+
 def test_absent_seam_bytes_read_as_none(tmp_path):
     assert RM.read_seam_bytes(tmp_path) is None
     with pytest.raises(FileNotFoundError):

@@ -12,8 +12,9 @@ hook that keeps the committed notebooks free of outputs.
   ``./dev.sh setup`` does) or, opt-in, in the user's Jupyter (``./dev.sh lab --user``), so a
   Jupyter outside the venv lists the ``mtplib`` kernel the notebooks name.
 - `papermill_options`: what lanes pass to papermill so executed notebooks and lane logs
-  carry no repeated noise: each cell's stream outputs merged (a tqdm bar is one line, its
-  last state, not one output per refresh) and the kernel's connection encrypted with
+  carry no repeated noise: each cell's stream outputs merged (a loop's prints are one
+  output; the lab's progress bars are one display output each anyway, `lab.progress`)
+  and the kernel's connection encrypted with
   CurveZMQ keys provisioned by jupyter_client (ipykernel warns "Kernel is running over TCP
   without encryption" for every kernel otherwise). ``papermill IN OUT --engine mtplib``
   applies them to a run by hand (`mtplib.records.papermill_engine`).

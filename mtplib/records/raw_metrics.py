@@ -50,7 +50,12 @@ def _rows(table: pd.DataFrame | Sequence[dict]) -> list[dict]:
 
 def _write(run_dir: str | Path, rel: str, data: Any, *, indent: int,
            default: Any = None) -> Path:
-    return files.write_json(Path(run_dir) / rel, data, indent=indent, default=default, end="")
+    """``data`` as JSON at ``run_dir/rel``, the folder made if missing: a notebook given a
+    ``run_dir`` that does not exist yet (``papermill -p run_dir NEW``) writes its results
+    after its long cells ran, so failing there would lose them."""
+    path = Path(run_dir) / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return files.write_json(path, data, indent=indent, default=default, end="")
 
 
 def _read(run_dir: str | Path, rel: str) -> Any:
