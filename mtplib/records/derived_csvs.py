@@ -1,6 +1,6 @@
 """The CSVs committed beside a results JSON are derived from it, by the library's writer:
 ``wan_summary.csv`` from ``wan.json`` (`mtplib.lab.wan.write_summary_csv`) and the
-``bench_*.csv`` from ``bench.json`` (`mtplib.lab.bench.write_csvs`).
+``bench_*.csv`` from ``bench.json`` (`mtplib.lab.bench_summary.write_csvs`).
 
 A CSV written by an older writer keeps the older format (lists as JSON text, ``rep`` as a
 float, no ``build`` column) until it is written again. ``python -m
@@ -22,7 +22,7 @@ from pathlib import Path
 from mtplib import paths
 from mtplib.errors import InputError
 from mtplib.files import write_text_atomic
-from mtplib.lab import bench as B
+from mtplib.lab import bench_summary as B
 from mtplib.lab import wan as W
 
 #: results file name -> its CSV writer (the file's data, a folder) -> the CSVs it wrote
