@@ -187,11 +187,23 @@ class BenchResult:
 TABLES = ("summary", "sweep", "break_even", "runs", "sweep_runs", "sampling")
 
 
+#: the columns a bench CSV starts with (where its table has them); the rest follow sorted
+LEAD_COLUMNS = ("plan", "mode", "k", "rate", "prompt", "rep", "warmup")
+
+
+def _ordered(row: dict) -> dict:
+    """``row`` with `LEAD_COLUMNS` first and the other keys sorted: the same columns in the
+    same order whether the rows come from a run or from bench.json (written sorted)."""
+    lead = [c for c in LEAD_COLUMNS if c in row]
+    return {c: row[c] for c in [*lead, *sorted(set(row) - set(lead))]}
+
+
 def write_csvs(data: dict, out_dir: str | Path) -> dict[str, Path]:
     """One tidy CSV per table of bench.json's ``data`` (`mtplib.lab.tables`: lists and
     dicts spread over columns, ``rep`` an integer with an empty cell for warm-up runs)."""
     out = Path(out_dir)
-    return {name: tables.to_csv(data[name], out / f"bench_{name}.csv") for name in TABLES}
+    return {name: tables.to_csv([_ordered(r) for r in data[name]], out / f"bench_{name}.csv")
+            for name in TABLES}
 
 
 def save(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
