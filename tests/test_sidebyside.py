@@ -60,19 +60,21 @@ CLI_LINE = "\n[ Prompt: 1234.5 t/s | Generation: 87.6 t/s ]\n"
 def test_parse_completion_recorded():
     r = U.parse_completion(SERVER_RESPONSE)
     t = SERVER_RESPONSE["timings"]
-    assert r["decode_tok_s"] == pytest.approx(t["predicted_per_second"])
-    assert r["n_generated"] == t["predicted_n"]
-    assert r["drafted"] == t["draft_n"] and r["accepted"] == t["draft_n_accepted"]
-    assert r["acceptance_rate"] == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
+    assert isinstance(r, U.Completion)
+    assert r.decode_tok_s == pytest.approx(t["predicted_per_second"])
+    assert r.n_generated == t["predicted_n"] and r.prompt_n == t["prompt_n"]
+    assert r.drafted == t["draft_n"] and r.accepted == t["draft_n_accepted"]
+    assert r.acceptance_rate == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
+    assert r.tokens == SERVER_RESPONSE["tokens"] and r.decode_ms == t["predicted_ms"]
     # upstream's decode tok/s is (n - 1) steps over the decode time: mtplib's definition
-    assert r["decode_tok_s"] == pytest.approx((t["predicted_n"] - 1) / t["predicted_ms"] * 1e3,
-                                              rel=1e-6)
+    assert r.decode_tok_s == pytest.approx((t["predicted_n"] - 1) / t["predicted_ms"] * 1e3,
+                                           rel=1e-6)
 
 
 def test_parse_completion_plain_and_missing_timings():
     r = U.parse_completion({"timings": {"predicted_per_second": 50.0, "predicted_n": 8},
                             "tokens": [1, 2]})
-    assert r["drafted"] == 0 and r["acceptance_rate"] is None and r["tokens"] == [1, 2]
+    assert r.drafted == 0 and r.acceptance_rate is None and r.tokens == [1, 2]
     with pytest.raises(U.UpstreamToolError):
         U.parse_completion({"content": "x"})
 
@@ -104,9 +106,14 @@ def test_parse_server_log_and_cli_line():
     rows = U.parse_server_log(SERVER_LOG)
     assert len(rows) == 1
     t = SERVER_RESPONSE["timings"]
-    assert rows[0]["decode_tok_s"] == pytest.approx(t["predicted_per_second"], abs=0.006)
-    assert rows[0]["drafted"] == t["draft_n"] and rows[0]["accepted"] == t["draft_n_accepted"]
-    assert U.parse_cli_timings(CLI_LINE) == {"prompt_tok_s": 1234.5, "decode_tok_s": 87.6}
+    assert rows[0].decode_tok_s == pytest.approx(t["predicted_per_second"], abs=0.006)
+    assert rows[0].drafted == t["draft_n"] and rows[0].accepted == t["draft_n_accepted"]
+    assert rows[0].n_generated == t["predicted_n"] and rows[0].acceptance_rate == 0.56897
+    # MTP off: no draft acceptance line, the counts are None
+    plain = U.parse_server_log(SERVER_LOG.rsplit("\n", 2)[0] + "\n")
+    assert len(plain) == 1 and plain[0].drafted is None and plain[0].acceptance_rate is None
+    assert U.parse_cli_timings(CLI_LINE) == U.CliTimings(prompt_tok_s=1234.5,
+                                                          decode_tok_s=87.6)
     assert U.parse_cli_timings("no timings here") is None
 
 
@@ -222,28 +229,34 @@ def test_synthetic_proposals_and_accept_len():
 
 
 # -- summaries and tables ----------------------------------------------------------------
-def _rows():
+def _rows() -> list[S.SideRun]:
     rows = []
     for case, k, synth in (("plain", 0, False), ("k=2 synth 1,1", 2, True)):
         for rep, engine in S.ab_order(3):
             tps = (100.0 if engine == "upstream" else 90.0) + (rep or 0)
-            rows.append({"case": case, "k": k, "rates": [1.0, 1.0] if synth else None,
-                         "synthetic": synth, "engine": engine, "rep": rep, "warmup": rep is None,
-                         "decode_tok_s": tps if rep is not None else 1.0,
-                         "drafted": 10 if k else 0, "accepted": 10 if k else 0,
-                         "tokens": [1, 2, 3], "loadavg_before": [2.0, 0, 0],
-                         "loadavg_after": [2.5, 0, 0]})
+            own = ({"decode_ms": 20.0, "prompt_n": 3, "prompt_tok_s": 50.0, "argv": ["x"]}
+                   if engine == "upstream" else {"time_s": {"decode": 0.1},
+                                                 "hidden_rows": "all"})
+            rows.append(S.SideRun(
+                case=case, k=k, rates=[1.0, 1.0] if synth else None, synthetic=synth,
+                engine=engine, rep=rep, warmup=rep is None,
+                decode_tok_s=tps if rep is not None else 1.0, n_generated=3,
+                drafted=10 if k else 0, accepted=10 if k else 0,
+                acceptance_rate=1.0 if k else None, tokens=[1, 2, 3],
+                loadavg_before=[2.0, 0, 0], loadavg_after=[2.5, 0, 0],
+                quality_valid=not synth, **own))
     return rows
 
 
 def test_summarize_ratio_excludes_warmup(tmp_path):
     s = S.summarize(_rows())
+    assert S.summarize([r.to_dict() for r in _rows()]) == s  # rows read back from a file
     assert [r["case"] for r in s] == ["plain", "k=2 synth 1,1"]
     assert s[0]["upstream_tok_s"] == 101.0 and s[0]["mtplib_tok_s"] == 91.0
     assert s[0]["ratio"] == pytest.approx(91 / 101) and s[0]["runs"] == 3
     assert s[0]["tokens_equal"] is True and s[1]["mtplib_acceptance"] == 1.0
     assert s[0]["loadavg_1m_min_max"] == [2.0, 2.5]
-    p = S.save({"summary": s, "rows": _rows()}, tmp_path / "r.json")
+    p = S.save({"summary": s, "rows": [r.to_dict() for r in _rows()]}, tmp_path / "r.json")
     df = S.table(p)
     assert list(df["case"]) == ["plain", "k=2 synth 1,1"] and "ratio" in df
 

@@ -1,6 +1,8 @@
 """mtplib's Python MTP loop side by side with upstream's own C++ loop, on the same files.
 
-Three measurements, each a list of plain rows (dicts) saved as one JSON file:
+Three measurements, each saved as one JSON file; the runs of the side-by-side and of the
+sweep are typed rows (`SideRun`, `SweepRun`) until they are written, and their summaries read
+them typed (`from_dict` for the rows of a file):
 
 - **cost ratio** (`cost_ratio`): one-token decode time of the MTP block (MTP context, one
   token + one hidden row) over one-token decode time of the trunk, timed around the
@@ -36,8 +38,9 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +50,7 @@ from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab import sweep
 from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.rows import row_from_dict, typed
 from mtplib.lab.sweep import SweepConfig, median_or_none
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.routing import require_mtp
@@ -222,6 +226,67 @@ class SideBySideConfig:
                 "kv_type": s.kv_type, "flash_attn": s.flash_attn, "swa_full": s.swa_full}
 
 
+#: the fields only one engine's runs have (the other's rows lack the keys)
+UPSTREAM_ONLY = ("decode_ms", "prompt_n", "prompt_tok_s", "argv")
+MTPLIB_ONLY = ("time_s", "hidden_rows")
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """One run of one engine in one case: a row of a side-by-side file's ``rows``. Built
+    typed where it is measured (`_UpstreamSide.run`, `_MtplibSide.run`), read typed by
+    `summarize`; a dict (`to_dict`) in the file only. An upstream run has the server's
+    timings (`UPSTREAM_ONLY`), an mtplib run its time split and hidden-row mode
+    (`MTPLIB_ONLY`)."""
+
+    decode_tok_s: float | None
+    n_generated: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    tokens: list[int]
+    case: str
+    k: int
+    rates: list[float] | None
+    synthetic: bool
+    engine: str  # one of ENGINES
+    rep: int | None  # None: a warm-up
+    warmup: bool
+    loadavg_before: list[float]
+    loadavg_after: list[float]
+    quality_valid: bool
+    decode_ms: float | None = None
+    prompt_n: int | None = None
+    prompt_tok_s: float | None = None
+    argv: list[str] | None = None
+    time_s: dict[str, float] | None = None
+    hidden_rows: str | None = None
+
+    def to_dict(self) -> dict:
+        """The row as the committed files hold it: the measured numbers (upstream's timings
+        after n_generated, mtplib's time split after the tokens), the case, upstream's argv
+        last."""
+        d = asdict(self)
+        up = {f: d.pop(f) for f in UPSTREAM_ONLY}
+        mt = {f: d.pop(f) for f in MTPLIB_ONLY}
+        upstream = self.engine == "upstream"
+        head = {f: d.pop(f) for f in ("decode_tok_s", "n_generated")}
+        counts = {f: d.pop(f) for f in ("drafted", "accepted", "acceptance_rate", "tokens")}
+        timings = {f: up[f] for f in UPSTREAM_ONLY[:3]} if upstream else {}
+        return {**head, **timings, **counts, **({} if upstream else mt), **d,
+                **({"argv": up["argv"]} if upstream else {})}
+
+    @classmethod
+    def from_dict(cls, r: dict) -> SideRun:
+        """A row of a side-by-side file (its engine's own keys must be there too)."""
+        engine = r.get("engine")
+        if engine not in ENGINES:
+            raise InputError(f"a side-by-side row's engine must be one of {ENGINES}, "
+                             f"got {engine!r}")
+        return row_from_dict(cls, r, f"a side-by-side {engine} row",
+                             UPSTREAM_ONLY if engine == "upstream" else MTPLIB_ONLY)
+
+
 class _MtplibSide:
     """One MTPRuntime per case; synthetic cases get a fresh SyntheticDrafter per run (the
     same seed, as upstream reseeds per request) wrapping the real MTP drafter."""
@@ -235,7 +300,7 @@ class _MtplibSide:
                              settings=cfg.settings, policy=policy)
         self.mtp = self.rt.engine.drafter
 
-    def run(self, prompt: list[int], ref: list[int] | None) -> dict:
+    def run(self, prompt: list[int], ref: list[int] | None, **case: Any) -> SideRun:
         from mtplib.runtime.drafters import SyntheticDrafter
 
         if self.case.synthetic:
@@ -246,10 +311,11 @@ class _MtplibSide:
             toks, g = self.rt.generate(prompt, self.cfg.n_new)
         finally:
             self.rt.engine.drafter = self.mtp
-        return {"decode_tok_s": g.decode_tok_s, "n_generated": g.n_generated,
-                "drafted": g.drafted, "accepted": g.accepted,
-                "acceptance_rate": g.acceptance_rate, "tokens": toks,
-                "time_s": dict(g.time_s), "hidden_rows": g.hidden_rows}
+        return SideRun(decode_tok_s=g.decode_tok_s, n_generated=g.n_generated,
+                       drafted=g.drafted, accepted=g.accepted,
+                       acceptance_rate=g.acceptance_rate, tokens=toks,
+                       time_s=dict(g.time_s), hidden_rows=g.hidden_rows,
+                       loadavg_after=loadavg(), **case)
 
     def close(self) -> None:
         self.rt.close()
@@ -271,10 +337,11 @@ class _UpstreamSide:
 
         self.n_new = cfg.n_new
 
-    def run(self, prompt: list[int], ref: list[int] | None) -> dict:
+    def run(self, prompt: list[int], ref: list[int] | None, **case: Any) -> SideRun:
         from mtplib.lab.upstream_tools import parse_completion
 
-        return parse_completion(self.server.complete(prompt, self.n_new))
+        c = parse_completion(self.server.complete(prompt, self.n_new))
+        return SideRun(**asdict(c), argv=self.argv, loadavg_after=loadavg(), **case)
 
     def close(self) -> None:
         self.server.close()
@@ -293,7 +360,7 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
     t0 = time.time()
     n_vocab = read_header(trunk).n_vocab
     prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, n_vocab)
-    rows: list[dict] = []
+    rows: list[SideRun] = []
     ref: list[int] | None = None
     for case in cases:
         log(f"{case.label}: starting upstream server and mtplib runtime")
@@ -306,26 +373,23 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
             sides = {"upstream": up, "mtplib": mt}
             for rep, engine in ab_order(cfg.runs, cfg.warmup):
                 la = loadavg()
-                r = sides[engine].run(prompt, ref)
-                r.update(case=case.label, k=case.k,
-                         rates=list(case.rates) if case.rates else None,
-                         synthetic=case.synthetic, engine=engine, rep=rep,
-                         warmup=rep is None, loadavg_before=la, loadavg_after=loadavg(),
-                         quality_valid=not case.synthetic)
-                if engine == "upstream":
-                    r["argv"] = up.argv
+                r = sides[engine].run(prompt, ref, case=case.label, k=case.k,
+                                      rates=list(case.rates) if case.rates else None,
+                                      synthetic=case.synthetic, engine=engine, rep=rep,
+                                      warmup=rep is None, loadavg_before=la,
+                                      quality_valid=not case.synthetic)
                 rows.append(r)
-                log(f"  {engine:8s} rep={rep} {r['decode_tok_s']:.1f} tok/s "
-                    f"acc={r['accepted']}/{r['drafted']} load={la[0]:.2f}")
+                log(f"  {engine:8s} rep={rep} {r.decode_tok_s:.1f} tok/s "
+                    f"acc={r.accepted}/{r.drafted} load={la[0]:.2f}")
             if case.k == 0 and ref is None:  # MTP-off output: the synthetic reference
-                ref = next(r["tokens"] for r in rows
-                           if r["case"] == "plain" and r["engine"] == "mtplib")
+                ref = next(r.tokens for r in rows
+                           if r.case == "plain" and r.engine == "mtplib")
         finally:
             up.close()
             mt.close()
         log(f"{case.label}: load {la0} -> {loadavg()}")
     return {"kind": "side-by-side", "config": cfg.to_dict(), "trunk": str(trunk),
-            "sidecar": str(sidecar), "prompt": prompt, "rows": rows,
+            "sidecar": str(sidecar), "prompt": prompt, "rows": [r.to_dict() for r in rows],
             "summary": summarize(rows), "host": host_info(), "wall_s": time.time() - t0}
 
 
@@ -361,32 +425,33 @@ def host_info() -> dict:
 
 
 
-def summarize(rows: list[dict]) -> list[dict]:
+def summarize(rows: Sequence[SideRun | dict]) -> list[dict]:
     """One row per case: median decode tok/s of each engine, ratio mtplib / upstream,
     accepted / drafted of each, token agreement, load average range."""
     out = []
-    labels = list(dict.fromkeys(r["case"] for r in rows))
+    runs = typed(SideRun, rows)
+    labels = list(dict.fromkeys(r.case for r in runs))
     for label in labels:
-        rs = [r for r in rows if r["case"] == label and not r["warmup"]]
-        by = {e: [r for r in rs if r["engine"] == e] for e in ENGINES}
-        med = {e: median_or_none(r["decode_tok_s"] for r in by[e]) for e in ENGINES}
+        rs = [r for r in runs if r.case == label and not r.warmup]
+        by = {e: [r for r in rs if r.engine == e] for e in ENGINES}
+        med = {e: median_or_none(r.decode_tok_s for r in by[e]) for e in ENGINES}
         first = rs[0]
-        la = [r["loadavg_before"][0] for r in rs] + [r["loadavg_after"][0] for r in rs]
-        row = {"case": label, "k": first["k"], "rates": first["rates"],
-               "synthetic": first["synthetic"], "runs": min(len(by[e]) for e in ENGINES),
+        la = [r.loadavg_before[0] for r in rs] + [r.loadavg_after[0] for r in rs]
+        row = {"case": label, "k": first.k, "rates": first.rates,
+               "synthetic": first.synthetic, "runs": min(len(by[e]) for e in ENGINES),
                "upstream_tok_s": med["upstream"], "mtplib_tok_s": med["mtplib"],
                "ratio": (med["mtplib"] / med["upstream"]) if med["upstream"] else None,
                "upstream_tok_s_min_max": _minmax(by["upstream"]),
                "mtplib_tok_s_min_max": _minmax(by["mtplib"]),
                "loadavg_1m_min_max": [min(la), max(la)] if la else None}
         for e in ENGINES:
-            d = sum(r["drafted"] for r in by[e])
-            a = sum(r["accepted"] for r in by[e])
+            d = sum(r.drafted for r in by[e])
+            a = sum(r.accepted for r in by[e])
             row[f"{e}_acceptance"] = a / d if d else None
-            row[f"{e}_accepted_drafted_per_run"] = [by[e][0]["accepted"], by[e][0]["drafted"]] \
+            row[f"{e}_accepted_drafted_per_run"] = [by[e][0].accepted, by[e][0].drafted] \
                 if by[e] else None
-        if not first["synthetic"] and by["upstream"] and by["mtplib"]:
-            u, m = by["upstream"][0]["tokens"], by["mtplib"][0]["tokens"]
+        if not first.synthetic and by["upstream"] and by["mtplib"]:
+            u, m = by["upstream"][0].tokens, by["mtplib"][0].tokens
             row["tokens_equal"] = u == m
             row["first_token_divergence"] = next(
                 (i for i, (a, b) in enumerate(zip(u, m, strict=False)) if a != b), None)
@@ -394,8 +459,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _minmax(rs: list[dict]) -> list[float] | None:
-    xs = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
+def _minmax(rs: list[SideRun]) -> list[float] | None:
+    xs = [r.decode_tok_s for r in rs if r.decode_tok_s is not None]
     return [min(xs), max(xs)] if xs else None
 
 
@@ -432,6 +497,43 @@ def cost_ratio_table(paths: Sequence[str | Path]):
 
 
 # -- the acceptance sweep (mtplib only) ---------------------------------------------------
+@dataclass(frozen=True)
+class SweepRun:
+    """One generation of the acceptance sweep: a row of a sweep file's ``rows`` (MTP off,
+    k = 0 and mode "off", or at one synthetic rate). Built typed where it is measured, read
+    typed by `sweep_summary`; a dict (`to_dict`, the fields in order) in the file only."""
+
+    decode_tok_s: float | None
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    accepted_per_position: list[float | None]
+    time_s: dict[str, float]
+    loadavg: list[float]
+    k: int
+    rate: float | None
+    sweep_k: int  # the k whose runs this one is interleaved with
+    rep: int | None  # None: a warm-up
+    warmup: bool
+    mode: str  # off | synthetic
+    quality_valid: bool
+
+    @classmethod
+    def of(cls, g: GenerationMetrics, **kw: Any) -> SweepRun:
+        """A run's row from its metrics, with the load average read now."""
+        return cls(decode_tok_s=g.decode_tok_s, drafted=g.drafted, accepted=g.accepted,
+                   acceptance_rate=g.acceptance_rate,
+                   accepted_per_position=list(g.accepted_per_position),
+                   time_s=dict(g.time_s), loadavg=loadavg(), **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, r: dict) -> SweepRun:
+        return row_from_dict(cls, r, "an acceptance-sweep row")
+
+
 def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideConfig, *,
                      log: LOG | None = None, policy: Policy | str | None = None) -> dict:
     """MTP off, then per k and rate of ``sw`` (same rate at every position) with the MTP
@@ -448,13 +550,10 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
     # mtplib only: cfg's context size and threads, the C API's defaults otherwise (swa_full
     # on), as the committed sweeps ran
     ctx = DecodeSettings(n_ctx=cfg.settings.n_ctx, n_threads=cfg.settings.n_threads)
-    rows: list[dict] = []
+    rows: list[SweepRun] = []
 
-    def row(g: GenerationMetrics, **kw) -> dict:
-        r = {"decode_tok_s": g.decode_tok_s, "drafted": g.drafted,
-             "accepted": g.accepted, "acceptance_rate": g.acceptance_rate,
-             "accepted_per_position": list(g.accepted_per_position), "time_s": dict(g.time_s),
-             "loadavg": loadavg(), **kw}
+    def row(g: GenerationMetrics, **kw: Any) -> SweepRun:
+        r = SweepRun.of(g, **kw)
         rows.append(r)
         return r
 
@@ -481,36 +580,37 @@ def acceptance_sweep(trunk: str, sidecar: str, sw: SweepConfig, cfg: SideBySideC
                             rt.engine.drafter = mtp
                         r = row(m, k=k, rate=rate, sweep_k=k, rep=rep, warmup=rep is None,
                                 mode="synthetic", quality_valid=False)
-                        log(f"  k={k} rate={rate} rep={rep} {r['decode_tok_s']:.1f} tok/s")
+                        log(f"  k={k} rate={rate} rep={rep} {r.decode_tok_s:.1f} tok/s")
     summary = sweep_summary(rows)
     config = {"ks": list(sw.ks), "rates": list(sw.rates), "runs": sw.reps,
               "warmup": sw.warmup, "synth_seed": sw.synth_seed,
               "threads": ctx.n_threads, "n_ctx": ctx.n_ctx,
               **{f: getattr(cfg, f) for f in ("n_new", "n_prompt", "prompt_seed")}}
     return {"kind": "acceptance-sweep", "config": config, "trunk": str(trunk),
-            "sidecar": str(sidecar), "prompt": prompt, "rows": rows, "summary": summary,
+            "sidecar": str(sidecar), "prompt": prompt, "rows": [r.to_dict() for r in rows],
+            "summary": summary,
             "break_even": break_even(summary), "host": host_info(),
             "wall_s": time.time() - t0}
 
 
-def sweep_summary(rows: list[dict]) -> list[dict]:
+def sweep_summary(rows: Sequence[SweepRun | dict]) -> list[dict]:
     """Per (k, rate): median tok/s, speed-up over the MTP-off runs interleaved with it."""
     out = []
-    meas = [r for r in rows if not r["warmup"]]
-    for k in sorted({r["sweep_k"] for r in meas}):
-        off = median_or_none(r["decode_tok_s"] for r in meas if r["sweep_k"] == k and r["k"] == 0)
-        rates = sorted({r["rate"] for r in meas if r["sweep_k"] == k and r["k"] == k})
+    meas = [r for r in typed(SweepRun, rows) if not r.warmup]
+    for k in sorted({r.sweep_k for r in meas}):
+        off = median_or_none(r.decode_tok_s for r in meas if r.sweep_k == k and r.k == 0)
+        rates = sorted({r.rate for r in meas if r.sweep_k == k and r.k == k})
         for rate in rates:
-            rs = [r for r in meas if r["k"] == k and r["rate"] == rate]
-            med = median_or_none(r["decode_tok_s"] for r in rs)
-            d = sum(r["drafted"] for r in rs)
-            a = sum(r["accepted"] for r in rs)
-            pos1 = median_or_none(r["accepted_per_position"][0] for r in rs)
+            rs = [r for r in meas if r.k == k and r.rate == rate]
+            med = median_or_none(r.decode_tok_s for r in rs)
+            d = sum(r.drafted for r in rs)
+            a = sum(r.accepted for r in rs)
+            pos1 = median_or_none(r.accepted_per_position[0] for r in rs)
             out.append({"k": k, "rate": rate, "runs": len(rs), "off_tok_s": off,
                         "tok_s": med, "speedup": med / off if off and med else None,
                         "acceptance_pos_1": pos1, "acceptance": a / d if d else None,
-                        "loadavg_1m_min_max": [min(r["loadavg"][0] for r in rs),
-                                               max(r["loadavg"][0] for r in rs)]})
+                        "loadavg_1m_min_max": [min(r.loadavg[0] for r in rs),
+                                               max(r.loadavg[0] for r in rs)]})
     return out
 
 

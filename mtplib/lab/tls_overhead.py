@@ -3,7 +3,8 @@
 Two `RangedMTP` sessions on the trained pair (local shards: one pair plain, one pair behind
 their TLS gateways), generations interleaved A/B per prompt and repetition so that drift on
 a shared host hits both alike, at each RTT (the relays' emulated WAN, applied after
-loading). Per transport and RTT: n, median, min and max tokens/s; whether the tokens are
+loading), each generation a typed row (`TlsRun`) until the result is written. Per transport
+and RTT: n, median, min and max tokens/s; whether the tokens are
 identical; waits per step of each kind (TLS must not add a round trip: the gateway's status
 line is read before upstream's client sends a byte).
 
@@ -22,10 +23,39 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtplib.distributed.relay import WanLink
+from mtplib.lab.rows import row_from_dict, typed
 from mtplib.runtime.rpc import recv_exact
+
+TRANSPORTS = ("plaintext", "tls")
+
+
+@dataclass(frozen=True)
+class TlsRun:
+    """One generation of the TLS comparison: a row of tls_overhead.json's ``rows``. Built
+    typed where it is measured (`run`), read typed by `summarize`; a dict (`to_dict`, the
+    fields in order) in the file only."""
+
+    transport: str  # one of TRANSPORTS
+    rtt_ms: float
+    prompt: int
+    rep: int
+    tokens: list[int]
+    decode_tok_s: float | None
+    waits_per_step: dict[str, float]
+    seam_bytes: int
+    transport_metric: str  # the transport the run's metrics report (plain | tls)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, r: dict) -> TlsRun:
+        return row_from_dict(cls, r, "a TLS-overhead row")
 
 
 def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int = 24,
@@ -41,7 +71,7 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
     pair = trained_paths()
     prompts = trained_prompts(n_prompts, prompt_len)
     opts = EngineOptions(k=k, settings=DecodeSettings(n_ctx=256, n_threads=1), head=head)
-    rows: list[dict] = []
+    rows: list[TlsRun] = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="mtplib-tls-") as d:
         init_pki(d)
@@ -50,7 +80,7 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
                        mtp_placement=placement) as plain, \
                 RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
                           mtp_placement=placement, tls=tls) as secure:
-            runs = {"plaintext": plain, "tls": secure}
+            runs = dict(zip(TRANSPORTS, (plain, secure), strict=True))
             for r in runs.values():  # warm-up over loopback, not recorded
                 r.generate(list(prompts[0]), n_new, opts)
             for rtt in rtts_ms:
@@ -62,17 +92,18 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
                         order = list(runs) if (rep + pi) % 2 == 0 else list(runs)[::-1]
                         for name in order:
                             toks, m = runs[name].generate(list(prompt), n_new, opts)
-                            rows.append({"transport": name, "rtt_ms": rtt, "prompt": pi,
-                                         "rep": rep, "tokens": toks,
-                                         "decode_tok_s": m.decode_tok_s,
-                                         "waits_per_step": m.waits_per_step,
-                                         "seam_bytes": m.seam_bytes,
-                                         "transport_metric": m.transport})
+                            rows.append(TlsRun(transport=name, rtt_ms=rtt, prompt=pi,
+                                               rep=rep, tokens=toks,
+                                               decode_tok_s=m.decode_tok_s,
+                                               waits_per_step=m.waits_per_step,
+                                               seam_bytes=m.seam_bytes,
+                                               transport_metric=m.transport))
                 log(f"rtt {rtt:g} ms: {summary_line(rows, rtt)}")
     return {"config": {"rtts_ms": rtts_ms, "reps": reps, "n_prompts": n_prompts,
                        "n_new": n_new, "prompt_len": prompt_len, "k": k,
                        "mtp_placement": placement, "head": head, "plan": plan},
-            "rows": rows, "summary": summarize(rows), "wall_s": time.time() - t0}
+            "rows": [r.to_dict() for r in rows], "summary": summarize(rows),
+            "wall_s": time.time() - t0}
 
 
 def _peer():
@@ -174,28 +205,30 @@ def micro(rounds: int = 7, n_rtt: int = 300, mib: int = 64, log=print) -> dict:
     return out
 
 
-def summarize(rows: list[dict]) -> list[dict]:
+def summarize(rows: Sequence[TlsRun | dict]) -> list[dict]:
+    """Per RTT: each transport's tok/s (n, median, min, max), whether tokens and waits per
+    step are identical pair by pair, the ratio of medians and the paired ratio."""
     out = []
-    for rtt in sorted({r["rtt_ms"] for r in rows}):
-        at = [r for r in rows if r["rtt_ms"] == rtt]
+    runs = typed(TlsRun, rows)
+    for rtt in sorted({r.rtt_ms for r in runs}):
+        at = [r for r in runs if r.rtt_ms == rtt]
         row: dict = {"rtt_ms": rtt}
-        for name in ("plaintext", "tls"):
-            v = [r["decode_tok_s"] for r in at if r["transport"] == name]
+        for name in TRANSPORTS:
+            v = [r.decode_tok_s for r in at if r.transport == name]
             row[name] = {"n": len(v), "median_tok_s": statistics.median(v),
                          "min_tok_s": min(v), "max_tok_s": max(v)}
-        pairs = {(r["prompt"], r["rep"]): {} for r in at}
+        pairs: dict[tuple[int, int], dict[str, TlsRun]] = {(r.prompt, r.rep): {} for r in at}
         for r in at:
-            pairs[(r["prompt"], r["rep"])][r["transport"]] = r
-        row["tokens_identical"] = all(p["plaintext"]["tokens"] == p["tls"]["tokens"]
+            pairs[(r.prompt, r.rep)][r.transport] = r
+        row["tokens_identical"] = all(p["plaintext"].tokens == p["tls"].tokens
                                       for p in pairs.values())
         row["waits_per_step_identical"] = all(
-            p["plaintext"]["waits_per_step"] == p["tls"]["waits_per_step"]
-            for p in pairs.values())
-        row["waits_per_step"] = at[0]["waits_per_step"]
+            p["plaintext"].waits_per_step == p["tls"].waits_per_step for p in pairs.values())
+        row["waits_per_step"] = at[0].waits_per_step
         row["tls_over_plaintext"] = row["tls"]["median_tok_s"] / row["plaintext"]["median_tok_s"]
         # the same prompt and repetition, back to back: prompts differ in speed (acceptance),
         # so the paired ratio is the tighter measure of what TLS costs
-        ratios = [p["tls"]["decode_tok_s"] / p["plaintext"]["decode_tok_s"]
+        ratios = [p["tls"].decode_tok_s / p["plaintext"].decode_tok_s
                   for p in pairs.values()]
         row["paired_ratio"] = {"n": len(ratios), "median": statistics.median(ratios),
                                "min": min(ratios), "max": max(ratios)}
@@ -203,7 +236,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def summary_line(rows: list[dict], rtt: float) -> str:
+def summary_line(rows: Sequence[TlsRun | dict], rtt: float) -> str:
     s = next(x for x in summarize(rows) if x["rtt_ms"] == rtt)
     p, t = s["plaintext"], s["tls"]
     return (f"plaintext median {p['median_tok_s']:.2f} tok/s [{p['min_tok_s']:.2f}, "

@@ -295,22 +295,60 @@ def completion_body(prompt: Sequence[int], n_new: int, *, seed: int = 0) -> dict
             "return_tokens": True, "stream": False}
 
 
-def parse_completion(resp: dict) -> dict:
+@dataclass(frozen=True)
+class Completion:
+    """The numbers of one /completion response (`parse_completion`): what the side-by-side
+    records of an upstream run, before the case it ran in is added (`sidebyside.SideRun`)."""
+
+    decode_tok_s: float
+    n_generated: int
+    decode_ms: float
+    prompt_n: int
+    prompt_tok_s: float
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    tokens: list[int]
+
+
+def parse_completion(resp: dict) -> Completion:
     """The numbers of one /completion response: decode tok/s, counts, tokens."""
     t = resp.get("timings") or {}
     if "predicted_per_second" not in t:
         raise UpstreamToolError(f"no timings in the server response: {sorted(resp)}")
     drafted = t.get("draft_n")
     accepted = t.get("draft_n_accepted")
-    return {"decode_tok_s": float(t["predicted_per_second"]),
-            "n_generated": int(t.get("predicted_n", 0)),
-            "decode_ms": float(t.get("predicted_ms", 0.0)),
-            "prompt_n": int(t.get("prompt_n", 0)),
-            "prompt_tok_s": float(t.get("prompt_per_second", 0.0)),
-            "drafted": int(drafted) if drafted is not None else 0,
-            "accepted": int(accepted) if accepted is not None else 0,
-            "acceptance_rate": (accepted / drafted) if drafted else None,
-            "tokens": list(resp.get("tokens") or [])}
+    return Completion(decode_tok_s=float(t["predicted_per_second"]),
+                      n_generated=int(t.get("predicted_n", 0)),
+                      decode_ms=float(t.get("predicted_ms", 0.0)),
+                      prompt_n=int(t.get("prompt_n", 0)),
+                      prompt_tok_s=float(t.get("prompt_per_second", 0.0)),
+                      drafted=int(drafted) if drafted is not None else 0,
+                      accepted=int(accepted) if accepted is not None else 0,
+                      acceptance_rate=(accepted / drafted) if drafted else None,
+                      tokens=list(resp.get("tokens") or []))
+
+
+@dataclass(frozen=True)
+class CliTimings:
+    """llama-cli's closing line: prompt and generation tok/s."""
+
+    prompt_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class LoggedTiming:
+    """One request's print_timings block of llama-server's log; the draft counts are None
+    where the block has no "draft acceptance" line (MTP off)."""
+
+    decode_ms: float
+    n_generated: int
+    ms_per_token: float
+    decode_tok_s: float
+    acceptance_rate: float | None = None
+    accepted: int | None = None
+    drafted: int | None = None
 
 
 #: `llama-cli` / server log line: "[ Prompt: 123.4 t/s | Generation: 56.7 t/s ]"
@@ -325,22 +363,21 @@ _DRAFT_RE = re.compile(r"draft acceptance\s*=\s*([0-9.]+)\s*\(\s*(\d+) accepted\
                        r"generated\)")
 
 
-def parse_cli_timings(text: str) -> dict | None:
+def parse_cli_timings(text: str) -> CliTimings | None:
     """Prompt / generation tok/s from llama-cli's closing line (last one wins)."""
     m = _CLI_RE.findall(text)
     if not m:
         return None
     p, g = m[-1]
-    return {"prompt_tok_s": float(p), "decode_tok_s": float(g)}
+    return CliTimings(prompt_tok_s=float(p), decode_tok_s=float(g))
 
 
-def parse_server_log(text: str) -> list[dict]:
+def parse_server_log(text: str) -> list[LoggedTiming]:
     """The per-request timing blocks llama-server logs (print_timings), in order."""
-    out = []
-    for m in _EVAL_RE.finditer(text):
-        out.append({"decode_ms": float(m.group(1)), "n_generated": int(m.group(2)),
-                    "ms_per_token": float(m.group(3)), "decode_tok_s": float(m.group(4))})
-    drafts = _DRAFT_RE.findall(text)
-    for row, (rate, acc, gen) in zip(out, drafts, strict=False):
-        row.update(acceptance_rate=float(rate), accepted=int(acc), drafted=int(gen))
-    return out
+    evals = _EVAL_RE.findall(text)
+    drafts = [dict(acceptance_rate=float(rate), accepted=int(acc), drafted=int(gen))
+              for rate, acc, gen in _DRAFT_RE.findall(text)]
+    drafts += [{}] * (len(evals) - len(drafts))
+    return [LoggedTiming(decode_ms=float(ms), n_generated=int(n), ms_per_token=float(per),
+                         decode_tok_s=float(tps), **d)
+            for (ms, n, per, tps), d in zip(evals, drafts, strict=False)]
