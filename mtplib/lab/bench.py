@@ -163,7 +163,7 @@ def n_generations(cfg: BenchConfig) -> int:
 def run_bench(trunk: str, sidecar: str, cfg: BenchConfig, *, log: LOG | None = None,
               progress: bool = False) -> BenchResult:
     """Measure MTP off vs on (per plan), the synthetic sweep and the sampling check.
-    ``progress``: a `tqdm.auto` bar over the generations (`n_generations`)."""
+    ``progress``: a bar (`mtplib.lab.progress.bar`) over the generations (`n_generations`)."""
     with progress_bar(n_generations(cfg), "bench", progress) as bar:
         return _run_bench(trunk, sidecar, cfg, log or (lambda s: None), lambda: bar.update())
 

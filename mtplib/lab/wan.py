@@ -768,8 +768,8 @@ def run_builds(cfg: WanConfig, out_dir, *, builds: Sequence[str] = ("stock", "pa
     ``MTPLIB_UPSTREAM`` set, into ``out_dir/<build>/``; returns build -> loaded results.
     ``overrides``: build -> WanConfig fields that differ for that build (e.g. a smaller
     grid for the stock comparison). A build that is not installed (``.upstream/patched``
-    missing) is skipped with a note. ``progress``: a `tqdm.auto` bar per build over its
-    generations, fed by the child's progress lines."""
+    missing) is skipped with a note. ``progress``: a bar (`mtplib.lab.progress.bar`) per
+    build over its generations, fed by the child's progress lines."""
     import json
     import os
     import subprocess
