@@ -17,6 +17,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
+from mtplib.contract.labels import STEP_KINDS
 from mtplib.lab import bench_plots as BP
 from mtplib.lab import correctness_plots as CP
 from mtplib.lab import display as D
@@ -192,10 +193,19 @@ def test_correctness_charts():
     labels = [t.get_text() for t in seam.legends[0].get_texts()]
     assert "rollback" not in labels  # never measured: no bar, not a 0 bar
     assert not any("bytes_per_token" in s for s in labels)  # readable names, not columns
-    # MTP off ran no draft step: no draft bar in its group
+    # a step kind gets a bar only where the run moved bytes for it: MTP off has no verify
+    # step, and a drafter in the client (the default) moves no draft or feed bytes
     ax = seam.axes[0]
-    draft = next(c for c in ax.containers if c.get_label() == "draft")
-    assert len(draft.patches) == 3  # k = 1, 2, 3 only
+    first = [r for r in d["whole_vs_ranged"] if r["plan"] == "0-1,2-3"]
+
+    def moved(r, s):
+        v = r.get(f"bytes_per_token_{s}")
+        return v is not None and v == v and v > 0
+
+    bars = {c.get_label(): len(c.patches) for c in ax.containers}
+    assert bars == {s: n for s in STEP_KINDS if (n := sum(moved(r, s) for r in first))}
+    assert bars["verify"] == 3  # k = 1, 2, 3 only
+    assert ("draft" in labels) == any(moved(r, "draft") for r in d["whole_vs_ranged"])
     rb = CP.plot_rollback(d["rollback"], noise_bound=NOISE_BOUND, model=model)
     seen = check_figure(rb, names=(model, "rollback"))
     assert any("tail removal" in s for s in seen["labels"])
