@@ -299,5 +299,3 @@ def _sweep(trunk, sidecar, cfg: BenchConfig, refs: dict, settings: DecodeSetting
                             seam_bytes_per_token=None, quality_valid=False))
             rt.engine.drafter = mtp
     return rows
-
-

@@ -175,4 +175,3 @@ def check_requirements(cfg: BenchConfig) -> dict:
             f"-DGGML_RPC=ON'); the installed build has only {info['backends']} devices "
             f"{[d['name'] for d in info['devices']]}, so the lane stops here")
     return info
-
