@@ -86,10 +86,3 @@ class RangedGeneration:
     tokens: list[int]
     metrics: RangedMetrics
     text: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` form: {"tokens", "metrics"(, "text")}."""
-        out: dict[str, Any] = {"tokens": self.tokens, "metrics": self.metrics.to_dict()}
-        if self.text is not None:
-            out["text"] = self.text
-        return out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from mtplib.contract.labels import TIME_PARTS
+from mtplib.lab.rows import typed
 from mtplib.runtime.results import GenerationMetrics
 
 
@@ -127,4 +128,4 @@ class BenchRun:
 
 def typed_runs(rows: Sequence[BenchRun | dict]) -> list[BenchRun]:
     """Rows as BenchRuns (rows read back from bench.json are dicts)."""
-    return [r if isinstance(r, BenchRun) else BenchRun.from_dict(r) for r in rows]
+    return typed(BenchRun, rows)

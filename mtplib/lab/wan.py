@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from mtplib.contract.types import MAX_DRAFT, draft_problem
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError
 from mtplib.files import write_json
+from mtplib.lab.rows import row_from_dict, typed
 from mtplib.lab.sweep import median_or_none
 
 TOPOLOGIES = ("remote", "tail_local")
@@ -177,17 +178,12 @@ class WanRun:
     @classmethod
     def from_dict(cls, r: dict) -> WanRun:
         """A row of any committed wan.json (the oldest lack mode, build, patches, setup)."""
-        names = {f.name for f in fields(cls)}
-        kw = {"mode": "warm", "build": None, "patches": [], "setup_s": None,
-              **{k: v for k, v in r.items() if k in names}}
-        missing = [f.name for f in fields(cls) if f.name not in kw and f.default is MISSING]
-        if missing:
-            raise InputError(f"a WAN row lacks {', '.join(missing)}: {sorted(r)}")
-        return cls(**kw)
+        return row_from_dict(cls, {"mode": "warm", "build": None, "patches": [],
+                                   "setup_s": None, **r}, "a WAN row")
 
 
 def _typed(rows: Sequence[WanRun | dict]) -> list[WanRun]:
-    return [r if isinstance(r, WanRun) else WanRun.from_dict(r) for r in rows]
+    return typed(WanRun, rows)
 
 
 def _row(m: RangedMetrics, tokens: list[int], **kw) -> dict:

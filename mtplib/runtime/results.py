@@ -64,11 +64,6 @@ class GenerationMetrics:
     #: keys `to_dict` always writes, even when None (a subclass may add to it)
     _ALWAYS: ClassVar[tuple[str, ...]] = ()
 
-    @property
-    def quality_valid(self) -> bool:
-        """Whether the tokens can be compared with MTP off (not with forced drafts)."""
-        return not self.synthetic
-
     def memory_bytes(self, key: str) -> int | None:
         """One memory figure (None where it was not measured)."""
         return (self.memory or {}).get(key)

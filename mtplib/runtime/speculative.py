@@ -142,13 +142,7 @@ class Metrics(DraftCounts):
         n_dec = max(self.n_generated - 1, 0)
         return GenerationMetrics(
             k=self.k, n_prompt=self.n_prompt, n_generated=self.n_generated,
-            drafted=self.drafted, accepted=self.accepted,
-            acceptance_rate=self.acceptance_rate,
-            accepted_per_position=self.accepted_per_position,
-            accepted_per_position_counts=list(self.accepted_per_position_n),
-            drafted_per_position=list(self.drafted_per_position),
-            accept_len_hist={str(i): self.accept_len_hist.get(i, 0) for i in range(self.k + 1)},
-            verify_steps=self.verify_steps, plain_steps=self.plain_steps,
+            **self.counts_dict(), verify_steps=self.verify_steps, plain_steps=self.plain_steps,
             rollbacks=dict(self.rollbacks),
             ttft_s=(self.t_first - self.t_start) if self.t_first else None,
             decode_s=dec, decode_tok_s=n_dec / dec if dec > 0 else None,
