@@ -19,6 +19,7 @@ from mtplib.lab import bench_config as BC
 from mtplib.lab import bench_summary as BS
 from mtplib.lab import tables
 from mtplib.lab import wan as W
+from mtplib.records.frames import SkippedWarning
 
 EVIDENCE = Path(__file__).resolve().parent.parent / "evidence"
 WAN_FILES = [f"{folder}/{b}/wan.json" for folder in ("wan", "wan-target")
@@ -185,3 +186,138 @@ def test_the_readme_example_runs(monkeypatch):
     ns: dict = {}
     exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the repo's own README
     assert len(ns["runs"]) and {"build", "results", "speedup"} <= set(ns["wan"].columns)
+
+
+# -- issue 32 item 5: every committed layout, one missing-value spelling, numeric dtypes ------
+FOLDERS = sorted(p for p in EVIDENCE.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_every_evidence_folder_loads(folder):
+    """Each committed evidence folder gives frames with rows, reads every JSON file of a
+    known layout (only the run record and the tokenizer are skipped) and warns of none."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedWarning)
+        f = mtplib.records.load(folder)
+    assert f and any(len(df) for df in f.values()), folder.name
+    assert set(f.skipped) <= {"run_record.json", "trained-v4/tokenizer.json",
+                              "tokenizer.json"}, f.skipped
+    n_json = len([p for p in folder.rglob("*.json")])
+    assert n_json == len(f.skipped) + len(_files_read(folder, f)), folder.name
+
+
+def _files_read(folder: Path, f: dict) -> set[str]:
+    """The JSON files the frames name (a ``file`` or ``source`` column; the known layouts
+    by name)."""
+    names = {str(v) for df in f.values() for c in ("file", "source") if c in df.columns
+             for v in df[c]}
+    known = {p.relative_to(folder).as_posix() for p in folder.rglob("*.json")
+             if p.name in ("bench.json", "correctness.json", "seam_bytes.json", "wan.json")}
+    rels = {p.relative_to(folder).as_posix() for p in folder.rglob("*.json")}
+    return known | {r for r in rels if r in names or r.rsplit("/", 1)[-1] in names}
+
+
+def _all_frames():
+    return [(folder.name, key, df) for folder in FOLDERS
+            for key, df in mtplib.records.load(folder).items()]
+
+
+def test_one_missing_spelling_and_no_numbers_as_object():
+    """0 object columns that hold only numbers or missing values; a missing value is pd.NA
+    only: no None, NaN, '' or '-' left in any cell."""
+    bad_dtype, bad_missing = [], []
+    for folder, key, df in _all_frames():
+        for c in df.columns:
+            values = df[c].tolist()
+            if df[c].dtype == object and all(
+                    v is pd.NA or (isinstance(v, int | float) and not isinstance(v, bool))
+                    for v in values):
+                bad_dtype.append(f"{folder}:{key}.{c}")
+            if any(v is None or (isinstance(v, float) and v != v)
+                   or (isinstance(v, str) and v in ("", "-")) for v in values):
+                bad_missing.append(f"{folder}:{key}.{c}")
+    assert not bad_dtype, bad_dtype[:20]
+    assert not bad_missing, bad_missing[:20]
+
+
+def test_dtypes_are_nullable_and_all_missing_is_numeric():
+    df = mtplib.records.frames.tidy(pd.DataFrame({
+        "rep": [None, 1], "x": [float("nan"), 2.5], "ok": [True, None], "none": [None, None],
+        "placement": ["-", "client"], "note": ["", "a"], "tokens": [[1, 2], [3]],
+        "mixed": [1, "a"]}, dtype=object))
+    assert {c: str(t) for c, t in df.dtypes.items()} == {
+        "rep": "Int64", "x": "Float64", "ok": "boolean", "none": "Float64",
+        "placement": "string", "note": "string", "tokens": "object", "mixed": "object"}
+    assert df.loc[0, ["rep", "x", "none", "placement", "note"]].isna().all()
+    assert df.loc[1, "ok"] is pd.NA and df.loc[1, "rep"] == 1
+    assert df["tokens"].tolist() == [[1, 2], [3]]
+
+
+def test_the_prompt_label_is_split_into_its_parts(frames):
+    b = frames["bench"]
+    assert str(b["prompt_index"].dtype) == str(b["prompt_seed"].dtype) == "Int64"
+    want = [(int(i), int(s)) for i, s in
+            (p[1:].split(":seed") for p in b["prompt"])]
+    assert list(zip(b["prompt_index"], b["prompt_seed"], strict=True)) == want
+    t = mtplib.records.frames.tidy(pd.DataFrame({"prompt": ["p0:seed7", "p1:text"]}))
+    assert t["prompt_index"].tolist() == [0, 1]
+    assert t["prompt_seed"].tolist() == [7, pd.NA]
+    other = mtplib.records.frames.tidy(pd.DataFrame({"prompt": ["p0:seed7", "hello"]}))
+    assert "prompt_index" not in other  # not all labels: left as they are
+
+
+def test_upstream_patches_target_layout():
+    """target/<build>/<mode>/wan.json: read from the folder itself and from above it."""
+    base = EVIDENCE / "upstream-patches"
+    files = sorted((base / "target").glob("*/*/wan.json"))
+    assert len(files) == 4
+    t = mtplib.records.load(base / "target")
+    assert len(t["wan"]) == sum(len(_json(p.parent, "wan.json")["rows"]) for p in files)
+    assert set(t["wan"]["build"]) == {"baseline", "patched"}
+    assert set(t["wan"]["results"]) == {"."} and set(t["wan"]["mode"]) == {"cold", "warm"}
+    up = mtplib.records.load(base)["wan_summary"]
+    assert set(up["results"]) == {"wan", "target", "target-rerun"}
+    assert set(up.loc[up["results"] == "wan", "build"]) == {"stock", "baseline", "patched"}
+
+
+def test_an_unknown_layout_is_named(tmp_path):
+    shutil.copy(EVIDENCE / "DGR-066" / "seam_bytes.json", tmp_path / "seam_bytes.json")
+    (tmp_path / "mystery.json").write_text('{"rows": [{"a": 1}]}')
+    (tmp_path / "waits-broken.json").write_text("{not json")
+    (tmp_path / "run_record.json").write_text("{}")
+    with pytest.warns(SkippedWarning, match="mystery.json") as w:
+        f = mtplib.records.load(tmp_path)
+    assert "run_record.json" not in str(w[0].message)
+    assert set(f) == {"seam_bytes"} and len(f["seam_bytes"]) == 8
+    assert f.skipped["mystery.json"] == "no reader for this layout"
+    assert f.skipped["waits-broken.json"].startswith("not readable JSON")
+    assert f.skipped["run_record.json"].startswith("the run record")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "mystery.json").write_text("{}")
+    with pytest.warns(SkippedWarning), pytest.raises(InputError, match="skipped: mystery.json"):
+        mtplib.records.load(only)
+
+
+def test_the_docs_plot_snippet_runs(monkeypatch, tmp_path):
+    """docs/data.md's speed-up-vs-RTT block, as written (5 lines), on the committed WAN
+    evidence: it plots one line per build and writes the PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    text = (EVIDENCE.parent / "docs" / "data.md").read_text()
+    part = text[text.index("## Speed-up against RTT"):]
+    code = part[part.index("```python\n") + 10:part.index("\n```", part.index("```python"))]
+    assert len(code.splitlines()) == 5
+    monkeypatch.chdir(EVIDENCE.parent)
+    monkeypatch.setattr("matplotlib.pyplot.savefig",
+                        lambda name, **kw: matplotlib.pyplot.gcf().savefig(tmp_path / name))
+    ns: dict = {}
+    exec(compile(code, "docs/data.md", "exec"), ns)  # noqa: S102 - the repo's own docs
+    ax = matplotlib.pyplot.gca()
+    assert sorted(line.get_label() for line in ax.get_lines()) == ["patched", "stock"]
+    assert all(len(line.get_xdata()) == 6 for line in ax.get_lines())  # 0..200 ms
+    assert (tmp_path / "speedup-vs-rtt.png").stat().st_size > 0
+    matplotlib.pyplot.close("all")
