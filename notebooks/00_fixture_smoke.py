@@ -35,7 +35,7 @@ threads: int = 2  # CPU threads
 run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

@@ -39,7 +39,7 @@ flash_shards: list[int] = [2, 4, 8]  # V4-Flash shard counts to derive
 flash_ctx: int = 131072  # context for the V4-Flash cache column
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

@@ -41,7 +41,7 @@ flash_ctxs: list[int] = [8192, 131072, 1048576]  # V4-Flash contexts to derive
 golden_dir: Optional[str] = None  # contract golden files; None: tests/golden/contract
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

@@ -39,7 +39,7 @@ sampling_seeds: int = 8  # sample-and-match seeds (the cpu-fixture lane: 100)
 progress: bool = True  # tqdm progress bars in the long cells
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

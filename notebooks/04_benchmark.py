@@ -43,7 +43,7 @@ progress: bool = True  # a tqdm progress bar over the bench's generations
 sbs_dir: str = "evidence/side-by-side"  # committed side-by-side results (repo-relative)
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

@@ -47,7 +47,7 @@ threads: int = 1  # CPU threads
 progress: bool = True  # a tqdm progress bar per build
 
 # %%
-# the parameters checked (papermill's -p strings parsed): a bad one stops here, named
+# the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
 from mtplib.records.parameters import checked
 
 globals().update(checked(globals()))

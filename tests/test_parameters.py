@@ -98,7 +98,7 @@ def test_plans_from_papermill_p(value, want):
     ("plans", "0-1;2-3", r"^plans\[1\]: expected a shard plan .*gap before range 0"),
     ("seeds", "many", r"^seeds: expected an int >= 1, got 'many'$"),
     ("progress", "yes", r"^progress: expected True or False, got 'yes'$"),
-    ("threads", 0, r"^threads: expected an int 1\.\.1024, got 0$"),
+    ("threads", 0, r"^threads: expected an int 1\.\.\d+ \(this machine's CPUs\), got 0$"),
 ])
 def test_bad_papermill_values_are_named_in_one_line(name, value, pattern):
     ns = _namespace(NB / "03_correctness.py", {name: value})
@@ -157,3 +157,105 @@ def test_papermill_run_stops_at_the_check_naming_the_parameter(tmp_path, monkeyp
     assert e.value.evalue.startswith("plans[0]: expected a shard plan")
     assert not (tmp_path / "run").exists()  # nothing ran
     assert time.monotonic() - t0 < 60
+
+
+# -- issue 32 item 5: unknown names refused, every value range-checked where it is read ------
+def _papermill_namespace(src: Path, injected: dict) -> dict:
+    """A kernel's namespace after papermill's injected cell, with IPython's input history
+    (``In``) holding that cell's source, as `checked` sees it in a papermill run."""
+    ns = _namespace(src, injected)
+    ns["In"] = ["", _cells(src)[0], PythonTranslator.codify(injected)]
+    return ns
+
+
+def test_an_unknown_papermill_name_is_refused_in_one_line():
+    ns = _papermill_namespace(NB / "00_fixture_smoke.py", {"thread": 2, "n_tokens": 4})
+    with pytest.raises(NP.ParameterError, match=r"^unknown parameter 'thread': this "
+                       r"notebook's are trunk, sidecar, .*threads, run_dir$") as e:
+        NP.checked(ns)
+    assert "\n" not in str(e.value)
+    ns = _papermill_namespace(NB / "00_fixture_smoke.py", {"a": 1, "b": 2})
+    with pytest.raises(NP.ParameterError, match=r"^unknown parameters 'a', 'b'"):
+        NP.checked(ns)
+    ok = _papermill_namespace(NB / "00_fixture_smoke.py", {"n_tokens": 4, "threads": 1})
+    assert NP.checked(ok)["n_tokens"] == 4
+    assert NP.injected_names({"In": ["x = 1"]}) == []  # no papermill cell: nothing injected
+
+
+def test_a_fixture_preset_is_one_of_the_presets():
+    ns = _namespace(NB / "00_fixture_smoke.py", {"preset": "tinyy"})
+    with pytest.raises(NP.ParameterError, match=r"^preset: expected one of tiny, .*got 'tinyy'$"):
+        NP.checked(ns)
+    ok = _namespace(NB / "00_fixture_smoke.py", {"preset": "tiny"})
+    assert NP.checked(ok)["preset"] == "tiny"
+
+
+def test_threads_are_bounded_by_this_machines_cpus(monkeypatch):
+    """`-p threads 99` stops at the check (before: it passed and the runtime refused it);
+    a lane file is bounded by MAX_THREADS only (its machine is checked apart)."""
+    import mtplib.runtime.model as RMOD
+
+    monkeypatch.setattr(RMOD, "max_threads", lambda: 2)
+    for name, inj in (("00_fixture_smoke", {"threads": 99}),
+                      ("04_benchmark", {"bench": "{threads: 3}"}),
+                      ("05_wan", {"wan": "{shard_threads: 3}"})):
+        with pytest.raises(NP.ParameterError, match=r"threads: expected an int 1\.\.2 "
+                           r"\(this machine's CPUs\), got (99|3)$"):
+            NP.checked(_namespace(NB / f"{name}.py", inj))
+    assert NP.checked(_namespace(NB / "00_fixture_smoke.py", {"threads": 2}))["threads"] == 2
+    assert NP.check_value("threads", 99) == 99  # a lane's value: MAX_THREADS
+    with pytest.raises(NP.ParameterError, match=r"1\.\.1024"):
+        NP.check_value("threads", 2000)
+
+
+def test_a_parameter_error_shows_as_one_line_in_a_kernel():
+    """IPython renders `_render_traceback_` in place of the traceback."""
+    e = NP.ParameterError("threads: expected an int 1..2, got 99")
+    assert e._render_traceback_() == ["ParameterError: threads: expected an int 1..2, got 99"]
+
+
+def test_papermill_cli_prints_a_refused_parameter_as_one_line(capsys):
+    """papermill imports the engine module at start (an entry point), whose hook prints a
+    notebook's ParameterError as its line; anything else goes to the hook before."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from mtplib.records import papermill_engine as PE
+
+    seen = []
+    hook = PE.one_line_errors(lambda *a: seen.append(a))
+    err = PapermillExecutionError(1, 2, "checked(globals())", "ParameterError",
+                                  "threads: expected an int 1..2, got 99", ["tb"] * 60)
+    hook(type(err), err, None)
+    assert capsys.readouterr().err == "ParameterError: threads: expected an int 1..2, got 99\n"
+    other = PapermillExecutionError(1, 2, "x", "ValueError", "boom", ["tb"])
+    hook(type(other), other, None)
+    assert seen == [(type(other), other, None)]
+    assert getattr(sys.excepthook, "one_line_errors", False)  # installed on import
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, args, line", [
+    ([], ["-p", "thread", "2"], "ParameterError: unknown parameter 'thread': this notebook's "
+                                "are trunk, sidecar, preset, seed, prompt_tokens, n_tokens, "
+                                "threads, run_dir"),
+    (["--engine", "mtplib"], ["-p", "n_tokens", "abc"],
+     "ParameterError: n_tokens: expected an int >= 1, got 'abc'"),
+], ids=["unknown-bare", "bad-value-engine"])
+def test_papermill_cli_refuses_in_one_line(tmp_path, engine, args, line):
+    """The papermill command itself: exit 1, the refusal as the last line of its output,
+    no traceback (before: an unknown name exited 0, a bad value printed 69 lines)."""
+    import os
+
+    from mtplib.records.lanes import kernel_env
+
+    env = {**os.environ, **kernel_env(), "PYTHONPATH": str(REPO)}
+    papermill = Path(sys.executable).parent / "papermill"
+    r = subprocess.run([str(papermill), str(NB / "00_fixture_smoke.ipynb"),
+                        str(tmp_path / "out.ipynb"), "--cwd", str(tmp_path), "--kernel",
+                        "mtplib", *engine, *args, "-p", "run_dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert out.rstrip().splitlines()[-1] == line
+    assert "Traceback" not in out and "---------" not in out
+    assert not (tmp_path / "run").exists()  # stopped at the check cell

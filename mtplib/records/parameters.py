@@ -6,7 +6,11 @@ Each notebook's `parameters` cell declares its parameters as annotated assignmen
 value with the rule registered here under its name (`PARAMETERS`), and `mtplib run`
 checks a lane's values with the same rules (`check_value`) before the first notebook
 runs. A bad value stops with one line naming the parameter (its key path in a lane), what
-was expected and what was given.
+was expected and what was given; so does a ``-p`` name the notebook does not declare
+(`injected_names`). In a kernel the error shows as that line, no traceback
+(`ParameterError._render_traceback_`), and papermill's CLI prints it as one line too
+(`mtplib.records.papermill_engine`). Each value is range-checked here, where it is read:
+a thread count against this machine's CPUs, a fixture preset against the presets.
 
 Values from ``papermill -p NAME VALUE`` arrive as a string, an int, a float, a bool or
 None, so the notebook side is lenient (`Context.lenient`), with one rule for lists:
@@ -21,6 +25,7 @@ lane validation is strict: ``ks: 3`` is refused where a list is expected.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import types
@@ -37,6 +42,11 @@ MAX_THREADS = 1024
 
 class ParameterError(InputError):
     """A notebook parameter (or a lane's value for one) that cannot be used."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in place of a traceback (its hook for this method): the one
+        line says it all, so the cell's error, and papermill's, is that line."""
+        return [f"{type(self).__name__}: {self}"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,25 @@ def number(lo: float | None = None, hi: float | None = None) -> Check:
             raise fail(where, want, v)
         return v
     return Rule(want, check)
+
+
+def threads() -> Check:
+    """A thread count. Where the value is used (the notebook: lenient) at most this
+    machine's CPUs (`mtplib.runtime.model.max_threads`, what the runtime refuses beyond);
+    a lane file, which may be meant for another machine, at most `MAX_THREADS` (the
+    machine's CPUs are checked by `mtplib.records.lanes.check_lane_requirements`)."""
+    lane = integer(1, MAX_THREADS)
+
+    def check(v: object, where: str, ctx: Context) -> object:
+        if not ctx.lenient:
+            return lane(v, where, ctx)
+        from mtplib.runtime.model import max_threads
+
+        n = max_threads()
+        if not _is_int(v) or not 1 <= v <= n:
+            raise fail(where, f"an int 1..{n} (this machine's CPUs)", v)
+        return v
+    return Rule("an int 1..(this machine's CPUs)", check)
 
 
 def of_type(cls: type, expected: str) -> Check:
@@ -222,6 +251,15 @@ def plan(*, whole: bool = False) -> Check:
             raise fail(where, want, v, str(e)) from None
         return v
     return Rule(want, check)
+
+
+def preset() -> Check:
+    """A fixture preset name (`mtplib.model.presets.PRESETS`)."""
+    def check(v: object, where: str, ctx: Context) -> object:
+        from mtplib.model.presets import PRESETS
+
+        return text(tuple(PRESETS))(v, where, ctx)
+    return Rule("a fixture preset name", check)
 
 
 def drafts(lo: int) -> Check:
@@ -347,7 +385,7 @@ def bench_section() -> Check:
                                                    split=_PLANS),
                  "prompts": list_of(prompt(), what="prompts"), "n_new": integer(2),
                  "reps": integer(1), "warmup": integer(0),
-                 "threads": optional(integer(1, MAX_THREADS)), "n_ctx": integer(1),
+                 "threads": optional(threads()), "n_ctx": integer(1),
                  "backend": text(("cpu", "gpu")),
                  "sweep": optional(sweep, none=(None, False)), "sampling": optional(sampling),
                  "policy": optional(text(tuple(POLICIES)))}
@@ -370,7 +408,7 @@ def wan_section() -> Check:
                  "modes": list_of(text(MODES), what="modes"),
                  "n_prompts": integer(1), "prompt_len": integer(1), "n_new": integer(1),
                  "reps": integer(1), "warmup": integer(0), "n_ctx": optional(integer(1)),
-                 "threads": integer(1, MAX_THREADS), "shard_threads": integer(1, MAX_THREADS),
+                 "threads": threads(), "shard_threads": threads(),
                  "cost_model_tolerance": number(0)}
         return section(WanConfig, rules)(v, where, ctx)
     return Rule("a mapping of WanConfig fields", check)
@@ -402,9 +440,9 @@ PARAMETERS: dict[str, Param] = {
     "flash_dir": _p("Optional[str]", _PATH),
     "golden_dir": _p("Optional[str]", _PATH),
     "sbs_dir": _p("str", text(what="a folder (string)")),
-    "threads": _p("int", integer(1, MAX_THREADS)),
+    "threads": _p("int", threads()),
     "progress": _p("bool", boolean()),
-    "preset": _p("str", text(what="a fixture preset name")),
+    "preset": _p("str", preset()),
     "seed": _p("int", integer(0)),
     "prompt_tokens": _p("list[int]", list_of(integer(0), what="token ids (ints >= 0)")),
     "n_tokens": _p("int", integer(1)),
@@ -436,10 +474,38 @@ def check_value(name: str, value: object, *, where: str | None = None,
     return value if param is None else param.check(value, where or name, ctx)
 
 
+#: the first line of papermill's injected-parameters cell (its Python translator's comment)
+INJECTED_HEADER = "# Parameters\n"
+
+
+def injected_names(namespace: Mapping[str, object]) -> list[str]:
+    """The names papermill's injected-parameters cell assigned (``-p NAME VALUE``), read
+    from IPython's input history (``In``) in ``namespace``; [] outside a papermill run."""
+    history = namespace.get("In")
+    if not isinstance(history, list):
+        return []
+    src = next((c for c in reversed(history)
+                if isinstance(c, str) and c.startswith(INJECTED_HEADER)), None)
+    if src is None:
+        return []
+    try:
+        body = ast.parse(src).body
+    except SyntaxError:
+        return []
+    return [t.id for node in body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)]
+
+
 def checked(namespace: Mapping[str, object]) -> dict[str, object]:
     """Every parameter the notebook's `parameters` cell declares (its annotated names),
     checked and parsed as papermill ``-p`` values are: the values to put back, as in
-    ``globals().update(checked(globals()))``. The first bad one raises ParameterError."""
+    ``globals().update(checked(globals()))``. A papermill parameter the cell does not
+    declare (a typo: ``-p thread 2``), or the first bad value, raises ParameterError."""
     names = typing.cast(Mapping[str, object], namespace.get("__annotations__", {}))
+    unknown = [n for n in injected_names(namespace) if n not in names]
+    if unknown:
+        raise ParameterError(f"unknown parameter{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(map(repr, unknown))}: this notebook's are "
+                             f"{', '.join(names)}")
     lenient = Context(lenient=True)
     return {n: check_value(n, namespace[n], ctx=lenient) for n in names if n in namespace}
