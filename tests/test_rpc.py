@@ -29,6 +29,7 @@ from mtplib.runtime.generate import greedy, prefill
 from mtplib.runtime.model import Context, ContextConfig, Model, RuntimeInputError
 from mtplib.runtime.rpc import (
     ShardError,
+    client_proto_minor,
     open_ranged,
     parse_endpoint,
     probe,
@@ -152,7 +153,8 @@ def test_local_shards_start_answer_and_stop():
         pids = sh.pids()
         assert len(set(sh.endpoints)) == 2
         for ep in sh.endpoints:
-            assert probe(ep) == (7, 0, 0)
+            # 7.0 at the pin, 7.1 with patches/0006 (graph slots): the build this process loads
+            assert probe(ep) == (7, client_proto_minor(), 0)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
     for ep in sh.endpoints:
@@ -310,22 +312,26 @@ def test_rollback_and_checkpoint_move_no_cache_between_shards(pair, shards):
                 (lab, i, tensors)
 
 
-def test_decode_cache_traffic_between_shards(pair, shards, monkeypatch):
+def test_decode_cache_traffic_between_shards(pair, monkeypatch):
     """Without rollback planes (n_rs_seq = 0) no cache tensor crosses any shard connection
     while decoding. With n_rs_seq > 0 the stock upstream's scheduler places the
     compressor-state restore (get_rows of a state with no weights) next to the previous
     layer, so the state planes of the first compressed layer of shard 1 (layer 2's CSA state
     here) travel to shard 0 through the client on every step: a pinned-upstream deviation,
     measured on the stock build (the client worker's, where the scheduler runs; the patched
-    build is the default and keeps the state local, tests/test_patches.py)."""
+    build is the default and keeps the state local, tests/test_patches.py). Stock shards
+    too: a stock client refuses a patched (protocol 7.1) server."""
     monkeypatch.setenv("MTPLIB_UPSTREAM", "stock")
     crossing = {}
-    for rs in (0, 4):
-        with RangedRuntime(pair.trunk, "0-1,2-3", shards.endpoints[:2]) as rt, \
-                rt.context(ContextConfig(n_ctx=256, n_threads=1, n_rs_seq=rs)) as ctx:
-            greedy(ctx, PROMPT, 6)
-            crossing[rs] = [(i, name, b) for i, d in enumerate(rt.relays.by_tensor("decode"))
-                            for name, b in d.items() if re.search(r"(cache|state)_\w*l\d", name)]
+    with LocalShards(2) as stock_shards:
+        for rs in (0, 4):
+            with RangedRuntime(pair.trunk, "0-1,2-3", stock_shards.endpoints) as rt, \
+                    rt.context(ContextConfig(n_ctx=256, n_threads=1, n_rs_seq=rs)) as ctx:
+                greedy(ctx, PROMPT, 6)
+                crossing[rs] = [(i, name, b)
+                                for i, d in enumerate(rt.relays.by_tensor("decode"))
+                                for name, b in d.items()
+                                if re.search(r"(cache|state)_\w*l\d", name)]
     assert crossing[0] == []
     assert {(i, re.sub(r"^RPC.*?#|#\d+$", "", n)) for i, n, _ in crossing[4]} == {
         (0, "dsv4_csa_state_kv_l2 (view)"), (1, "dsv4_csa_state_kv_l2 (view)")}

@@ -557,6 +557,7 @@ class RangedRuntime:
         for label in sorted(set(per_label) | set(self.steps)):
             c = per_label.get(label) or {"total": 0, "up": 0, "down": 0, "waits": 0,
                                          "data": 0, "graph": 0, "control": 0, "unparsed": 0,
+                                         "graph_sends": 0,
                                          "per_shard": [0] * n_relays,
                                          "waits_per_shard": [0] * n_relays}
             per_dir = self.relays.by_tensor_dir(label)
@@ -566,6 +567,7 @@ class RangedRuntime:
             key = {"prefill": "prefill_token", "decode": "decode_token"}.get(label)
             row = {"bytes": c["total"], "up": c["up"], "down": c["down"],
                    "data": c["data"], "graph": c["graph"], "control": c["control"],
+                   "graph_sends": c["graph_sends"],
                    "unparsed": c["unparsed"], "per_shard": c["per_shard"],
                    "waits": c["waits"], "waits_per_shard": c["waits_per_shard"],
                    "waits_per_step": c["waits"] / n_steps if n_steps else None,

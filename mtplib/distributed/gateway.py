@@ -47,9 +47,11 @@ from mtplib.distributed.tls import (
 )
 from mtplib.runtime.rpc import (
     GRAPH_HEADER,
+    GRAPH_SLOT_HEADER,
     REQUEST_SIZES,
     RPC_CMD_HELLO,
     RPC_GRAPH_COMPUTE,
+    RPC_GRAPH_COMPUTE_SLOT,
     RPC_N_COMMANDS,
     RPC_SET_TENSOR,
     SET_TENSOR_HEADER,
@@ -101,10 +103,11 @@ class RequestChecker:
             if not SET_TENSOR_HEADER <= size <= hi:
                 raise FrameError(f"SET_TENSOR of {size} bytes (allowed {SET_TENSOR_HEADER}.."
                                  f"{hi})")
-        elif cmd == RPC_GRAPH_COMPUTE:
-            if not GRAPH_HEADER <= size <= self.limits.max_graph_bytes:
-                raise FrameError(f"GRAPH_COMPUTE of {size} bytes (allowed {GRAPH_HEADER}.."
-                                 f"{self.limits.max_graph_bytes})")
+        elif cmd in (RPC_GRAPH_COMPUTE, RPC_GRAPH_COMPUTE_SLOT):
+            lo = GRAPH_HEADER if cmd == RPC_GRAPH_COMPUTE else GRAPH_SLOT_HEADER
+            if not lo <= size <= self.limits.max_graph_bytes:
+                raise FrameError(f"GRAPH_COMPUTE{'_SLOT' if lo != GRAPH_HEADER else ''} of "
+                                 f"{size} bytes (allowed {lo}..{self.limits.max_graph_bytes})")
         elif size != REQUEST_SIZES[cmd]:
             raise FrameError(f"command {cmd} with {size} payload bytes, expected "
                              f"{REQUEST_SIZES[cmd]}")

@@ -64,11 +64,15 @@ MAX_REPLY_BYTES = 16 << 30
 #   graph:   graph descriptions (GRAPH_COMPUTE / GRAPH_RECOMPUTE)
 #   control: everything else (headers, tensor descriptors, buffers, handshake)
 RPC_SET_TENSOR, RPC_GET_TENSOR = 6, 8
-RPC_GRAPH = {10, 16}
+#: GRAPH_COMPUTE, GRAPH_RECOMPUTE and (protocol 7.1, patches/0006) their slot forms
+RPC_GRAPH = {10, 16, 18, 19}
+#: the commands that carry a whole graph description (the rest of RPC_GRAPH: a few bytes)
+RPC_GRAPH_SENDS = {10, 18}
 RPC_ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
 RPC_TENSOR_NAME = slice(228, 292)  # rpc_tensor.name
 CATEGORIES = ("data", "graph", "control", "unparsed")
-COUNTERS = ("up", "down", "waits", *CATEGORIES)
+#: graph_sends: whole graph descriptions (GRAPH_COMPUTE, GRAPH_COMPUTE_SLOT), by count
+COUNTERS = ("up", "down", "waits", "graph_sends", *CATEGORIES)
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,8 @@ class _RpcParser:
                 if self.up:
                     self.cmd = self.hdr[0]
                     (self.left,) = struct.unpack("<Q", self.hdr[1:9])
+                    if self.cmd in RPC_GRAPH_SENDS:
+                        out["graph_sends"] += 1
                     self.desc, self.name = b"", ""
                     self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
                                       else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)

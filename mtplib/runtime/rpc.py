@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import importlib.util
 import ipaddress
 import os
 import re
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from mtplib.contract.labels import Placement
 from mtplib.ownership.plan import PlanError, ShardPlan
+from mtplib.runtime import PATCHED_DIR, selected_upstream
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
 from mtplib.runtime.model import RuntimeInputError, check_threads
 
@@ -45,6 +48,7 @@ from mtplib.runtime.model import RuntimeInputError, check_threads
 MAX_RPC_SERVERS = 16
 
 RPC_PROTO_MAJOR = 7
+#: the protocol minor of the stock pin; patches/0006 (graph slots) makes it 7.1
 RPC_PROTO_MINOR = 0
 RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24
@@ -58,9 +62,13 @@ GGML_MAX_SRC = 10
 (RPC_ALLOC_BUFFER, RPC_GET_ALIGNMENT, RPC_GET_MAX_SIZE, RPC_BUFFER_GET_BASE, RPC_FREE_BUFFER,
  RPC_BUFFER_CLEAR, RPC_SET_TENSOR, RPC_SET_TENSOR_HASH, RPC_GET_TENSOR, RPC_COPY_TENSOR,
  RPC_GRAPH_COMPUTE, RPC_GET_DEVICE_MEMORY, RPC_INIT_TENSOR, RPC_GET_ALLOC_SIZE, _HELLO,
- RPC_DEVICE_COUNT, RPC_GRAPH_RECOMPUTE, RPC_MEMSET_TENSOR) = range(18)
-#: commands a client may send (RPC_CMD_NONE = 18 never goes on the wire)
-RPC_N_COMMANDS = 18
+ RPC_DEVICE_COUNT, RPC_GRAPH_RECOMPUTE, RPC_MEMSET_TENSOR,
+ RPC_GRAPH_COMPUTE_SLOT, RPC_GRAPH_RECOMPUTE_SLOT) = range(20)
+#: commands a client may send (RPC_CMD_NONE = 20 never goes on the wire); the two graph-slot
+#: commands exist from protocol 7.1 (patches/0006): a client sends them only to a 7.1 server
+RPC_N_COMMANDS = 20
+#: protocol 7.1: graphs a server keeps per device (GRAPH_COMPUTE_SLOT's slot is below it)
+RPC_GRAPH_SLOTS = 8
 #: request payload size of every fixed-size command (the rpc_msg_*_req structs)
 REQUEST_SIZES = {
     RPC_ALLOC_BUFFER: 12, RPC_GET_ALIGNMENT: 4, RPC_GET_MAX_SIZE: 4, RPC_BUFFER_GET_BASE: 8,
@@ -69,11 +77,14 @@ REQUEST_SIZES = {
     RPC_GET_DEVICE_MEMORY: 4, RPC_INIT_TENSOR: RPC_TENSOR_SIZE,
     RPC_GET_ALLOC_SIZE: 4 + RPC_TENSOR_SIZE * (1 + GGML_MAX_SRC), RPC_CMD_HELLO: 24,
     RPC_DEVICE_COUNT: 0, RPC_GRAPH_RECOMPUTE: 4, RPC_MEMSET_TENSOR: RPC_TENSOR_SIZE + 17,
+    RPC_GRAPH_RECOMPUTE_SLOT: 8,
 }
 #: SET_TENSOR: | rpc_tensor | cache_flag (1) | offset (8) | data |
 SET_TENSOR_HEADER = RPC_TENSOR_SIZE + 9
 #: GRAPH_COMPUTE: | device (4) | n_nodes (4) | nodes | n_tensors (4) | tensors |
 GRAPH_HEADER = 12
+#: GRAPH_COMPUTE_SLOT: | slot (4) | the GRAPH_COMPUTE payload |
+GRAPH_SLOT_HEADER = 4 + GRAPH_HEADER
 #: reply payload size of every answered command except GET_TENSOR (the requested size)
 REPLY_SIZES = {
     RPC_ALLOC_BUFFER: 16, RPC_GET_ALIGNMENT: 8, RPC_GET_MAX_SIZE: 8, RPC_BUFFER_GET_BASE: 8,
@@ -91,6 +102,26 @@ class ShardError(UpstreamError):
     """A shard is unreachable, not an RPC server, or the wrong protocol version."""
 
 
+@functools.cache
+def client_proto_minor() -> int:
+    """The RPC protocol minor of the upstream build this process loads, as its installed
+    ggml-rpc.h declares it: 0 at the pin, 1 with patches/0006 (graph slots). Upstream's
+    client aborts the process on a server of a newer minor, so the probe and the relays
+    refuse one first; an older server is fine (the client then keeps one graph per device)."""
+    if selected_upstream() == "patched":
+        header = PATCHED_DIR / "include" / "ggml-rpc.h"
+    else:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            return RPC_PROTO_MINOR
+        header = Path(spec.origin).parent.parent / "include" / "ggml-rpc.h"
+    try:
+        m = re.search(r"#define\s+RPC_PROTO_MINOR_VERSION\s+(\d+)", header.read_text())
+    except OSError:
+        return RPC_PROTO_MINOR
+    return int(m.group(1)) if m else RPC_PROTO_MINOR
+
+
 def check_reply(cmd: int, payload: bytes) -> str | None:
     """None if ``payload`` is a sane reply to ``cmd``, else why not. Upstream's client
     acts on these values unchecked (a device count of 67 million makes it build 67 million
@@ -101,9 +132,12 @@ def check_reply(cmd: int, payload: bytes) -> str | None:
         return f"reply of {len(payload)} bytes to command {cmd}, expected {want}"
     if cmd == RPC_CMD_HELLO:
         major, minor, patch = payload[0], payload[1], payload[2]
-        if major != RPC_PROTO_MAJOR or minor > RPC_PROTO_MINOR:
+        ours = client_proto_minor()
+        if major != RPC_PROTO_MAJOR or minor > ours:
             return (f"speaks RPC protocol {major}.{minor}.{patch}, this client "
-                    f"{RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}.x")
+                    f"{RPC_PROTO_MAJOR}.{ours}.x (a server may not be newer than its client: "
+                    "run the same upstream build on both sides, e.g. both patched by "
+                    "./dev.sh setup)")
         if any(payload[4:]):
             return "offers a transport upgrade (conn_caps) mtplib does not support"
     elif cmd == RPC_DEVICE_COUNT:
