@@ -52,6 +52,23 @@ def build_info() -> dict:
             "patches": lines[1:]}
 
 
+#: OpenMP settings for upstream's CPU threads, defaults only (a value in the environment
+#: wins). libgomp reads them once, when llama_cpp loads its libraries, so they are set here,
+#: before any import of it, and children (shards, the ranged worker, kernels) inherit them.
+#: ggml's CPU backend is built with OpenMP: every graph node ends in an ``omp barrier`` and
+#: every graph in a parallel region's end, where libgomp's default spins (GOMP_SPINCOUNT,
+#: 300,000 iterations) before it sleeps. On a host whose cores are shared (shards next to
+#: the client, the way anyone tries shards first) a spinning thread holds the core the
+#: thread it waits for needs: drafting and feeding on the client ran about 90x slower
+#: (issue 29). PASSIVE sleeps at once.
+OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def _omp_defaults() -> None:
+    for key, value in OMP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 def _select() -> None:
     which = selected_upstream()
     # children (shards, the ranged worker, papermill kernels) load the same build
@@ -69,4 +86,5 @@ def _select() -> None:
         sys.path.insert(0, str(PATCHED_DIR))
 
 
+_omp_defaults()
 _select()

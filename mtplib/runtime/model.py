@@ -74,6 +74,25 @@ def max_threads() -> int:
     return os.cpu_count() or 1
 
 
+#: A CPU context whose model is smaller than this runs on one thread (threads by the work's
+#: size). ggml's CPU backend ends every graph node in an OpenMP barrier: a small model's
+#: nodes take a few microseconds each, so a second thread only adds a barrier wait per node,
+#: and on a host whose cores are shared (shards beside the client) each wait can cost a
+#: scheduler slice. Measured on this project's CPU (evidence/graph-reuse/README.md): the
+#: trained pair's MTP block (3.6 MB) drafts faster on 1 thread than on 2 idle, and stays
+#: within 2x of that with both cores busy; V4-Flash's MTP block (GBs) needs every thread.
+SMALL_MODEL_BYTES = 64 << 20
+
+
+def context_threads(model: Model, requested: int) -> int:
+    """The threads a context on ``model`` computes with on this CPU: 1 when its layers run
+    on RPC shards (the client's part of that graph is the token lookup; an MTP block on the
+    tail runs there) or the model is below SMALL_MODEL_BYTES; else ``requested``."""
+    if model.endpoints or model.size_bytes < SMALL_MODEL_BYTES:
+        return 1
+    return requested
+
+
 def check_threads(n: object, what: str = "threads") -> int:
     """``n`` if it is an int in 1..max_threads(), else RuntimeInputError naming ``what``."""
     if not _is_int(n) or not 1 <= n <= max_threads():
@@ -207,6 +226,8 @@ class Model:
         self.n_layer = int(self.llama.llama_model_n_layer(m))
         self.n_ctx_train = int(self.llama.llama_model_n_ctx_train(m))
         self.size_bytes = int(self.llama.llama_model_size(m))
+        #: the RPC shards holding this model's layers (set by runtime.rpc; [] = this process)
+        self.endpoints: list[str] = []
 
     def _live(self) -> None:
         """Refuse use after close(): upstream would read freed memory (a segfault)."""

@@ -582,7 +582,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     """Contexts and an Engine over already-loaded models; returns (engine, contexts to
     close). MTP drafts when a sidecar is given and k > 0 (unless a drafter is given)."""
     from mtplib.runtime.drafters import MTPDrafter
-    from mtplib.runtime.model import ContextConfig
+    from mtplib.runtime.model import ContextConfig, context_threads
 
     use_mtp = sidecar is not None and opts.draft.mtp and drafter is None
     if opts.head == "auto":
@@ -595,6 +595,8 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     tcfg = ContextConfig.from_settings(
         s, n_seq_max=opts.n_seq_max, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
         nextn_rows="all" if needs_rows else "off")
+    if trunk.endpoints:  # ranged: the client computes only the token lookup (context_threads)
+        tcfg = replace(tcfg, n_threads=context_threads(trunk, s.n_threads))
     mode, capture = "off", None
     if needs_rows and rows is None:
         mode, capture = _row_source(trunk, tcfg, s.hidden_rows, reserve=opts.reserve)
@@ -615,7 +617,8 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         if use_mtp:
             # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
             mtp_ctx = Context(sidecar, ContextConfig.from_settings(
-                s, n_seq_max=opts.n_seq_max, mtp=True, nextn_rows="masked"))
+                s, n_seq_max=opts.n_seq_max, mtp=True, nextn_rows="masked",
+                n_threads=context_threads(sidecar, s.n_threads)))
             owned.append(mtp_ctx)
             drafter = MTPDrafter(mtp_ctx)
         engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else 0,
