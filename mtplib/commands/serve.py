@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
+from mtplib.commands.common import add_json_arg, add_log_args, add_option, setup_logging
 from mtplib.commands.generate import (
     add_engine_args,
     add_sampling_args,
@@ -29,6 +29,30 @@ from mtplib.errors import InputError
 #: the environment variable read for --api-key when the flag is not given (keeps the key
 #: out of the process list)
 API_KEY_ENV = "MTPLIB_API_KEY"
+#: the --parallel values the service runs: one request at a time until continuous batching
+#: (issue 30) is built; raise it here and in `check_parallel` when it is
+PARALLEL_BUILT = (1,)
+
+
+def add_parallel_arg(s: argparse.ArgumentParser) -> None:
+    """``--parallel N`` / llama-server's ``-np N``: the number of slots (sequences decoded
+    together). The one definition; `check_parallel` says which values run."""
+    add_option(s, "--parallel", type=int, default=1, metavar="N",
+               help="slots decoded together (llama-server's -np); only 1 is built: "
+               "requests run one at a time, up to --queue wait")
+
+
+def check_parallel(a: argparse.Namespace) -> None:
+    """Refuse a --parallel this build does not run, in one line; -1 (llama-server's auto)
+    is the one value built."""
+    if a.parallel == -1:
+        a.parallel = PARALLEL_BUILT[-1]
+    if a.parallel < 1:
+        raise InputError(f"--parallel must be >= 1 (or -1: auto), got {a.parallel}")
+    if a.parallel not in PARALLEL_BUILT:
+        raise InputError(f"--parallel {a.parallel}: continuous batching is not built yet; "
+                         "mtplib serve runs one request at a time (--parallel 1), and up to "
+                         "--queue requests wait for it")
 
 
 def _is_loopback(host: str) -> bool:
@@ -41,6 +65,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_serve_args(a: argparse.Namespace) -> None:
+    check_parallel(a)
     if not 0 <= a.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {a.port}")
     if not _is_loopback(a.host) and not a.allow_remote:
@@ -225,6 +250,7 @@ def register(sub) -> None:
         "--seed are the defaults of a request that leaves them out.")
     add_engine_args(s)
     add_sampling_args(s)
+    add_parallel_arg(s)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; beyond loopback only with --allow-remote")
     s.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free "
