@@ -165,6 +165,26 @@ def test_a_client_that_leaves_mid_body_is_one_log_line(live, monkeypatch, caplog
     assert r.status_code == 200  # still serving
 
 
+def test_a_client_that_leaves_while_waiting_is_one_log_line(live, monkeypatch, caplog):
+    lines: list[str] = []
+    monkeypatch.setattr(serve_app, "limited_log", lines.append)
+    live.be.gate.clear()  # the generation does not move
+    body = b'{"prompt": "x", "max_tokens": 3}'
+    with live.connect() as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                  b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 5
+        while not live.worker.busy.is_set():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    deadline = time.monotonic() + 5  # the handler looks at the connection every second
+    while not lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    live.be.gate.set()
+    assert len(lines) == 1 and "left while its request waited or ran" in lines[0], lines
+    assert "Traceback" not in caplog.text and "Exception in ASGI" not in caplog.text
+
+
 def test_keep_alive_requests_are_served_and_the_next_headers_have_their_deadline(live):
     with httpx.Client(base_url=live.url, timeout=10) as c:
         for _ in range(3):  # one connection, several requests
