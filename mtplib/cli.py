@@ -19,6 +19,7 @@ import sys
 
 from mtplib import paths, pins
 from mtplib.commands import COMMANDS
+from mtplib.commands.common import llama_spelling_message
 from mtplib.errors import CheckFailed, InputError, MtplibError, UpstreamFault
 
 EPILOG = """examples:
@@ -88,6 +89,7 @@ class Parser(argparse.ArgumentParser):
         if self._subparsers is not None:
             return super().parse_known_args(args, namespace)
         args = sys.argv[1:] if args is None else list(args)
+        self._refuse_llama_spellings(args)
         try:
             ns, extras = super().parse_known_args(args, namespace)
         except UsageError:  # e.g. a required option missing because it was misspelt
@@ -95,6 +97,29 @@ class Parser(argparse.ArgumentParser):
             raise
         self._refuse_unknown(extras)
         return ns, extras
+
+    def _refuse_llama_spellings(self, args: list[str]) -> None:
+        """A llama.cpp spelling this verb does not take is refused by name, before argparse
+        could split it into a short option and a value (``-ngl 99`` as ``-n gl``, ``-ctk``
+        as ``-c tk``); a multi-letter one with its value attached (``-np4``) too."""
+        for arg in args:
+            if arg == "--":
+                return
+            if not arg.startswith("-") or self._negative_number_matcher.match(arg):
+                continue
+            flag = arg.split("=", 1)[0]
+            if flag in self._option_string_actions:
+                continue
+            msg = llama_spelling_message(self.prog, flag)
+            if msg is None and not arg.startswith("--"):
+                head = flag.rstrip("0123456789")
+                if head != flag and len(head) > 2 and (
+                        head in self._option_string_actions
+                        or llama_spelling_message(self.prog, head)):
+                    msg = (f"{flag}: llama.cpp's {head} takes its value as the next "
+                           f"argument: write {head} {flag[len(head):]}")
+            if msg is not None:
+                self.error(msg)
 
     def _refuse_unknown(self, extras: list[str]) -> None:
         for arg in extras:

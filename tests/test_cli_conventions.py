@@ -66,8 +66,10 @@ def test_issue_options_show_their_defaults(wide):
     """The options issue 16 named: their defaults (or how they are chosen) are in --help."""
     p = build_parser()
     helps = {n: " ".join(sp.format_help().split()) for n, sp in _parsers(p)}
-    assert "--batch BATCH n_batch (prefill chunk) (default: 512)" in helps["mtplib generate"]
-    assert "--ubatch UBATCH n_ubatch (micro-batch) (default: 512)" in helps["mtplib generate"]
+    assert ("--batch N, -b N, --batch-size N n_batch (prefill chunk) (default: 512)"
+            in helps["mtplib generate"])
+    assert ("--ubatch N, -ub N, --ubatch-size N n_ubatch (micro-batch) (default: 512)"
+            in helps["mtplib generate"])
     assert "(default: min(2048, the model's context_length))" in helps["mtplib generate"]
     for verb in ("run", "bench"):
         assert f"(default: {paths.DEFAULT_LANE})" in helps[f"mtplib {verb}"]

@@ -8,6 +8,7 @@ well-framed requests within the bounds are forwarded. The gateway keeps serving 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import ssl
@@ -83,8 +84,8 @@ def test_strangers_never_reach_the_rpc_server_and_are_closed_within_5_s(shard, p
     assert fake.n_connections == 0  # not one byte, not one connection reached it
     st = gw.stats
     assert st["sessions"] == 0
-    assert st["handshake_failed"] + st["handshake_timeout"] + st["refused_pending"] \
-        == len(streams)
+    assert st["handshake_failed"] + st["handshake_timeout"] + st["pre_tls_timeout"] \
+        + st["evicted"] == len(streams)
     # and it still serves an authenticated client
     stream, status = connect(_addr(gw), pki)
     with stream:
@@ -102,7 +103,7 @@ def test_idle_and_slow_peers_are_closed_by_the_handshake_deadline(shard):
         slow.sendall(ch[:10])  # then nothing: a slowloris ClientHello
         t_idle, t_slow = wait_closed(idle, 6.0), wait_closed(slow, 6.0)
     assert t_idle < 5.0 and t_slow < 5.0
-    assert gw.stats["handshake_timeout"] == 2
+    assert gw.stats["pre_tls_timeout"] == 1 and gw.stats["handshake_timeout"] == 1
 
 
 def test_a_certificate_from_another_ca_is_refused_both_ways(shard, pki, other_pki, tmp_path):
@@ -319,3 +320,85 @@ def test_strangers_cannot_hold_the_shard(shard, pki):
             assert st.ready
             assert handshake(stream, gw.endpoint).n_devices == 1
         assert idle.fileno() >= 0 and half.fileno() >= 0
+
+
+
+# -- issue 30 item 4: no number of idle or slow strangers keeps a client out -------------
+def _strangers(gw: Gateway, n: int, *, slow_every: int = 0, source: str = "127.0.0.1"
+               ) -> list[socket.socket]:
+    """``n`` connections that never finish a handshake (loopback only): idle ones, and
+    with ``slow_every`` every k-th has sent the start of a ClientHello and stalls."""
+    ch, out = client_hello(), []
+    for i in range(n):
+        s = socket.create_connection(_addr(gw), timeout=5, source_address=(source, 0))
+        if slow_every and i % slow_every == 0:
+            with contextlib.suppress(OSError):
+                s.sendall(ch[:7])
+        out.append(s)
+    return out
+
+
+def _served(gw: Gateway, pki: TlsConfig) -> float:
+    """Seconds for an authenticated client to be served (ready + upstream's HELLO)."""
+    t0 = time.monotonic()
+    stream, st = connect(_addr(gw), pki, timeout_s=5)
+    with stream:
+        assert st.ready and handshake(stream, gw.endpoint).n_devices == 1
+    return time.monotonic() - t0
+
+
+def test_200_idle_and_slow_strangers_do_not_keep_the_client_out(shard, pki):
+    """200 connections on loopback that never send a byte (every 4th: a stalled
+    ClientHello), all held open by the stranger: the client is served at once, twice (the
+    second time with more strangers arriving after the first), and none of them is ever
+    handed to the RPC server."""
+    fake, gw = shard
+    held: list[socket.socket] = []
+    try:
+        held += _strangers(gw, 100, slow_every=4)
+        assert _served(gw, pki) < 3.0
+        held += _strangers(gw, 100, slow_every=4)
+        assert _served(gw, pki) < 3.0
+        assert fake.n_connections == 2  # the client's two sessions, no stranger's
+        with gw._lock:
+            assert len(gw._pending) <= gw.max_per_source  # all from one address
+        assert gw.stats["evicted"] >= 200 - 2 * gw.max_per_source
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_flood_from_one_address_evicts_only_its_own(shard, pki):
+    """Strangers from 127.0.0.2 hold at most max_per_source handshakes, however many
+    connect; a client on 127.0.0.1 whose handshake is pending is not the one evicted."""
+    fake, gw = shard
+    held: list[socket.socket] = []
+    try:
+        own = socket.create_connection(_addr(gw), timeout=5)  # 127.0.0.1, idle, pending
+        held.append(own)
+        held += _strangers(gw, 60, source="127.0.0.2")
+        time.sleep(0.2)
+        with gw._lock:
+            by_source = [p.source for p in gw._pending.values()]
+        assert by_source.count("127.0.0.2") <= gw.max_per_source
+        assert "127.0.0.1" in by_source  # not evicted by the other address's flood
+        assert _served(gw, pki) < 3.0
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_oldest_pending_handshake_is_evicted_first(pki):
+    with FakeShard() as fake, Gateway(("127.0.0.1", 0), fake.addr, pki, log=lambda s: None,
+                                      max_pending=4, max_per_source=4) as gw:
+        socks = [socket.create_connection(_addr(gw), timeout=5) for _ in range(6)]
+        try:
+            assert wait_closed(socks[0], 2.0) < 2.0 and wait_closed(socks[1], 2.0) < 2.0
+            for s in socks[2:]:  # the four newest still wait for their handshake
+                s.settimeout(0.2)
+                with pytest.raises(TimeoutError):
+                    s.recv(1)
+            assert gw.stats["evicted"] == 2
+        finally:
+            for s in socks:
+                s.close()

@@ -340,3 +340,46 @@ def test_sigterm_while_loading_exits_0_and_stops_the_shards(pair):
             break
         time.sleep(0.5)
     assert not left
+
+
+@pytest.mark.slow
+def test_sigterm_answers_waiting_and_cut_requests_503_without_a_traceback(pair,
+                                                                         server_factory):
+    """Issue 30 item 4: the waiting requests get a JSON 503 at once, the running stream is
+    cut after --shutdown-timeout with a 503 error event, the log has no traceback, exit 0.
+    Ranged with an emulated 50 ms WAN, so the running generation is still running."""
+    s = server_factory("-m", str(pair.trunk), "-c", "512", "-t", "1", "--plan", "0-1,2-3",
+                       "--wan", "50", *_cache_args(), "--shutdown-timeout", "0.5")
+    got: dict[str, httpx.Response] = {}
+
+    def ask(name: str) -> None:
+        got[name] = httpx.post(s.url + "/v1/completions", timeout=REQ_S,
+                               json={"prompt": [1, 2, 3], "max_tokens": 4})
+
+    with httpx.stream("POST", s.url + "/v1/completions", timeout=REQ_S, json={
+            "prompt": [1, 2, 3], "max_tokens": 400, "stream": True,
+            "ignore_eos": True}) as r:
+        lines = r.iter_lines()
+        assert next(x for x in lines if x).startswith("data: ")
+        waiting = [threading.Thread(target=ask, args=(f"w{i}",)) for i in range(2)]
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(s.url + "/health", timeout=10).json()["pending"] < 3:
+            assert time.monotonic() < deadline, "the requests did not queue"
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        rest = [x for x in lines if x]
+        for t in waiting:
+            t.join(30)
+    for name in ("w0", "w1"):
+        assert got[name].status_code == 503, got[name].text
+        err = got[name].json()["error"]
+        assert err["type"] == "unavailable_error" and "was waiting" in err["message"]
+    last = json.loads(rest[-1][len("data: "):])
+    assert last["error"]["code"] == 503 and "cut after --shutdown-timeout" in \
+        last["error"]["message"]
+    assert s.proc.wait(60) == 0, s.log()
+    log = "".join(s.stderr)
+    assert "SIGTERM: stopping; 2 waiting request(s) answered 503" in log, log
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log

@@ -32,12 +32,63 @@ def parse_tokens(s: str) -> list[int]:
 LLAMA_ALIASES: dict[str, tuple[str, ...]] = {
     "--model": ("-m",),
     "--mtp": ("-md", "--model-draft"),
-    "--draft": ("--draft-max",),
+    "--draft": ("--draft-max", "--spec-draft-n-max"),
     "--n": ("-n", "--n-predict"),
     "--ctx": ("-c", "--ctx-size"),
     "--threads": ("-t",),
     "--prompt": ("-p",),
+    "--batch": ("-b", "--batch-size"),
+    "--ubatch": ("-ub", "--ubatch-size"),
+    "--flash-attn": ("-fa",),
+    "--endpoints": ("--rpc",),
+    "--parallel": ("-np",),
 }
+
+#: every llama.cpp option spelt with one dash and more than one letter (common/arg.cpp at
+#: the pinned commit; tests/test_cli_aliases.py checks the list against the sdist when it
+#: is here): argparse would read ``-ngl 99`` as ``-n gl`` and ``-ctk`` as ``-c tk``, so a
+#: verb refuses any of these it does not take by name (`Parser.parse_known_args`)
+LLAMA_SHORT_SPELLINGS = frozenset("""
+-Cb -Cbd -Cd -Cr -Crb -Crbd -Crd -ag -bf -bs -cb -cl -cmoe -cmoed -cms -cnv -co -cram -ctk
+-ctkd -ctv -ctvd -ctxcp -decay-epochs -dev -devd -dr -dt -epochs -fa -fit -fitc -fitp -fitt
+-gan -gaw -hf -hfd -hff -hfr -hfrd -hft -if -jf -kvo -kvu -lcd -lcs -lm -lr -lr-min -lv -lzm
+-md -mg -mli -mm -mmdev -mmu -mu -ncffn -ncmoe -ncmoed -ngl -ngld -nkvo -no-ag -no-cnv
+-no-kvu -nocb -np -npl -npp -nr -ns -ntg -ofreq -opt -ot -otd -pps -ptc -rea -sm -sp -sps
+-st -sys -sysf -tb -tbd -td -tgs -to -ts -ub -val-split -wd
+""".split())
+
+#: llama.cpp's spellings of what mtplib has under another verb or not at all: the one line
+#: a verb without the option answers with (instead of difflib's nearest own option)
+LLAMA_ELSEWHERE: dict[str, str] = {
+    **dict.fromkeys(("-np", "--parallel"), "llama-server's slots; mtplib serve takes "
+                    "-np/--parallel"),
+    **dict.fromkeys(("-ngl", "--gpu-layers", "--n-gpu-layers"), "llama.cpp's GPU layer "
+                    "count; mtplib generate and serve take it (a note), a shard serves a "
+                    "GPU with `mtplib shard serve --device gpu`"),
+    **dict.fromkeys(("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), "llama.cpp's "
+                    "K/V cache type; mtplib generate and serve take it (or --kv-type)"),
+    **dict.fromkeys(("-tb", "--threads-batch"), "llama.cpp's prompt threads; mtplib "
+                    "generate and serve use --threads for both"),
+    **dict.fromkeys(("--spec-type",), "llama.cpp's speculative type; mtplib generate and "
+                    "serve take --spec-type draft-mtp (MTP with --mtp/-md SIDECAR)"),
+    **dict.fromkeys(("--draft-min", "--draft-n-min", "--spec-draft-n-min"), "llama.cpp's "
+                    "minimum draft; mtplib generate and serve take it (MTP drafts --draft "
+                    "K every step)"),
+    **dict.fromkeys(("--rpc",), "llama.cpp's RPC servers; mtplib generate and serve take "
+                    "--rpc/--endpoints HOST:PORT,... with --plan"),
+    **dict.fromkeys(("-fa", "-b", "-ub", "--batch-size", "--ubatch-size"),
+                    "mtplib generate and serve take it"),
+}
+
+
+def llama_spelling_message(prog: str, flag: str) -> str | None:
+    """The one line for a llama.cpp spelling ``prog`` does not take (None: not one)."""
+    if flag in LLAMA_ELSEWHERE:
+        return f"{flag} is not an option of {prog}: {LLAMA_ELSEWHERE[flag]}"
+    if flag in LLAMA_SHORT_SPELLINGS:
+        return (f"{flag} is llama.cpp's option; {prog} has no equivalent (see {prog} "
+                "--help)")
+    return None
 
 
 def add_option(p: argparse.ArgumentParser, name: str, **kwargs) -> argparse.Action:

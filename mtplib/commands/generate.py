@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
+import sys
 from collections.abc import Iterator
 
 from mtplib.commands.common import (
@@ -25,7 +27,7 @@ from mtplib.commands.common import (
 from mtplib.contract.labels import PLACEMENT_CHOICES
 from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE, DraftSpec
 from mtplib.distributed.results import RangedMetrics
-from mtplib.errors import InputError
+from mtplib.errors import InputError, MtplibError
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
@@ -141,7 +143,8 @@ def check_engine_args(a: argparse.Namespace) -> None:
     if a.endpoints is not None and not a.endpoints.strip():
         raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
     if a.endpoints and not a.plan:
-        raise InputError("--endpoints needs --plan (which layers each endpoint serves)")
+        raise InputError("--endpoints/--rpc needs --plan (which layers each endpoint serves; "
+                         "mtplib does not split the layers by itself)")
     if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
                        or a.tls or a.insecure_plaintext):
         raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
@@ -155,6 +158,7 @@ def check_engine_args(a: argparse.Namespace) -> None:
 
         for e in endpoints(a):
             parse_endpoint(e, allow_remote=bool(a.tls) or a.insecure_plaintext)
+    resolve_llama_args(a)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
 
 
@@ -186,14 +190,15 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
     add_option(g, "--ctx", type=int, default=None, metavar="N",
                help=f"context size (default: min({DEFAULT_CTX}, the model's "
                "context_length)); a value above context_length is refused")
-    g.add_argument("--batch", type=int, default=512, help="n_batch (prefill chunk)")
-    g.add_argument("--ubatch", type=int, default=512, help="n_ubatch (micro-batch)")
+    add_option(g, "--batch", type=int, default=512, metavar="N", help="n_batch (prefill chunk)")
+    add_option(g, "--ubatch", type=int, default=512, metavar="N",
+               help="n_ubatch (micro-batch)")
     add_option(g, "--threads", type=int, default=None, metavar="N",
                help="CPU threads, 1..this machine's CPUs (default 2, or 1 on one CPU; 1 "
                "with --plan and no --endpoints: the local shards share these cores)")
     g.add_argument("--kv-type", default="f16", choices=list(KV_TYPE_NAMES),
                    help="K/V cache type")
-    g.add_argument("--flash-attn", default="auto", choices=list(FLASH_ATTN_MODES),
+    add_option(g, "--flash-attn", default="auto", choices=list(FLASH_ATTN_MODES),
                    help="flash attention (auto: upstream decides)")
     g.add_argument("--swa-full", default="on", choices=["on", "off"],
                    help="full-size SWA cache (on: the C API's default; llama-server uses off)")
@@ -204,7 +209,8 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--plan", help="ranged execution: contiguous layer ranges, one per shard, "
                    "e.g. 0-1,2-3 (the last shard also holds the output head); starts local "
                    "shards unless --endpoints; metrics add seam_bytes(_per_token)")
-    g.add_argument("--endpoints", help="with --plan: running shards HOST:PORT,... in plan order")
+    add_option(g, "--endpoints", help="with --plan: running shards HOST:PORT,... in plan "
+               "order (llama.cpp's --rpc: the layers still go where --plan says)")
     g.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]",
                    help="with --plan: emulate a WAN in the relay in front of each shard: round "
                    "trip in ms (half each way) and optional Mbit/s cap, one value for every "
@@ -230,6 +236,100 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
                    "(exit 2), beta allows it (default: $MTPLIB_POLICY, else beta); plain "
                    "decoding runs under both")
+    add_llama_args(g)
+
+
+def add_llama_args(g: argparse.ArgumentParser) -> None:
+    """llama.cpp options that have no setting of their own in mtplib: each is taken, then
+    `resolve_llama_args` maps it onto mtplib's (-ctk/-ctv onto --kv-type), says in one line
+    that it changes nothing here (-ngl, --draft-min), or refuses it naming mtplib's
+    equivalent; argparse never reads one as a short option plus a value."""
+    h = g.add_argument_group("llama.cpp's spellings without an mtplib setting of their own")
+    h.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers",
+                   metavar="N", help="accepted with a one-line note: the whole model loads "
+                   "with upstream's default placement (a CPU build: every layer on the CPU), "
+                   "a ranged one where --plan puts it; a shard serves a GPU with `mtplib "
+                   "shard serve --device gpu`")
+    for short, long, which in (("-ctk", "--cache-type-k", "K"), ("-ctv", "--cache-type-v",
+                                                                    "V")):
+        h.add_argument(short, long, dest=long[2:].replace("-", "_"),
+                       choices=list(KV_TYPE_NAMES), help=f"the {which} cache type: mtplib's "
+                       "K and V share one type (--kv-type), so -ctk and -ctv must agree "
+                       "(each defaults to f16, as in llama.cpp)")
+    h.add_argument("-tb", "--threads-batch", type=int, dest="threads_batch", metavar="N",
+                   help="prompt threads: mtplib uses --threads for prompt and generation, "
+                   "so only the same value is accepted")
+    h.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", type=int,
+                   dest="draft_min", metavar="N", help="with --mtp, up to --draft: accepted "
+                   "with a one-line note (MTP drafts --draft K tokens every step)")
+    h.add_argument("--spec-type", dest="spec_type", metavar="TYPE",
+                   help="draft-mtp (what --mtp/-md SIDECAR does) or none (plain decoding); "
+                   "llama.cpp's other types are refused")
+
+
+def resolve_llama_args(a: argparse.Namespace) -> None:
+    """Check `add_llama_args`' options against mtplib's own (after --threads and --draft
+    are checked): map, note in one line on stderr, or refuse naming the equivalent."""
+    def note(msg: str) -> None:
+        print(f"mtplib {getattr(a, 'cmd', None) or 'generate'}: note: {msg}",
+              file=sys.stderr)
+
+    if a.spec_type is not None:
+        types = [t.strip() for t in a.spec_type.split(",") if t.strip()]
+        if not types or any(t not in ("draft-mtp", "none") for t in types):
+            raise InputError(f"--spec-type {a.spec_type}: mtplib drafts only with the model's "
+                             "MTP block: give --spec-type draft-mtp with -md/--mtp SIDECAR, "
+                             "or none")
+        if "draft-mtp" in types and a.mtp is None:
+            raise InputError("--spec-type draft-mtp needs -md/--mtp SIDECAR: mtplib loads the "
+                             "MTP block from the trunk's mtp- sidecar GGUF")
+        if "draft-mtp" not in types and a.mtp is not None:
+            raise InputError(f"--spec-type {a.spec_type} contradicts -md/--mtp (which turns "
+                             "MTP on): give one of them")
+    if a.cache_type_k is not None or a.cache_type_v is not None:
+        k, v = a.cache_type_k or "f16", a.cache_type_v or "f16"
+        if k != v:
+            raise InputError(f"-ctk {k} -ctv {v}: mtplib's K and V caches share one type "
+                             "(--kv-type TYPE); give -ctk and -ctv the same type")
+        if a.kv_type not in ("f16", k):
+            raise InputError(f"--kv-type {a.kv_type} contradicts -ctk/-ctv {k}: give one")
+        a.kv_type = k
+    if a.threads_batch is not None and a.threads_batch != a.threads:
+        raise InputError(f"-tb/--threads-batch {a.threads_batch}: mtplib uses one thread "
+                         f"count for prompt and generation (--threads, here {a.threads}): "
+                         f"give -t {a.threads_batch}, or leave -tb out")
+    if a.draft_min is not None:
+        k = draft_k(a)
+        if a.mtp is None:
+            raise InputError("--draft-min needs -md/--mtp SIDECAR (the MTP block drafts)")
+        if not 0 <= a.draft_min <= k:
+            raise InputError(f"--draft-min must be in 0..--draft ({k}), got {a.draft_min}: "
+                             f"mtplib's MTP drafts --draft K tokens every step")
+        note(f"--draft-min {a.draft_min} changes nothing: mtplib's MTP drafts --draft {k} "
+             "tokens every step (fewer only at the end of the context)")
+    if a.n_gpu_layers is not None:
+        v = a.n_gpu_layers
+        if v not in ("auto", "all") and not re.fullmatch(r"-1|\d+", v):
+            raise InputError(f"-ngl/--n-gpu-layers takes a number >= -1, auto or all, got "
+                             f"{v!r}")
+        note(f"-ngl {v} changes nothing: " + _placement(a))
+
+
+def _placement(a: argparse.Namespace) -> str:
+    """Where the layers run, for the -ngl note (mtplib has no layer-offload setting)."""
+    if a.plan:
+        return ("with --plan the layers run on the shards --plan names (a shard serves a "
+                "GPU with `mtplib shard serve --device gpu`)")
+    try:
+        from mtplib.runtime.devices import gpu_devices
+
+        gpus = gpu_devices()
+    except (MtplibError, OSError):
+        return "mtplib has no layer-offload setting (upstream's default placement is used)"
+    if not gpus:
+        return "this llama.cpp build has no GPU device: every layer runs on the CPU"
+    return ("mtplib has no layer-offload setting: the model loads with upstream's default "
+            "placement (n_gpu_layers -1) on " + ", ".join(d["name"] for d in gpus))
 
 
 def register(sub) -> None:
@@ -241,7 +341,9 @@ def register(sub) -> None:
         "in one batch (output identical to plain decoding). Greedy unless --temp > 0 "
         "(sample-and-match with position-keyed randomness: the same tokens with and without "
         "MTP for one --seed). llama.cpp's spellings work too: -m, -md/--model-draft, "
-        "--draft-max, -n/--n-predict, -c/--ctx-size, -t, -p. Exit 3: a "
+        "--draft-max, -n/--n-predict, -c/--ctx-size, -t, -p, -b, -ub, -fa, --rpc (each "
+        "llama.cpp option without an mtplib setting is mapped, noted in one line or "
+        "refused naming the equivalent). Exit 3: a "
         "ranged run moved cache state across a shard connection (see the exit codes).")
     add_engine_args(g)
     g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")

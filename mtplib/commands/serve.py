@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
-from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
+from mtplib.commands.common import add_json_arg, add_log_args, add_option, setup_logging
 from mtplib.commands.generate import (
     add_engine_args,
     add_sampling_args,
@@ -26,9 +28,36 @@ from mtplib.commands.generate import (
 )
 from mtplib.errors import InputError
 
+#: --header-timeout / --body-timeout defaults, seconds (`serve_app.deadline_protocol`)
+HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 10.0, 30.0
+
 #: the environment variable read for --api-key when the flag is not given (keeps the key
 #: out of the process list)
 API_KEY_ENV = "MTPLIB_API_KEY"
+#: the --parallel values the service runs: one request at a time until continuous batching
+#: (issue 30) is built; raise it here and in `check_parallel` when it is
+PARALLEL_BUILT = (1,)
+
+
+def add_parallel_arg(s: argparse.ArgumentParser) -> None:
+    """``--parallel N`` / llama-server's ``-np N``: the number of slots (sequences decoded
+    together). The one definition; `check_parallel` says which values run."""
+    add_option(s, "--parallel", type=int, default=1, metavar="N",
+               help="slots decoded together (llama-server's -np); only 1 is built: "
+               "requests run one at a time, up to --queue wait")
+
+
+def check_parallel(a: argparse.Namespace) -> None:
+    """Refuse a --parallel this build does not run, in one line; -1 (llama-server's auto)
+    is the one value built."""
+    if a.parallel == -1:
+        a.parallel = PARALLEL_BUILT[-1]
+    if a.parallel < 1:
+        raise InputError(f"--parallel must be >= 1 (or -1: auto), got {a.parallel}")
+    if a.parallel not in PARALLEL_BUILT:
+        raise InputError(f"--parallel {a.parallel}: continuous batching is not built yet; "
+                         "mtplib serve runs one request at a time (--parallel 1), and up to "
+                         "--queue requests wait for it")
 
 
 def _is_loopback(host: str) -> bool:
@@ -41,6 +70,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_serve_args(a: argparse.Namespace) -> None:
+    check_parallel(a)
     if not 0 <= a.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {a.port}")
     if not _is_loopback(a.host) and not a.allow_remote:
@@ -51,10 +81,20 @@ def _check_serve_args(a: argparse.Namespace) -> None:
                        ("--shutdown-timeout", a.shutdown_timeout, 0)):
         if v < lo:
             raise InputError(f"{opt} must be >= {lo}, got {v}")
-    if a.api_key is None:
-        a.api_key = os.environ.get(API_KEY_ENV) or None
+    if not math.isfinite(a.shutdown_timeout):
+        raise InputError(f"--shutdown-timeout must be a finite number of seconds, got "
+                         f"{a.shutdown_timeout}")
+    for opt, v in (("--header-timeout", a.header_timeout), ("--body-timeout", a.body_timeout)):
+        if not (math.isfinite(v) and v > 0):
+            raise InputError(f"{opt} must be a finite number of seconds > 0, got {v}")
+    source = "--api-key"
+    if a.api_key is None and API_KEY_ENV in os.environ:
+        # set but empty is a mistake (a key that did not expand), not "no key": refused
+        # like --api-key '' rather than served without authentication
+        a.api_key, source = os.environ[API_KEY_ENV], f"${API_KEY_ENV}"
     if a.api_key is not None and not a.api_key.strip():
-        raise InputError("--api-key is empty")
+        raise InputError(f"{source} is empty: give a key, or unset {API_KEY_ENV} and leave "
+                         "--api-key out to serve without one")
 
 
 def _config(a: argparse.Namespace, backend):
@@ -146,7 +186,12 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
     """Load the backend, serve until SIGTERM/SIGINT, close it."""
     import uvicorn
 
-    from mtplib.commands.serve_app import GenerationWorker, create_app, log_line
+    from mtplib.commands.serve_app import (
+        GenerationWorker,
+        create_app,
+        deadline_protocol,
+        log_line,
+    )
 
     with sock, open_backend(a, sampler=sampler, warm=True) as backend:
         cfg = _config(a, backend)
@@ -156,10 +201,23 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
         def on_shutdown() -> None:
             stopped.append(worker.stop(timeout=max(a.shutdown_timeout, 1.0) + 30.0))
 
+        def on_signal(sig: int) -> None:
+            # the waiting requests are answered 503 at once; the running one may finish
+            # within --shutdown-timeout, else it is cut and answered 503 (before uvicorn's
+            # own deadline, CUT_MARGIN_S later, cancels what is left)
+            n = worker.begin_shutdown()
+            log_line(f"{signal.Signals(sig).name}: stopping" + (
+                f"; {n} waiting request(s) answered 503" if n else ""))
+            cut = threading.Timer(a.shutdown_timeout, worker.cut)
+            cut.daemon = True
+            cut.start()
+
         app = create_app(worker, on_shutdown=on_shutdown)
         server = _server(uvicorn.Config(
             app, log_level="warning" if not a.verbose else "info", access_log=a.verbose,
-            timeout_graceful_shutdown=a.shutdown_timeout, lifespan="on"))
+            http=deadline_protocol(a.header_timeout, a.body_timeout),
+            timeout_graceful_shutdown=a.shutdown_timeout + CUT_MARGIN_S, lifespan="on"),
+            on_signal)
         port = sock.getsockname()[1]
         url = f"http://{a.host if ':' not in a.host else f'[{a.host}]'}:{port}"
         ready = {"listening": url, "host": a.host, "port": port, "model": cfg.model_id,
@@ -182,10 +240,17 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
     return 0
 
 
-def _server(config):
+#: uvicorn cancels what still runs this long after --shutdown-timeout (the worker cuts the
+#: running generation at --shutdown-timeout and answers it; a step that hangs is cancelled)
+CUT_MARGIN_S = 5.0
+
+
+def _server(config, on_signal=lambda sig: None):
     """uvicorn's Server whose SIGTERM/SIGINT end the serve loop gracefully and are not
     re-raised afterwards (uvicorn >= 0.29 re-raises a captured signal once it has shut
-    down, which would end the process with the signal's status instead of 0)."""
+    down, which would end the process with the signal's status instead of 0). The first
+    signal also starts ``on_signal`` in a thread (never in the handler: it takes locks the
+    interrupted main thread may hold)."""
     import contextlib
 
     import uvicorn
@@ -204,6 +269,9 @@ def _server(config):
         def handle_exit(self, sig, frame) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            if not self.should_exit:
+                threading.Thread(target=on_signal, args=(sig,), daemon=True,
+                                 name="serve-stop").start()
             self.should_exit = True
 
     return Server(config)
@@ -220,11 +288,15 @@ def register(sub) -> None:
         "up to --queue wait, more get 503. Each response carries llama-server's timings "
         "(prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, draft_n, "
         "draft_n_accepted). Bad requests get a 4xx JSON error and the service keeps "
-        "serving. SIGTERM or Ctrl-C: stop accepting, finish the running requests (up to "
-        "--shutdown-timeout), close the model and shards, exit 0. --n, --temp, --top-p and "
+        "serving. Each connection must send its headers within --header-timeout and its body "
+        "within --body-timeout (else 408, closed). SIGTERM or Ctrl-C: stop accepting, "
+        "answer the waiting requests 503, let the running one finish up to "
+        "--shutdown-timeout (then cut it, 503), close the model and shards, exit 0. --n, "
+        "--temp, --top-p and "
         "--seed are the defaults of a request that leaves them out.")
     add_engine_args(s)
     add_sampling_args(s)
+    add_parallel_arg(s)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; beyond loopback only with --allow-remote")
     s.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free "
@@ -242,7 +314,15 @@ def register(sub) -> None:
     s.add_argument("--max-body-bytes", type=int, default=1 << 20,
                    help="largest request body; larger ones get 413")
     s.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds SIGTERM waits for running requests before aborting them")
+                   help="seconds SIGTERM lets the running request finish before cutting it "
+                   "(answered 503; waiting requests get 503 at once)")
+    s.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                   help="a connection's request line and headers must arrive within S "
+                   "seconds (of connecting, or of the previous response), else 408 and "
+                   "closed")
+    s.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S, metavar="S",
+                   help="a request's body must arrive within S seconds of its headers, "
+                   "else 408 and closed")
     add_json_arg(s, 'the "listening" line (url, port, model)')
     add_log_args(s)
     s.set_defaults(fn=run)

@@ -9,6 +9,14 @@ validated by pydantic before it reaches the queue; each refusal is a 4xx JSON er
 OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, and the service keeps
 serving. Responses carry llama-server's ``timings`` (prompt_n, prompt_ms, predicted_n,
 predicted_ms, predicted_per_second, draft_n, draft_n_accepted, ...).
+
+Edges, with hostile or careless peers in mind: each connection has a header and a body
+deadline (`deadline_protocol`: an idle or trickling peer gets 408 and is closed); a client
+that leaves mid-body or while waiting is one log line (`ClientGone`, rate-limited by
+`LimitedLog`); at SIGTERM the waiting requests get a 503 at once, the running one is cut
+with a 503 after the grace period (`GenerationWorker.begin_shutdown` / `cut`), and
+whatever uvicorn still cancels is answered 503 too (`CutAtShutdown`), never its
+plain-text 500 and a traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from mtplib.errors import InputError, MtplibError
 
@@ -59,6 +68,17 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def shutting_down(what: str = "") -> ApiError:
+    """The 503 of a request the shutdown (SIGTERM) refuses or cuts."""
+    return ApiError(503, "the server is shutting down" + (f": {what}" if what else ""),
+                    type="unavailable_error")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was answered (mid-body, or
+    while waiting): logged in one line, nothing to answer."""
 
 
 def _error_of(e: BaseException) -> ApiError:
@@ -243,7 +263,11 @@ class GenerationWorker:
                  log: Callable[[str], None] = lambda s: None) -> None:
         self.backend, self.cfg, self.log = backend, cfg, log
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=cfg.queue_max)
+        #: set at SIGTERM: no new job, the waiting ones are answered 503
         self.stopping = threading.Event()
+        #: set when the grace period is over: the running generation is cut (503)
+        self.cutting = threading.Event()
+        self._gate = threading.Lock()  # submit vs. the shutdown's drain of the queue
         self.busy = threading.Event()
         self.served = 0
         self.thread = threading.Thread(target=self._loop, name="mtplib-serve-worker",
@@ -251,32 +275,47 @@ class GenerationWorker:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        if self.stopping.is_set():
-            raise ApiError(503, "the server is shutting down", type="unavailable_error")
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise ApiError(503, f"the server is busy: {self.cfg.queue_max} requests already "
-                           "wait for the running one; retry later",
-                           type="unavailable_error") from None
+        with self._gate:
+            if self.stopping.is_set():
+                raise shutting_down()
+            try:
+                self.jobs.put_nowait(job)
+            except queue.Full:
+                raise ApiError(503, f"the server is busy: {self.cfg.queue_max} requests "
+                               "already wait for the running one; retry later",
+                               type="unavailable_error") from None
 
     def pending(self) -> int:
         return self.jobs.qsize() + int(self.busy.is_set())
 
+    def begin_shutdown(self) -> int:
+        """SIGTERM: refuse new jobs and answer the waiting ones 503 now (the running one
+        may finish until `cut`); how many were waiting."""
+        n = 0
+        with self._gate:
+            self.stopping.set()
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    n += 1
+                    job.post("error", shutting_down("the request was waiting"))
+            with contextlib.suppress(queue.Full):
+                self.jobs.put_nowait(None)  # wakes the loop, which then ends
+        return n
+
+    def cut(self) -> None:
+        """The grace period is over: the running generation ends at its next step and its
+        request is answered 503."""
+        self.cutting.set()
+
     def stop(self, timeout: float) -> bool:
-        """Abort the running generation at its next step, refuse the waiting ones, and
-        join the thread; False when it did not stop in time (upstream still busy)."""
-        self.stopping.set()
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.post("error", ApiError(503, "the server is shutting down",
-                                           type="unavailable_error"))
-        with contextlib.suppress(queue.Full):
-            self.jobs.put_nowait(None)
+        """Cut the running generation at its next step, refuse the waiting ones, and join
+        the thread; False when it did not stop in time (upstream still busy)."""
+        self.begin_shutdown()
+        self.cut()
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
@@ -323,7 +362,7 @@ class GenerationWorker:
         with be.stream(toks, job.n_new, sampler=job.sampler) as gen:
             for chunk in gen:
                 chunk = list(chunk)
-                if job.cancel.is_set() or self.stopping.is_set():
+                if job.cancel.is_set() or self.cutting.is_set():
                     finish = "abort"
                     break
                 if not job.ignore_eos:
@@ -348,6 +387,9 @@ class GenerationWorker:
                 with contextlib.suppress(MtplibError):
                     metrics = gen.metrics.to_dict()  # the response's figures
         if finish == "abort":
+            if not job.cancel.is_set():  # cut by the shutdown: its client still waits
+                job.post("error", shutting_down("the generation was cut after "
+                                                "--shutdown-timeout"))
             return
         pieces.append(text.flush())
         rest = "".join(pieces)
@@ -413,10 +455,15 @@ async def _read_json(request: Request, limit: int) -> dict:
     if cl.isdigit() and int(cl) > limit:
         raise ApiError(413, f"the request body ({cl} bytes) exceeds the limit of {limit} bytes")
     buf = bytearray()
-    async for part in request.stream():
-        buf += part
-        if len(buf) > limit:
-            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+    try:
+        async for part in request.stream():
+            buf += part
+            if len(buf) > limit:
+                raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:
+        why = request.scope.get(DEADLINE_KEY)
+        raise ClientGone(f"closed after {len(buf)} bytes of the body" if why is None
+                         else why) from None
     try:
         data = json.loads(bytes(buf))
     except (ValueError, RecursionError) as e:
@@ -473,6 +520,12 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return ApiError(e.status_code, str(e.detail), type=kind).response()
 
+    @app.exception_handler(ClientGone)
+    async def _gone(req: Request, e: ClientGone) -> Response:
+        peer = "{}:{}".format(*req.client) if req.client else "a client"
+        limited_log(f"{peer} {req.method} {req.url.path}: {e}")
+        return Response(status_code=499)  # never read: the connection is gone
+
     @app.exception_handler(Exception)
     async def _bug(_req: Request, e: Exception) -> JSONResponse:
         log_line(f"internal error: {type(e).__name__}: {e}")
@@ -480,6 +533,7 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     if cfg.api_key is not None:
         app.add_middleware(BearerAuth, key=cfg.api_key)
+    app.add_middleware(CutAtShutdown, stopping=worker.stopping)  # outermost
 
     @app.get("/health")
     async def health() -> dict:
@@ -613,7 +667,8 @@ async def _next_event(request: Request, job: Job) -> tuple:
         except TimeoutError:
             if await request.is_disconnected():
                 job.cancel.set()
-                raise asyncio.CancelledError from None
+                raise ClientGone("left while its request waited or ran; its generation "
+                                 "is cancelled") from None
 
 
 @dataclass
@@ -700,3 +755,141 @@ async def _sse(request: Request, job: Job, req: _Request, shape: Shape, n_prompt
 
 def log_line(msg: str) -> None:
     print(f"mtplib serve: {msg}", file=sys.stderr, flush=True)
+
+
+class LimitedLog:
+    """At most ``lines`` lines per ``window_s`` (peers that leave or stall must not fill
+    the log), then one line saying how many were dropped."""
+
+    def __init__(self, write: Callable[[str], None] = log_line, lines: int = 20,
+                 window_s: float = 10.0) -> None:
+        self.write, self.lines, self.window_s = write, lines, window_s
+        self.t0, self.n, self.dropped = -math.inf, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            dropped = 0
+            if now - self.t0 > self.window_s:
+                dropped, self.dropped, self.t0, self.n = self.dropped, 0, now, 0
+            self.n += 1
+            if self.n > self.lines:
+                self.dropped += 1
+                return
+        if dropped:
+            self.write(f"({dropped} similar lines dropped in {self.window_s:g} s)")
+        self.write(msg)
+
+
+limited_log = LimitedLog()
+
+#: the scope key a connection deadline sets before it closes a request's connection (read
+#: by the body reader, which then names the deadline instead of a client that left)
+DEADLINE_KEY = "mtplib.deadline"
+
+
+def deadline_protocol(header_s: float, body_s: float, base: type | None = None) -> type:
+    """uvicorn's HTTP protocol class (``base``, default its auto choice) with two deadlines
+    per request, which uvicorn lacks (an idle or 1-byte/s peer held a connection for ever):
+    the request line and headers within ``header_s`` of the connection or of the previous
+    response, the body within ``body_s`` of the headers. A connection past one is answered
+    408 (when it sent part of a request) and closed; the time after the body (the
+    generation) is not bounded here."""
+    if base is None:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # noqa: N813
+
+    class DeadlineProtocol(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._seen, self._timer, self._phase, self._bytes = None, None, None, 0
+            self._arm("headers")
+
+        def data_received(self, data: bytes) -> None:
+            self._bytes += len(data)
+            super().data_received(data)
+            self._follow()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm("headers")
+                self._follow()  # a pipelined request may have started in there
+
+        def connection_lost(self, exc) -> None:
+            self._arm(None)
+            super().connection_lost(exc)
+
+        def _follow(self) -> None:
+            """Move to the body's deadline when a request's headers are in, and off it
+            when its body is."""
+            c = self.cycle
+            if c is not None and c is not self._seen:
+                self._seen = c
+                self._arm("body" if c.more_body else None)
+            elif c is not None and self._phase == "body" and not c.more_body:
+                self._arm(None)
+
+        def _arm(self, phase: str | None) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._phase, self._timer, self._bytes = phase, None, 0
+            if phase is not None:
+                t = header_s if phase == "headers" else body_s
+                self._timer = self.loop.call_later(t, self._expired, phase, t)
+
+        def _expired(self, phase: str, t: float) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            what = (f"no complete request headers within {t:g} s" if phase == "headers"
+                    else f"the body did not arrive within {t:g} s of the headers")
+            if phase == "body" and self.cycle is not None:
+                self.cycle.scope[DEADLINE_KEY] = f"closed: {what}"  # the reader logs it
+            if phase == "body" or self._bytes:
+                body = json.dumps(ApiError(408, f"request timeout: {what}",
+                                           type="timeout_error").body()).encode()
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\n"
+                                     b"content-type: application/json\r\n"
+                                     b"connection: close\r\n"
+                                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
+
+    return DeadlineProtocol
+
+
+class CutAtShutdown:
+    """Pure ASGI, outermost: a request uvicorn cancels at the end of its graceful shutdown
+    (the worker did not answer it in time, e.g. a step that hangs) is answered 503 in
+    OpenAI's shape instead of uvicorn's plain-text 500 and a traceback; a stream that
+    already started gets the error as its last event. Any other cancellation passes."""
+
+    def __init__(self, app, stopping: threading.Event) -> None:
+        self.app, self.stopping = app, stopping
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = {"started": False, "ended": False, "sse": False}
+
+        async def watch(msg) -> None:
+            if msg["type"] == "http.response.start":
+                state["started"] = True
+                ctype = dict(msg.get("headers") or []).get(b"content-type", b"")
+                state["sse"] = ctype.startswith(b"text/event-stream")
+            elif msg["type"] == "http.response.body" and not msg.get("more_body"):
+                state["ended"] = True
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, watch)
+        except asyncio.CancelledError:
+            if not self.stopping.is_set() or state["ended"]:
+                raise
+            err = shutting_down("the request was cut after --shutdown-timeout")
+            if not state["started"]:
+                await err.response()(scope, receive, send)
+            else:
+                tail = _sse_line(err.body()) if state["sse"] else b""
+                await send({"type": "http.response.body", "body": tail, "more_body": False})

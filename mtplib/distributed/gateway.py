@@ -3,11 +3,17 @@
 `mtplib shard serve --endpoint HOST:PORT --tls DIR` binds upstream's RPC server to a free
 loopback port and runs a `Gateway` on HOST:PORT in front of it:
 
-- **Mutual TLS 1.3**: a peer must finish the TLS handshake with a certificate signed by
-  the shard's CA within ``handshake_timeout_s`` (default 3 s), else it is closed. The
+- **Mutual TLS 1.3**: a peer must send its first TLS byte within ``first_byte_s``
+  (default 2 s) and finish the TLS handshake with a certificate signed by the shard's CA
+  within ``handshake_timeout_s`` (default 3 s) of its connection, else it is closed. The
   gateway opens its connection to the RPC server only after that: no byte from an
-  unauthenticated peer ever reaches upstream. At most ``max_pending`` handshakes run at
-  once; more are closed at accept.
+  unauthenticated peer ever reaches upstream.
+- **Strangers cannot keep a client out**: at most ``max_pending`` handshakes run at once
+  and at most ``max_per_source`` from one address; a new connection beyond either bound
+  evicts the oldest pending handshake (of its own address first), never the newcomer. An
+  idle or slow stranger is thus closed by its deadline or by the next arrival, and a
+  client whose handshake takes milliseconds gets through however many are connected
+  (tests/test_gateway.py: 200 idle and slow strangers on loopback).
 - **One client at a time** (upstream serves one): an authenticated client arriving while
   another is served gets the status line ``busy`` at once and is closed; the served one
   gets ``ready`` (both lines carry the gateway's random instance id, so a client that
@@ -35,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +66,8 @@ from mtplib.runtime.rpc import (
 
 #: an unauthenticated peer is closed after this long (the target: within 5 s)
 HANDSHAKE_S = 3.0
+#: a peer that sends no byte at all (no ClientHello) is closed after this long
+FIRST_BYTE_S = 2.0
 CHUNK = 1 << 20
 LOG_LINES, LOG_WINDOW_S = 20, 10.0
 
@@ -134,6 +143,16 @@ class RequestChecker:
         return bytes(out)
 
 
+@dataclass(eq=False)
+class _Pending:
+    """A connection whose TLS handshake runs (the gateway's eviction order holds these)."""
+
+    key: int
+    sock: socket.socket
+    source: str
+    evicted: bool = False
+
+
 def _keepalive(s: socket.socket) -> None:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for opt, v in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
@@ -147,22 +166,26 @@ class Gateway:
     stops. ``stats`` counts what happened; ``log`` gets one line per notable event."""
 
     def __init__(self, public: tuple[str, int], upstream: tuple[str, int], tls: TlsConfig, *,
-                 handshake_timeout_s: float = HANDSHAKE_S, max_pending: int = 32,
+                 handshake_timeout_s: float = HANDSHAKE_S, first_byte_s: float = FIRST_BYTE_S,
+                 max_pending: int = 64, max_per_source: int = 8,
                  limits: RpcLimits = RpcLimits(),
                  log: Callable[[str], None] | None = None) -> None:
         self.upstream, self.limits = upstream, limits
         self.ctx = tls.server_context()
         self.ctx.num_tickets = 0  # no resumption: every session proves its certificate
-        self.handshake_timeout_s, self.max_pending = handshake_timeout_s, max_pending
+        self.handshake_timeout_s, self.first_byte_s = handshake_timeout_s, first_byte_s
+        self.max_pending, self.max_per_source = max_pending, max_per_source
         self.instance = secrets.token_hex(8)
         self._log = log or (lambda s: print(f"mtplib gateway: {s}", file=sys.stderr,
                                             flush=True))
         self._log_window, self._log_lines, self._log_dropped = 0.0, 0, 0
-        self.stats = dict.fromkeys(("accepted", "refused_pending", "handshake_failed",
-                                    "handshake_timeout", "busy", "sessions", "frame_errors",
-                                    "upstream_unreachable"), 0)
+        self.stats = dict.fromkeys(("accepted", "evicted", "pre_tls_timeout",
+                                    "handshake_failed", "handshake_timeout", "busy",
+                                    "sessions", "frame_errors", "upstream_unreachable"), 0)
         self._lock = threading.Lock()
-        self._pending = 0
+        #: the handshakes running, oldest first
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self._n_accepted = 0
         self._active: tuple[TlsStream, socket.socket] | None = None
         self._stop = threading.Event()
         self._srv = socket.create_server(public, backlog=64)
@@ -211,41 +234,73 @@ class Gateway:
                 continue
             with self._lock:
                 self.stats["accepted"] += 1
-                full = self._pending >= self.max_pending
-                if not full:
-                    self._pending += 1
-            if full:
-                self._count("refused_pending")
+                self._n_accepted += 1
+                victim = self._make_room(peer[0])
+                me = self._pending[self._n_accepted] = _Pending(self._n_accepted, sock,
+                                                                 peer[0])
+            if victim is not None:  # wakes its handshake thread, which then closes it
                 with contextlib.suppress(OSError):
-                    sock.close()
-                continue
-            threading.Thread(target=self._handle, args=(sock, peer), daemon=True,
+                    victim.sock.shutdown(socket.SHUT_RDWR)
+            threading.Thread(target=self._handle, args=(sock, peer, me), daemon=True,
                              name=f"gateway-conn-{peer[0]}:{peer[1]}").start()
+
+    def _make_room(self, source: str) -> _Pending | None:
+        """(Under the lock.) The pending handshake a connection from ``source`` evicts, or
+        None: the oldest of its own address at ``max_per_source``, else the oldest of all
+        at ``max_pending``."""
+        same = [k for k, p in self._pending.items() if p.source == source]
+        if len(same) >= self.max_per_source:
+            key = same[0]
+        elif len(self._pending) >= self.max_pending:
+            key = next(iter(self._pending))
+        else:
+            return None
+        victim = self._pending.pop(key)
+        victim.evicted = True
+        return victim
 
     def _status(self, stream: TlsStream, what: bytes) -> None:
         stream.sendall(GATEWAY_MAGIC + what + b" " + self.instance.encode() + b"\n")
 
-    def _handle(self, sock: socket.socket, peer: tuple) -> None:
+    def _handle(self, sock: socket.socket, peer: tuple, me: _Pending) -> None:
         who = f"{peer[0]}:{peer[1]}"
         stream = TlsStream(sock, self.ctx, server_side=True)
-        authed = False
+        authed = spoke = False
+        t0 = time.monotonic()
         try:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 _keepalive(sock)
-                stream.handshake(self.handshake_timeout_s)
+                sock.settimeout(min(self.first_byte_s, self.handshake_timeout_s))
+                if not sock.recv(1, socket.MSG_PEEK):  # the pre-TLS deadline
+                    raise ConnectionError("closed before sending a byte")
+                spoke = True
+                stream.handshake(self.handshake_timeout_s - (time.monotonic() - t0))
                 authed = True
             except TimeoutError:
-                self._count("handshake_timeout")
-                self.log(f"{who}: no TLS handshake within {self.handshake_timeout_s:g} s; "
-                         "closed")
+                if me.evicted:
+                    self._count("evicted")
+                elif spoke:
+                    self._count("handshake_timeout")
+                    self.log(f"{who}: no TLS handshake within "
+                             f"{self.handshake_timeout_s:g} s; closed")
+                else:
+                    self._count("pre_tls_timeout")
+                    self.log(f"{who}: no TLS byte within {self.first_byte_s:g} s; closed")
             except (ssl.SSLError, OSError) as e:
-                self._count("handshake_failed")
-                self.log(f"{who}: TLS handshake failed ({getattr(e, 'reason', None) or e}); "
-                         "closed")
+                if me.evicted:
+                    self._count("evicted")
+                    self.log(f"{who}: pending handshake evicted by newer connections; "
+                             "closed")
+                else:
+                    self._count("handshake_failed")
+                    self.log(f"{who}: TLS handshake failed "
+                             f"({getattr(e, 'reason', None) or e}); closed")
         finally:
             with self._lock:
-                self._pending -= 1
+                self._pending.pop(me.key, None)
+                if me.evicted:
+                    authed = False  # evicted as it finished: its socket is shut down
         try:
             if authed:
                 self._session(stream, who)
