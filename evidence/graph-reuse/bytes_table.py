@@ -75,11 +75,28 @@ def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
             "tokens_equal_across_k": same, "tokens": tokens[ks[0]]}
 
 
+def tiny_slice(out_dir: str) -> tuple[str, str]:
+    """The `tiny` preset's widths with V4-Flash's first six layer kinds (0-1 SWA, 2 CSA,
+    3 HCA, 4 CSA, 5 HCA, the first 3 hash-routed: `v4-flash-slice`'s structure in 7 MB)."""
+    from dataclasses import replace
+
+    from mtplib.model import presets
+    from mtplib.model.fixture import write_fixture
+
+    presets.PRESETS["tiny-slice"] = replace(
+        presets.TINY, n_layer=6, n_hash_layers=3,
+        compress_ratios=presets.V4_FLASH_SLICE_RATIOS)
+    pair = write_fixture(out_dir, preset="tiny-slice")
+    return str(pair.trunk), str(pair.sidecar)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--builds", default="stock,patched")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--mtp", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--mtp")
+    ap.add_argument("--tiny-slice", metavar="DIR",
+                    help="write the tiny-slice fixture into DIR and measure it")
     ap.add_argument("--plan", required=True)
     ap.add_argument("--ks", default="0,1,2,3")
     ap.add_argument("--n-new", type=int, default=24)
@@ -87,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     ks = [int(x) for x in a.ks.split(",")]
+    if a.tiny_slice:
+        a.model, a.mtp = tiny_slice(a.tiny_slice)
+    if not (a.model and a.mtp):
+        ap.error("give --model and --mtp, or --tiny-slice DIR")
     if a.one:
         print(json.dumps(measure(a.model, a.mtp, a.plan, ks, a.n_new)))
         return 0

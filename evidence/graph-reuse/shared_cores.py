@@ -6,7 +6,8 @@ fresh process per generation), the trained pair, k=2, held-out prompts. Each gen
 idle and again while two busy-loop processes keep both cores busy; the figure is the
 client's draft + feed time per drafted token (`metrics.time_s`), busy over idle.
 
-    .venv/bin/python evidence/graph-reuse/shared_cores.py --out evidence/graph-reuse/shared-cores.json
+    .venv/bin/python evidence/graph-reuse/shared_cores.py \\
+        --out evidence/graph-reuse/shared-cores.json
     # the code before the fix, same build: --tree /path/to/old/checkout --label before
 
 ``--tree`` runs another checkout's CLI and shards (PYTHONPATH) with this venv; ``--build``
