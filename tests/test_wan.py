@@ -355,3 +355,15 @@ def test_wan_readme_renders_from_saved_results_and_every_number_traces(tmp_path)
     assert "| 100 |" in text  # the RTT table reaches 100 ms
     readme = copy_run(tmp_path, "wan", tmp_path / "evidence")
     assert (readme.parent / "wan" / "patched" / "wan.json").is_file()
+
+
+def test_the_runner_names_a_bad_config_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "mtplib.lab.wan", "--config", '{"mbits": [0]}',
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "python -m mtplib.lab.wan: error: wan: mbits must be a non-empty list of Mbit/s > 0 "
+        "or None (unlimited), got [0]"]

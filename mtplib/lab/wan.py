@@ -1154,4 +1154,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    try:
+        raise SystemExit(main())
+    except InputError as e:  # a refused config or folder: its one line, not a traceback
+        print(f"python -m mtplib.lab.wan: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
