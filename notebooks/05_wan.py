@@ -27,14 +27,22 @@
 # It runs once per upstream build: `stock` and `patched` (patches/*.patch: the V4
 # compressor-state restore pinned to its layer's shard), each in its own process.
 #
-# Two measurements: the RTT sweep (`wan`) and the target cell (`target`: many prompts at
+# Two measurements: the RTT sweep (`wan`) and the target cells (`target`: many prompts at
 # one RTT), each in `warm` mode (one loaded `RangedMTP`, the object `mtplib serve` holds)
-# and/or `cold` mode (one `mtplib generate` process per generation with default options).
+# and/or `cold` mode (one `mtplib generate` process per generation with default options;
+# `cold_shards: endpoints` runs it against `mtplib shard serve` processes on this host, as a
+# user tries shards first). Every RTT is crossed with the link bandwidths `mbits` (Mbit/s
+# per direction of each WAN link, `null` = unlimited).
+#
+# A run that stops (a session's end, Ctrl-C) resumes: run the notebook again with the same
+# `run_dir`; every finished cell is kept as it is and only the missing ones are measured (a
+# folder measured with another build or other per-run settings is refused).
 
 # %% tags=["parameters"]
 from typing import Optional
 
-run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
+run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/; an earlier
+# run's folder: resume it
 # mtplib.lab.wan.WanConfig fields (a lane passes its `wan:`); {}: the full default sweep.
 # This default is a short run (as the cpu-fixture lane's): 2 shards, 0 and 50 ms, k 0 and 2
 wan: dict = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
@@ -84,13 +92,30 @@ list(results), list(targets)
 for build, d in targets.items():
     print(build)
     display(D.show(d["targets"]))
-    display(D.show(pd.DataFrame(d["summary"]), ["mode", "topology", "placement", "k", "runs",
+    display(D.show(pd.DataFrame(d["summary"]), ["mode", "plan", "topology", "mbit",
+                                                "placement", "k", "runs",
                                                 "tok_s", "tok_s_min", "tok_s_max",
                                                 "speedup_paired_median", "speedup_paired_min",
                                                 "speedup_paired_max", "tokens_per_step",
                                                 "ttft_s", "setup_s", "process_wall_s",
                                                 "waits_per_verify", "waits_per_plain",
                                                 "cache_bytes_crossing", "identical_to_off"]))
+
+# %% [markdown]
+# ## Speed-up against the link bandwidth (target cells)
+# At the targets' RTT, one line per topology and draft length; the unlimited link on the
+# right.
+
+# %%
+import matplotlib.pyplot as plt
+
+for build, d in targets.items():
+    for mode in sorted({x["mode"] for x in d["summary"]}):
+        for plan in sorted({x["plan"] for x in d["summary"]}):
+            ax = W.plot_bandwidth(d["summary"], plan=plan, rtt_ms=100, mode=mode)
+            if ax is not None:
+                ax.set_title(f"{build}: {ax.get_title()}", fontsize=9)
+                plt.show()
 
 # %% [markdown]
 # ## Tokens/s and speed-up against RTT
@@ -125,7 +150,7 @@ for build, d in results.items():
     s = pd.DataFrame(d["summary"])
     top = s[s.rtt_ms == s.rtt_ms.max()]
     print(build)
-    display(D.show(top, ["plan", "topology", "placement", "k", "tok_s", "speedup",
+    display(D.show(top, ["plan", "topology", "mbit", "placement", "k", "tok_s", "speedup",
                          "tokens_per_step", "waits_per_plain", "waits_per_verify",
                          "waits_per_draft", "waits_per_token", "cache_bytes_crossing",
                          "identical_to_off"]))

@@ -259,3 +259,21 @@ def test_papermill_cli_refuses_in_one_line(tmp_path, engine, args, line):
     assert out.rstrip().splitlines()[-1] == line
     assert "Traceback" not in out and "---------" not in out
     assert not (tmp_path / "run").exists()  # stopped at the check cell
+
+
+def test_wan_bandwidths_and_cold_shards():
+    """``mbits``: Mbit/s > 0 or null (unlimited), from a lane and from -p; ``cold_shards``
+    one of WanConfig's choices; anything else named with its place."""
+    assert NP.check_value("wan", {"mbits": [20, 100, None], "cold_shards": "endpoints"}) == {
+        "mbits": [20, 100, None], "cold_shards": "endpoints"}
+    ns = _namespace(NB / "05_wan.py", {"wan": "{mbits: [20, null]}",
+                                       "target": "{mbits: 20 100 unlimited}"})
+    got = NP.checked(ns)
+    assert got["wan"]["mbits"] == [20, None] and got["target"]["mbits"] == [20, 100, None]
+    for bad, pattern in [({"mbits": [0]}, r"^wan\.mbits\[0\]: expected Mbit/s > 0 or null"),
+                         ({"mbits": [20, "fast"]}, r"^wan\.mbits\[1\]: expected Mbit/s > 0"),
+                         ({"mbits": []}, r"^wan\.mbits: expected a list .* at least 1"),
+                         ({"cold_shards": "remote"},
+                          r"^wan\.cold_shards: expected one of local, endpoints")]:
+        with pytest.raises(NP.ParameterError, match=pattern):
+            NP.check_value("wan", bad)

@@ -291,6 +291,59 @@ def test_other_validation(flash):
         P.step_traffic(flash.config, even_plan(43, 2), "verify", k=0)
 
 
+def test_graph_and_control_bytes_reproduce_their_measurements(trained):
+    """On the trained pair (4 layers, plan 0-1,2-3, k=2) the counting gives back the relays'
+    figures it was built from; the 6-layer point follows from the per-layer estimate; the
+    structures of sections 1-4 count no graph or control bytes."""
+    plan = parse_plan("0-1,2-3", trained.config.n_layer)
+    sc = P.Scenario(placement="client", head="client")
+
+    def tot(st, kind):
+        return P.step_traffic(trained.config, plan, kind, k=2, structure=st,
+                              scenario=sc).total()
+
+    assert tot(P.WHOLE_GRAPH, "verify")["graph"] == 329_064
+    assert tot(P.GRAPH_SLOTS, "verify")["graph"] == 16
+    assert tot(P.WHOLE_GRAPH, "plain")["graph"] == tot(P.GRAPH_SLOTS, "plain")["graph"] == 16
+    assert tot(P.GRAPH_SLOTS, "verify")["control"] == 13_864
+    assert tot(P.GRAPH_SLOTS, "plain")["control"] == 10_410
+    # the fixture's 6 layers on 2 shards (plan 0-2,3-5): 3 layers per shard pass
+    assert 2 * P.GRAPH_SLOTS.control_bytes(P.StepKind.VERIFY, 3) == 20_772
+    for st in P.STRUCTURES.values():
+        assert tot(st, "verify")["graph"] == tot(st, "verify")["control"] == 0
+
+
+def test_transfer_time_is_bytes_over_the_link_bandwidth(flash):
+    """Between two link bandwidths a token's time differs by exactly its bytes x 8 x
+    (1/b1 - 1/b2); a lower bandwidth is never faster."""
+    rows = {}
+    for mbit in (20, 1000):
+        prm = P.ProjectionParams(bandwidth_bps=mbit * 1e6)
+        for r in P.project(flash, plans=["0-21,22-42"], ks=(0, 2), rtts_ms=(100,),
+                           scenarios=(P.Scenario(),), structure=P.WHOLE_GRAPH, params=prm):
+            rows[(mbit, r["k"])] = r
+            assert r["structure"] == "whole_graph"
+    for k in (0, 2):
+        slow, fast = rows[(20, k)], rows[(1000, k)]
+        assert slow["bytes_per_token"] == fast["bytes_per_token"] > 0
+        assert slow["t_token_s"] - fast["t_token_s"] == pytest.approx(
+            slow["bytes_per_token"] * 8 * (1 / 20e6 - 1 / 1e9))
+        assert slow["tok_s"] < fast["tok_s"]
+    # the whole graph on every verify step: MTP on loses at 20 Mbit/s on V4-Flash's sizes
+    assert rows[(20, 2)]["speedup"] < 1 < rows[(1000, 2)]["speedup"]
+    assert rows[(20, 2)]["bytes_graph_per_token"] > rows[(20, 2)]["bytes_seam_per_token"]
+
+
+@pytest.mark.parametrize("kw", [{"graph_bytes_per_pass": -1},
+                                {"control_bytes_per_layer": float("nan")},
+                                {"graph_bytes_per_layer_verify": True},
+                                {"control_plain_scale": float("inf")}])
+def test_graph_and_control_inputs_are_checked(kw):
+    name = next(iter(kw))
+    with pytest.raises(InputError, match=f"MessageStructure.{name} must be a finite number"):
+        P.MessageStructure(**kw)
+
+
 def test_structure_from_a_wan_run():
     run = {"n_shards": 2, "head": "tail",
            "waits": {"plain": [2, 1], "verify": [2, 2], "draft": [0, 2]}}

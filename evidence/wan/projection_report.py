@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -459,6 +459,7 @@ def render(inv: Inventory, hashes: dict, tr: Inventory,
       "cycle than counted (the issue counts \"about\" 2 GETs per draft, and a generation "
       "has some plain and rollback steps besides its verify cycles).")
     w("")
+    L += _graph_section(inv, tr, prm)
     w("## Limitations")
     w("")
     if main is P.ASSUMED_COMPUTE:
@@ -475,16 +476,128 @@ def render(inv: Inventory, hashes: dict, tr: Inventory,
     w("- The structure is the trained pair's, on 2 shards, counted per RPC command; how "
       "waits scale with more shards is an assumption (`measured`: 2 per seam) until the WAN "
       "benchmark counts 3-shard plans; plug its counts in with `MessageStructure.from_run`.")
-    w("- Graph descriptions and RPC control bytes are not modelled (`other_bytes_per_shard_"
-      "pass` = 0); cache/state bytes are taken as 0 (issue item 4's target), which today "
-      "holds only with n_rs_seq = 0.")
-    w("- Bandwidth is one shared link; the client's CPU bandwidth for a client head or "
-      "drafter is an assumption (50 GB/s).")
+    w("- Graph descriptions and RPC control bytes are not in sections 1-4 (their structures "
+      "count none); section 5 adds them, measured on the trained pair and a 6-layer "
+      "fixture, the control bytes' growth with layers an estimate from two points. "
+      "Cache/state bytes are taken as 0 (issue item 4's target), which today holds only "
+      "with n_rs_seq = 0.")
+    w("- Bandwidth is one link rate for all of a step's bytes, its shard passes taken one "
+      "after another (no transfer overlaps compute or another transfer); the client's CPU "
+      "bandwidth for a client head or drafter is an assumption (50 GB/s).")
     w("- Fit: the compute-buffer reserve (8 GiB) is an assumption, not an allocation; the "
       "caches are `ownership.derive`'s formulas, checked against upstream on fixtures "
       "(DGR-065), not allocated at V4-Flash size.")
     w("")
     return "\n".join(L)
+
+
+#: the link bandwidths of section 5 (Mbit/s per direction) and its RTTs
+LINK_MBITS = (20, 100, 1000)
+GRAPH_RTTS = (25, 100)
+
+
+def _graph_section(inv: Inventory, tr: Inventory, prm: P.ProjectionParams) -> list[str]:
+    """Section 5: graph and control bytes per shard pass, and the link bandwidth."""
+    L = ["## 5. Graph and control bytes, and the link bandwidth (issue 29)", ""]
+    w = L.append
+    w("Sections 1-4 count no graph descriptions or RPC control bytes. Measured (the relays' "
+      "byte counts per step, trained pair, plan `0-1,2-3`, k=2, drafter in the client, CPU "
+      "RPC shards; evidence/graph-reuse/): with patches 0001-0004 every verify step sends "
+      "each shard's whole graph (`GRAPH_COMPUTE`, its split uids alternate), "
+      f"{P.GRAPH_BYTES_WHOLE_VERIFY_TRAINED:,} B on both shards, about "
+      f"{P.GRAPH_BYTES_PER_LAYER_WHOLE / 1e3:.0f} KB per layer; with 0005+0006 (graph slots) "
+      f"a shard pass sends {P.GRAPH_BYTES_SLOT_PER_PASS:g} B (a `GRAPH_RECOMPUTE_SLOT`) once "
+      "each width has been seen, as an MTP-off decode reuses its graph with either. Control "
+      f"bytes per verify step: {P.CONTROL_BYTES_VERIFY_4_LAYERS:,} B on the trained pair (4 "
+      f"layers) and {P.CONTROL_BYTES_VERIFY_6_LAYERS:,} B on a 6-layer fixture with "
+      "V4-Flash's layer kinds (plan `0-2,3-5`), both on 2 shards; a plain decode (MTP off) "
+      f"{P.CONTROL_BYTES_PLAIN_4_LAYERS:,} B on the trained pair.")
+    w("")
+    w("How control grows with layers is an **estimate from these two points (4 and 6 "
+      "layers)**: "
+      f"{P.CONTROL_BYTES_PER_LAYER_VERIFY:,.0f} B per verify step per layer, taken per layer "
+      f"a shard holds, plus {P.CONTROL_BYTES_PER_PASS_VERIFY:g} B per shard pass (on these "
+      f"2-shard plans that is {P.CONTROL_BYTES_VERIFY_4_LAYERS / 4 / 2:,.0f} B per layer of "
+      "the model per shard pass; the two points cannot tell the readings apart, which "
+      "differ on more shards: a shard's control messages are for its own layers' inputs, so "
+      "the model takes the per-layer-held one); a plain decode's control is a verify step's "
+      f"x {P.CONTROL_PLAIN_OVER_VERIFY:.3f} (the trained pair's ratio). The graph bytes per "
+      "layer are the trained pair's; the slice's (`v4-flash-slice`, plan `0-2,3-5`) are "
+      "about 90 KB per layer. A draft on the tail and the first send of each width "
+      "(amortised over a generation) are not counted.")
+    w("")
+    w("Structures (`seam_once` with these bytes): `whole_graph` = patches 0001-0004, "
+      "`graph_slots` = with 0005+0006. The transfer time of a step is its bytes on remote "
+      "links / the link bandwidth (per direction; a step's shard passes one after another). "
+      "Per step on V4-Flash's even plans, summed over all shard connections (context "
+      f"{prm.context:,}):")
+    w("")
+    brows = []
+    for n in TABLE_SHARDS:
+        plan = even_plan(inv.config.n_layer, n)
+        for name, st in P.GRAPH_STRUCTURES.items():
+            for kind, k in (("plain", 0), ("verify", 2)):
+                t = P.step_traffic(inv.config, plan, kind, k=k, structure=st, params=prm,
+                                   scenario=P.Scenario(placement="client", head="client"))
+                tot = t.total()
+                label = "plain decode" if kind == "plain" else "verify k=2"
+                brows.append([n, f"`{name}`", label, _b(tot["graph"]), _b(tot["control"]),
+                              _b(sum(tot.values()))])
+    L += _table(["shards", "structure", "step", "graph B", "control B", "total B"], brows)
+    tp = parse_plan("0-1,2-3", tr.config.n_layer)
+    chk = {name: {kind: P.step_traffic(tr.config, tp, kind, k=2, structure=st, params=prm,
+                                       scenario=P.Scenario(placement="client",
+                                                           head="client")).total()
+                  for kind in ("plain", "verify")}
+           for name, st in P.GRAPH_STRUCTURES.items()}
+    w("On the trained pair (plan `0-1,2-3`) the same counting gives per verify step "
+      f"{_b(chk['whole_graph']['verify']['graph'])} B of graph with `whole_graph`, "
+      f"{_b(chk['graph_slots']['verify']['graph'])} B with `graph_slots`, "
+      f"{_b(chk['graph_slots']['verify']['control'])} B of control, and "
+      f"{_b(chk['graph_slots']['plain']['control'])} B of control per plain decode: the "
+      "measured inputs.")
+    w("")
+    sc = P.Scenario(placement="client", head="client")
+    w(f"Projected tokens/s, {sc.name}, every shard remote, even plans, k=2: cells are MTP off "
+      "/ MTP on tok/s (speed-up), at each link bandwidth per direction:")
+    w("")
+    res = {}
+    for mbit in LINK_MBITS:
+        bp = replace(prm, bandwidth_bps=mbit * 1e6)
+        for name, st in {"seam_once": P.SEAM_ONCE, **P.GRAPH_STRUCTURES}.items():
+            for r in P.project(inv, n_shards=TABLE_SHARDS, plan_kinds=("even",), ks=(0, 2),
+                               rtts_ms=GRAPH_RTTS, scenarios=(sc,), structure=st, params=bp):
+                res[(mbit, name, r["n_shards"], r["rtt_ms"], r["k"])] = r
+    prow = []
+    for n in TABLE_SHARDS:
+        for rtt in GRAPH_RTTS:
+            for name in ("seam_once", *P.GRAPH_STRUCTURES):
+                cells = []
+                for mbit in LINK_MBITS:
+                    off, on = (res[(mbit, name, n, float(rtt), k)] for k in (0, 2))
+                    cells.append(f"{off['tok_s']:.2f} / {on['tok_s']:.2f} "
+                                 f"({on['speedup']:.2f}x)")
+                on1 = res[(LINK_MBITS[0], name, n, float(rtt), 2)]
+                prow.append([n, rtt, f"`{name}`", *cells,
+                             _b(on1["bytes_per_token"])])
+    L += _table(["shards", "RTT ms", "structure",
+                 *(f"{m:g} Mbit/s" for m in LINK_MBITS), "bytes per token, k=2"], prow)
+    whole = P.step_traffic(inv.config, even_plan(inv.config.n_layer, 2), "verify", k=2,
+                           structure=P.WHOLE_GRAPH, params=prm, scenario=sc).total()["graph"]
+    slow = LINK_MBITS[0]
+    worst = max(res[(slow, "whole_graph", n, float(rtt), 2)]["speedup"]
+                for n in TABLE_SHARDS for rtt in GRAPH_RTTS)
+    ctl = [r[4] for r in brows if r[1] == "`graph_slots`"]
+    w(f"`seam_once` counts no graph or control bytes (sections 1-4). Re-sending the whole "
+      f"graph every verify step costs V4-Flash's {inv.config.n_layer} layers "
+      f"{_b(whole)} B per verify step, {whole * 8 / (slow * 1e6):.2f} s of transfer at "
+      f"{slow:g} Mbit/s: there MTP " + ("loses in every cell (speed-up at most "
+                                        f"{worst:.2f}x)" if worst < 1 else
+                                        f"reaches {worst:.2f}x at best") + ". With graph "
+      "slots the graph bytes are gone; what is left over `seam_once` are the control "
+      f"bytes ({ctl[0]}-{ctl[-1]} B per step by the per-layer estimate).")
+    w("")
+    return L
 
 
 def plot(inv: Inventory, path: Path, params: P.ProjectionParams | None = None) -> None:

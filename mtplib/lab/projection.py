@@ -10,8 +10,9 @@ two together with the cost model of the issue,
 
 and answers which shard plans fit one H200 each. Pure Python: it reads the weight-less
 V4-Flash table (`mtplib fixture --preset v4-flash`) through `mtplib.ownership` and never
-loads llama.cpp. Nothing here is measured; every default names its source in
-`DEFAULT_SOURCES` and evidence/wan/PROJECTION.md.
+loads llama.cpp. Nothing here measures V4-Flash; every default names its source in
+`DEFAULT_SOURCES` and evidence/wan/PROJECTION.md, and the measured inputs (the message
+structures, the graph and control bytes per shard pass) name the runs they come from.
 
 Topology (upstream's RPC backend, reference §8): a star. A boundary value goes shard i ->
 client (GET_TENSOR: the client waits) -> shard i+1 (SET_TENSOR: fire-and-forget); graph
@@ -76,6 +77,34 @@ def step_kind(kind: str) -> StepKind:
         raise InputError(f"step kind must be one of {', '.join(STEP_KINDS)} (or {PLAIN!r} "
                          f"for decode), got {kind!r}")
     return StepKind(kind)
+
+# -- graph and control bytes per shard pass (issue 29), measured ---------------------------
+# Counted by the relays per step on the trained pair (4 layers, plan 0-1,2-3, k=2, the drafter
+# in the client, CPU RPC shards) and on a 6-layer fixture with V4-Flash's layer kinds (plan
+# 0-2,3-5); the runs and their counts: evidence/graph-reuse/.
+#: graph bytes per verify step on both shards with patches 0001-0004: each shard's whole
+#: graph (GRAPH_COMPUTE) on every step (its split uids alternate, issue 29)
+GRAPH_BYTES_WHOLE_VERIFY_TRAINED = 329_064
+#: ... per layer a shard holds and pass (329,064 B / 4 layers, about 82 KB)
+GRAPH_BYTES_PER_LAYER_WHOLE = GRAPH_BYTES_WHOLE_VERIFY_TRAINED / 4
+#: graph bytes per shard pass with patches 0005+0006 (graph slots): 16 B per verify step on
+#: 2 shards, one GRAPH_RECOMPUTE_SLOT each, once each width has been seen
+GRAPH_BYTES_SLOT_PER_PASS = 16 / 2
+#: control bytes (RPC command headers and replies) per verify step, 2 shards: 4 layers
+#: (trained pair) and 6 layers (the fixture)
+CONTROL_BYTES_VERIFY_4_LAYERS = 13_864
+CONTROL_BYTES_VERIFY_6_LAYERS = 20_772
+#: control bytes per plain decode step (MTP off), trained pair
+CONTROL_BYTES_PLAIN_4_LAYERS = 10_410
+#: an ESTIMATE from those two points (both 2 shards): control per verify step grows by
+#: (20,772 - 13,864) / 2 = 3,454 B per layer, i.e. per layer its shard holds, plus
+#: (13,864 - 4 x 3,454) / 2 = 24 B per shard pass
+CONTROL_BYTES_PER_LAYER_VERIFY = (CONTROL_BYTES_VERIFY_6_LAYERS
+                                  - CONTROL_BYTES_VERIFY_4_LAYERS) / 2
+CONTROL_BYTES_PER_PASS_VERIFY = (CONTROL_BYTES_VERIFY_4_LAYERS
+                                 - 4 * CONTROL_BYTES_PER_LAYER_VERIFY) / 2
+#: a plain decode's control against a verify step's (one point: the trained pair)
+CONTROL_PLAIN_OVER_VERIFY = CONTROL_BYTES_PLAIN_4_LAYERS / CONTROL_BYTES_VERIFY_4_LAYERS
 
 DEFAULT_SOURCES: dict[str, str] = {
     "layer_s": "1 / (16.4 tok/s x 43 layers) = 1.418 ms: the baseline of llama.cpp's V4 MTP PR "
@@ -188,8 +217,15 @@ class MessageStructure:
     feed_on_tail: feeding one verify step's accepted rows to the tail's MTP context;
     seam_tensors: hc*n_embd-wide tensors crossing each seam per token (each one GET and one
         SET through the client);
-    other_bytes_per_shard_pass: graph descriptions and RPC control bytes per shard and pass
-        (0: not modelled; a WAN run's relays measure them);
+    other_bytes_per_shard_pass: any other bytes per shard and pass (0: none);
+    graph_bytes_per_pass: graph description bytes per shard pass of a decode or verify step
+        when the shard reuses its graph (a recompute message; 0: not modelled);
+    graph_bytes_per_layer_verify: graph bytes per layer the shard holds in a verify step,
+        when it is sent whole every step (patches 0001-0004); 0: verify steps reuse it too
+        (graph_bytes_per_pass);
+    control_bytes_per_layer / control_bytes_per_pass: RPC control bytes (command headers,
+        replies) of a verify step's shard pass, per layer the shard holds and per pass (a
+        plain decode's: control_plain_scale x that; all 0: not modelled);
     constants_per_step: the rotation matrices (``attn_inp_k_rot``) are re-sent to their
         shards on every step (stock); False: uploaded once per context (patches/0003);
     source: where the numbers come from.
@@ -202,6 +238,11 @@ class MessageStructure:
     feed_on_tail: StepWaits = StepWaits()
     seam_tensors: int = 2
     other_bytes_per_shard_pass: int = 0
+    graph_bytes_per_pass: float = 0.0
+    graph_bytes_per_layer_verify: float = 0.0
+    control_bytes_per_layer: float = 0.0
+    control_bytes_per_pass: float = 0.0
+    control_plain_scale: float = 1.0
     constants_per_step: bool = True
     source: str = ("issue 14, trained pair, plan 0-1,2-3: MTP off 2 GETs on shard 0 (the "
                    "two 2,048 B hc*n_embd tensors of the seam) + 1 on shard 1 (logits) = 3 "
@@ -222,6 +263,24 @@ class MessageStructure:
             raise InputError("other_bytes_per_shard_pass must be an int >= 0")
         if not isinstance(self.constants_per_step, bool):
             raise InputError("constants_per_step must be a bool")
+        for k in ("graph_bytes_per_pass", "graph_bytes_per_layer_verify",
+                  "control_bytes_per_layer", "control_bytes_per_pass", "control_plain_scale"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 \
+                    or v == float("inf"):
+                raise InputError(f"MessageStructure.{k} must be a finite number >= 0, "
+                                 f"got {v!r}")
+
+    def graph_bytes(self, kind: StepKind, n_layers: int) -> float:
+        """Graph bytes of one shard pass holding ``n_layers`` layers."""
+        if kind == StepKind.VERIFY and self.graph_bytes_per_layer_verify:
+            return self.graph_bytes_per_layer_verify * n_layers
+        return self.graph_bytes_per_pass
+
+    def control_bytes(self, kind: StepKind, n_layers: int) -> float:
+        """RPC control bytes of one shard pass holding ``n_layers`` layers."""
+        verify = self.control_bytes_per_pass + self.control_bytes_per_layer * n_layers
+        return verify * (self.control_plain_scale if kind == StepKind.DECODE else 1.0)
 
     def verify(self, head: str) -> StepWaits:
         return self.verify_head_client if head == "client" else self.verify_head_tail
@@ -317,6 +376,25 @@ SEAM_ONCE = replace(MEASURED, plain=StepWaits(per_seam=1, tail=1),
                            "verify with the head on the tail and tail drafts as MEASURED")
 STRUCTURES = {"measured": MEASURED, "today": TODAY, "seam_once": SEAM_ONCE,
               "contract": CONTRACT}
+#: SEAM_ONCE with the graph and control bytes counted (issue 29; evidence/graph-reuse/):
+#: patches 0001-0004 send each shard's whole graph on every verify step (MTP off reuses it);
+_GRAPH_CONTROL = {"graph_bytes_per_pass": GRAPH_BYTES_SLOT_PER_PASS,
+                  "control_bytes_per_layer": CONTROL_BYTES_PER_LAYER_VERIFY,
+                  "control_bytes_per_pass": CONTROL_BYTES_PER_PASS_VERIFY,
+                  "control_plain_scale": CONTROL_PLAIN_OVER_VERIFY}
+WHOLE_GRAPH = replace(SEAM_ONCE, **_GRAPH_CONTROL,
+                      graph_bytes_per_layer_verify=GRAPH_BYTES_PER_LAYER_WHOLE,
+                      source="seam_once + patches 0001-0004's graph bytes: the whole graph "
+                             "(about 82 KB per layer) on every verify step; control bytes "
+                             "per layer (estimate); evidence/graph-reuse/")
+#: ... and with patches 0005+0006 every step reuses its graph slot (8 B per shard pass)
+GRAPH_SLOTS = replace(SEAM_ONCE, **_GRAPH_CONTROL,
+                      source="seam_once + patches 0005+0006 (graph slots): 8 B of graph per "
+                             "shard pass on every step; control bytes per layer (estimate); "
+                             "evidence/graph-reuse/")
+#: the structures with graph and control bytes (beside STRUCTURES, whose tables they leave
+#: as they are)
+GRAPH_STRUCTURES = {"whole_graph": WHOLE_GRAPH, "graph_slots": GRAPH_SLOTS}
 
 
 # -- scenario and parameters ---------------------------------------------------------------
@@ -643,7 +721,8 @@ def _mtp_inputs(cfg: V4Config, params: ProjectionParams, n_tok: int) -> int:
 
 
 # -- one step's traffic --------------------------------------------------------------------
-CLASSES = ("seam", "graph_inputs", "constants", "output", "mtp_rows", "draft", "other")
+CLASSES = ("seam", "graph_inputs", "constants", "output", "mtp_rows", "draft", "graph",
+           "control", "other")
 
 
 @dataclass
@@ -709,6 +788,9 @@ def step_traffic(cfg: V4Config, plan: ShardPlan, kind: str, *, k: int = 0,
         per_shard[r.index]["graph_inputs"] = sum(gi.values())
         per_shard[r.index]["constants"] = sum(co.values())
         per_shard[r.index]["other"] = structure.other_bytes_per_shard_pass
+        held = r.layers[1] - r.layers[0] + 1
+        per_shard[r.index]["graph"] = round(structure.graph_bytes(kind, held))
+        per_shard[r.index]["control"] = round(structure.control_bytes(kind, held))
         sets[r.index] = len(gi) + len(co) + (0 if r.first else structure.seam_tensors)
         seam = structure.seam_tensors * H * isz * n_tok
         if not r.last:  # GET the boundary values of this shard's seam
@@ -889,8 +971,9 @@ def project(inv: Inventory, *, n_shards: Iterable[int] = range(2, 9),
                         "plan": str(plan), "plan_kind": kind, "n_shards": plan.n_shards,
                         "scenario": sc.name, "placement": sc.placement, "head": sc.head,
                         "tail_local": sc.tail_local, "boundary_dtype": sc.boundary_dtype,
-                        "structure": next((n for n, s in STRUCTURES.items() if s == structure),
-                                          "custom"),
+                        "structure": next((n for n, s in {**STRUCTURES,
+                                                          **GRAPH_STRUCTURES}.items()
+                                           if s == structure), "custom"),
                         "k": k, "mode": "mtp" if k else "off", "rtt_ms": float(rtt),
                         "context": params.context, "tokens_per_verify": c["tokens"],
                         "waits_per_token": c["waits"] / c["tokens"],

@@ -112,6 +112,23 @@ def number(lo: float | None = None, hi: float | None = None) -> Check:
     return Rule(want, check)
 
 
+def bandwidth() -> Check:
+    """A link bandwidth: Mbit/s > 0, or None for an unlimited link (``null`` in YAML; in a
+    -p string also ``null``, ``none`` or ``unlimited``)."""
+    want = "Mbit/s > 0 or null (unlimited)"
+
+    def check(v: object, where: str, ctx: Context) -> object:
+        if ctx.lenient and isinstance(v, str) and v.strip().lower() in (
+                "null", "none", "unlimited"):
+            return None
+        if v is None:
+            return v
+        if not (_is_int(v) or isinstance(v, float)) or v != v or v <= 0 or v == float("inf"):
+            raise fail(where, want, v)
+        return v
+    return Rule(want, check)
+
+
 def threads() -> Check:
     """A thread count. Where the value is used (the notebook: lenient) at most this
     machine's CPUs (`mtplib.runtime.model.max_threads`, what the runtime refuses beyond);
@@ -397,11 +414,13 @@ def wan_section() -> Check:
     """A WAN run's fields (mtplib.lab.wan.WanConfig): the lane's ``wan:``, 05's ``target``
     and each build's ``overrides``."""
     def check(v: object, where: str, ctx: Context) -> object:
-        from mtplib.lab.wan import MODES, PLACEMENTS, TOPOLOGIES, WanConfig
+        from mtplib.lab.wan import COLD_SHARDS, MODES, PLACEMENTS, TOPOLOGIES, WanConfig
 
         rtts = list_of(number(0, 10_000), what="RTTs in ms 0..10000")
         rules = {"ks": drafts(0), "cold_ks": drafts(0), "rtts_ms": rtts, "cold_rtts_ms": rtts,
                  "fit_rtts_ms": rtts,
+                 "mbits": list_of(bandwidth(), what="link bandwidths (Mbit/s > 0 or null)"),
+                 "cold_shards": text(COLD_SHARDS),
                  "plans": list_of(plan(), what="plans", split=_PLANS),
                  "topologies": list_of(text(TOPOLOGIES), what="topologies"),
                  "placements": list_of(text(PLACEMENTS), what="placements"),

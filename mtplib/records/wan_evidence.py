@@ -59,12 +59,14 @@ def save_plots(results: dict[str, dict], run_dir: Path) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     out = []
     summaries = {b: r["summary"] for b, r in results.items()}
-    keys = sorted({(x.get("mode", "warm"), x["plan"]) for s in summaries.values() for x in s})
-    for mode, plan in keys:
-        fig = W.plot_builds(summaries, plan=plan, mode=mode)
+    keys = sorted({(x.get("mode", "warm"), x["plan"], x.get("mbit")) for s in summaries.values()
+                   for x in s}, key=lambda t: (t[0], t[1], t[2] is None, t[2] or 0))
+    for mode, plan, mbit in keys:
+        fig = W.plot_builds(summaries, plan=plan, mode=mode, mbit=mbit)
         if fig is None:
             continue
-        p = d / f"rtt-{mode}-{plan.replace(',', '_')}.png"
+        bw = "" if mbit is None else f"-{mbit:g}mbit"  # unlimited: the name it always had
+        p = d / f"rtt-{mode}-{plan.replace(',', '_')}{bw}.png"
         fig.savefig(p, dpi=110, bbox_inches="tight")
         out.append(p)
     return out
@@ -94,8 +96,9 @@ def _mode(r: dict) -> str:
     return r.get("mode", "warm")
 
 
-def _speed_table(s: list[dict], mode: str, plan: str, topo: str, place: str) -> list[str]:
-    mine = [r for r in s if _mode(r) == mode and r["plan"] == plan]
+def _speed_table(s: list[dict], mode: str, plan: str, topo: str, place: str,
+                 mbit: float | None = None) -> list[str]:
+    mine = [r for r in s if _mode(r) == mode and r["plan"] == plan and r.get("mbit") == mbit]
     rtts = sorted({r["rtt_ms"] for r in mine})
     ks = sorted({r["k"] for r in mine})
     rows = []
@@ -125,6 +128,7 @@ def _headline(raw: dict) -> list[str]:
     """The targets' cell (100 ms RTT, plan 0-1,2-3, k=2) for every build, mode and topology:
     n runs, medians with their ranges, speed-up against the ideal, waits, cache bytes."""
     rows = []
+    bws = False
     for b in BUILDS:
         key = f"target-{b}" if f"target-{b}" in raw else b
         if key not in raw:
@@ -132,17 +136,20 @@ def _headline(raw: dict) -> list[str]:
         summ = raw[key]["summary"]
         for t in raw[key]["targets"]:
             on = next((x for x in summ if (_mode(x), x["plan"], x["topology"], x["placement"],
-                                           x["k"], x["rtt_ms"]) ==
+                                           x["k"], x["rtt_ms"], x.get("mbit")) ==
                        (t.get("mode", "warm"), t["plan"], t["topology"], t["placement"],
-                        t["k"], t["rtt_ms"])), None)
+                        t["k"], t["rtt_ms"], t.get("mbit"))), None)
             off = next((x for x in summ if (_mode(x), x["plan"], x["topology"], x["k"],
-                                            x["rtt_ms"]) ==
-                        (t.get("mode", "warm"), t["plan"], t["topology"], 0, t["rtt_ms"])),
-                       None)
+                                            x["rtt_ms"], x.get("mbit")) ==
+                        (t.get("mode", "warm"), t["plan"], t["topology"], 0, t["rtt_ms"],
+                         t.get("mbit"))), None)
             if on is None:
                 continue
+            if "mbit" in t:
+                bws = True
             rows.append([
                 f"`{b}`", f"`{t.get('mode', 'warm')}`", f"`{t['topology']}`",
+                *([_bw(t)] if "mbit" in t else []),
                 f"`{t['placement']}`", str(on["runs"]),
                 "n/a" if off is None else _spread_text(off["tok_s"], off.get("tok_s_min"),
                                                        off.get("tok_s_max")),
@@ -166,7 +173,8 @@ def _headline(raw: dict) -> list[str]:
            "median of the per-run paired ratios (same prompt and repetition, MTP on / off) "
            "with [min–max]; `ratio` = speed-up of the medians / tokens per verify step (the "
            "RTT-bound ideal).", ""]
-    out += E.table(["build", "mode", "topology", "MTP on", "runs", "MTP off tok/s",
+    out += E.table(["build", "mode", "topology", *(["link"] if bws else []), "MTP on", "runs",
+                    "MTP off tok/s",
                     "MTP on tok/s", "speed-up (paired)", "tokens/verify", "ratio", "goal",
                     "met", "waits verify / plain", "cache bytes crossing",
                     "tokens = MTP off"], rows)
@@ -174,7 +182,21 @@ def _headline(raw: dict) -> list[str]:
     return out
 
 
+def _bw(r: dict) -> str:
+    """A row's link bandwidth as a table cell."""
+    m = r.get("mbit")
+    return "unlimited" if m is None else f"{m:g} Mbit/s"
+
+
+def _bandwidths(summary: list[dict]) -> list[float | None]:
+    """The link bandwidths a summary has (capped ones up, unlimited last); [None] for a
+    summary older than the field."""
+    return sorted({r.get("mbit") for r in summary}, key=lambda m: (m is None, m or 0))
+
+
 def _build_section(b: str, d: dict, what: str) -> list[str]:
+    from mtplib.lab import wan as W
+
     s = d["summary"]
     c = d["config"]
     out = [f"## Build: {b}, {what}", "",
@@ -192,24 +214,29 @@ def _build_section(b: str, d: dict, what: str) -> list[str]:
             for topo in sorted({r["topology"] for r in mine if r["plan"] == plan}):
                 for place in sorted({r["placement"] for r in mine if r["plan"] == plan
                                      and r["placement"] != "-"}):
-                    out.append(f"`{mode}`: plan `{plan}`, topology `{topo}`, MTP on the "
-                               f"`{place}` (median tok/s of "
-                               f"{max(r['runs'] for r in mine if r['plan'] == plan)} runs):")
-                    out.append("")
-                    out += _speed_table(s, mode, plan, topo, place)
-                    out.append("")
+                    for mbit in _bandwidths(mine):
+                        bw = (f", links {W.bandwidth_text(mbit)}"
+                              if any("mbit" in r for r in mine) else "")
+                        out.append(f"`{mode}`: plan `{plan}`, topology `{topo}`, MTP on the "
+                                   f"`{place}`{bw} (median tok/s of "
+                                   f"{max(r['runs'] for r in mine if r['plan'] == plan)} runs):")
+                        out.append("")
+                        out += _speed_table(s, mode, plan, topo, place, mbit)
+                        out.append("")
     out.append("Targets at 100 ms RTT, plan `0-1,2-3`, k=2 (speed-up over MTP off against "
                "tokens per verify step, the RTT-bound ideal):")
     out.append("")
-    rows = [[f"`{t.get('mode', 'warm')}`", f"`{t['topology']}`", f"`{t['placement']}`",
-             E.fmt(t["speedup"], 3),
+    bws = any("mbit" in t for t in d["targets"])
+    rows = [[f"`{t.get('mode', 'warm')}`", f"`{t['topology']}`", *([_bw(t)] if bws else []),
+             f"`{t['placement']}`", E.fmt(t["speedup"], 3),
              E.fmt(t["tokens_per_step"], 3), E.fmt(t["speedup_over_ideal"], 3),
              "n/a" if t["goal"] is None else E.fmt(t["goal"], 2),
              "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**"),
              E.fmt(t.get("waits_per_verify"), 2), E.fmt(t.get("waits_per_plain_off"), 2),
              str(t["cache_bytes_crossing"]),
              "yes" if t["identical_to_off"] else "**no**"] for t in d["targets"]]
-    out += E.table(["mode", "topology", "MTP on", "speed-up", "tokens/verify", "ratio", "goal",
+    out += E.table(["mode", "topology", *(["link"] if bws else []), "MTP on", "speed-up",
+                    "tokens/verify", "ratio", "goal",
                     "met",
                      "waits/verify", "waits/plain step (MTP off)", "cache bytes crossing",
                      "tokens = MTP off"], rows)
