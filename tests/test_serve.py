@@ -185,10 +185,18 @@ def test_bad_requests_get_4xx_and_the_service_keeps_serving(trained_server):
     s = trained_server
     c = s.client()
     model = c.models.list().data[0].id
-    with pytest.raises(openai.NotFoundError):
-        c.completions.create(model="no-such-model", prompt="x", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="exceed"):
-        c.completions.create(model=model, prompt="x", max_tokens=10_000)
+    # any model name, as llama-server with one model: the response names the served one
+    assert c.completions.create(model="no-such-model", prompt="x", max_tokens=2).model == model
+    # more than the context holds: it stops at the context's end, truncated (llama-server)
+    r = c.completions.create(model=model, prompt="x", max_tokens=10_000)
+    assert r.choices[0].finish_reason == "length" and r.model_extra["truncated"] is True
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == s.ready["n_ctx"]
+    with pytest.raises(openai.BadRequestError, match="grammar"):
+        c.completions.create(model=model, prompt="x", max_tokens=2,
+                             extra_body={"grammar": 'root ::= "a"'})
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        c.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}],
+                                  response_format={"type": "json_object"})
     with pytest.raises(openai.BadRequestError, match="context"):
         c.completions.create(model=model, prompt="x " * 600, max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
@@ -204,6 +212,28 @@ def test_bad_requests_get_4xx_and_the_service_keeps_serving(trained_server):
     r = c.completions.create(model=model, prompt="ok", max_tokens=3)
     assert r.usage.completion_tokens == 3
     assert httpx.get(s.url + "/health", timeout=30).json()["status"] == "ok"
+
+
+@needs_trained
+def test_top_k_1_at_temperature_1_is_greedy_and_llama_server_endpoints(trained_server):
+    """The issue's example (top_k=1 at temperature 1 returned sampled text), and the
+    native /completion and /tokenize on the real model."""
+    s = trained_server
+    c = s.client()
+    greedy = c.completions.create(model="m", prompt="def main(", max_tokens=24,
+                                  temperature=0).choices[0].text
+    topk = c.completions.create(model="m", prompt="def main(", max_tokens=24, temperature=1,
+                                seed=7, extra_body={"top_k": 1}).choices[0].text
+    sampled = c.completions.create(model="m", prompt="def main(", max_tokens=24,
+                                   temperature=1, seed=7).choices[0].text
+    assert topk == greedy and sampled != greedy
+    b = httpx.post(s.url + "/completion", json={"prompt": "def main(", "n_predict": 24,
+                                                "temperature": 0}, timeout=REQ_S).json()
+    assert b["content"] == greedy and b["tokens_predicted"] == 24
+    assert b["timings"]["draft_n"] > 0
+    toks = httpx.post(s.url + "/tokenize", json={"content": "def main("}, timeout=30).json()
+    text = httpx.post(s.url + "/detokenize", json=toks, timeout=30).json()["content"]
+    assert text.endswith("def main(")
 
 
 @needs_trained

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -46,6 +47,10 @@ class FakeGeneration:
             for i in range(self.n):
                 be.gate.wait(10)
                 tok = be.next_token(self.prompt, i, self.sampler.seed)
+                if self.sampler.observe is not None:  # logits whose argmax is tok
+                    lg = np.arange(64, dtype=np.float32) / 64
+                    lg[tok] = 2.0
+                    self.sampler.observe(len(self.prompt) + i, lg)
                 self.tokens.append(tok)
                 time.sleep(be.step_s)
                 yield [tok]
@@ -209,11 +214,11 @@ def test_streaming_chat_events(served):
             "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
             "stream": True}) as r:
         ev = _events(r.read().decode())
-    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert ev[-1] == "[DONE]"
     assert ev[-2]["choices"][0]["finish_reason"] == "length"
     assert ev[-2]["choices"][0]["delta"] == {}
-    assert sum(len(e["choices"][0]["delta"].get("content", "")) for e in ev[:-1]) == 3
+    assert sum(len(e["choices"][0]["delta"].get("content") or "") for e in ev[:-1]) == 3
 
 
 def test_end_of_generation_token_stops_unless_ignore_eos(served):
@@ -234,12 +239,10 @@ BAD = [
     (b"{not json", 400, "not valid JSON"),
     (b"[1, 2]", 400, "JSON object"),
     (b'{"prompt": "x", "max_tokens": "5"}', 400, "max_tokens"),
-    (b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
-    (b'{"prompt": "x", "max_tokens": 129}', 400, "exceeds the context"),
+    (b'{"prompt": "x", "max_tokens": -2}', 400, "max_tokens"),
     (b'{"prompt": "x", "max_tokens": true}', 400, "max_tokens"),
     (b'{"prompt": 5}', 400, "prompt"),
     (b'{"max_tokens": 3}', 400, "prompt"),
-    (b'{"prompt": "x", "model": "other.gguf"}', 404, "not served here"),
     (b'{"prompt": "x", "temperature": -1}', 400, "temperature"),
     (b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
     (b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
@@ -248,12 +251,14 @@ BAD = [
     (b'{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop takes up to 4"),
     (b'{"prompt": "x", "stop": [""]}', 400, "non-empty"),
     (b'{"prompt": "x", "stop": 3}', 400, "stop"),
-    (b'{"prompt": "x", "logprobs": 3}', 400, "logprobs"),
+    (b'{"prompt": "x", "logprobs": 21}', 400, "logprobs"),
+    (b'{"prompt": "x", "top_k": 40, "grammar": "root ::= x"}', 400, "grammar"),
+    (b'{"prompt": "x", "frobnicate": 1}', 400, "unknown field 'frobnicate'"),
     (b'{"prompt": "x", "echo": true}', 400, "echo"),
     (b'{"prompt": ["a", "b"]}', 400, "one per request"),
     (b'{"prompt": []}', 400, "empty"),
     (b'{"prompt": [1, 99]}', 400, "out of range"),
-    (b'{"prompt": "' + b"x" * 125 + b'", "max_tokens": 8}', 400, "exceed the context"),
+    (b'{"prompt": "' + b"x" * 128 + b'", "max_tokens": 8}', 400, "leaves no room"),
     (b"[" * 2000 + b"]" * 2000, 400, "not valid JSON"),  # nested past json's recursion limit
     (b"[" * 3000 + b"]" * 3000, 413, "limit"),
     (b'{"prompt": "' + b"x" * 5000 + b'"}', 413, "limit"),

@@ -126,7 +126,24 @@ def _config(a: argparse.Namespace, backend):
         default_top_p=a.top_p, default_seed=a.seed, queue_max=a.queue,
         max_body_bytes=a.max_body_bytes, api_key=a.api_key,
         chat_template=template if isinstance(template, str) else None,
-        bos_token=text("bos"), eos_token=text("eos"), meta=meta)
+        bos_token=text("bos"), eos_token=text("eos"), meta=meta, model_path=str(a.model),
+        fingerprint=_fingerprint(meta["upstream"]), bos_id=_bos_id(backend))
+
+
+def _bos_id(backend) -> int | None:
+    """The token the backend's tokenize puts before any text (its BOS), None if none:
+    read from the backend itself (an empty text), not guessed from the header."""
+    try:
+        toks = backend.tokenize("")
+    except Exception:  # noqa: BLE001 - a tokenizer that refuses "" adds nothing we know of
+        return None
+    return int(toks[0]) if len(toks) == 1 else None
+
+
+def _fingerprint(upstream: dict) -> str:
+    """system_fingerprint and /props' build_info: the upstream build mtplib runs on."""
+    up = upstream or {}
+    return f"mtplib-{up.get('build', '?')}-{str(up.get('patch_set_sha256', '?'))[:12]}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

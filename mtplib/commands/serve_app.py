@@ -27,26 +27,43 @@ import hmac
 import json
 import math
 import queue
+import secrets
 import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from mtplib.commands.serve_fields import refusal
+from mtplib.commands.serve_native import (
+    chat_logprobs,
+    completion_logprobs,
+    generation_settings,
+    metrics_text,
+    native_probs,
+    props,
+    slot,
+)
 from mtplib.errors import InputError, MtplibError
 
 #: ChatML, llama-server's template for a model whose GGUF has none (the trained pair)
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
 #: OpenAI's bound on stop sequences per request, and ours on their length
 MAX_STOPS, MAX_STOP_CHARS = 4, 256
+#: /tokenize and /detokenize calls that may wait at once for the backend (each holds a
+#: thread while a generation runs)
+CALLS_MAX = 4
+#: the most alternatives per token a response lists (OpenAI's top_logprobs bound)
+MAX_LOGPROBS = 20
 #: a stream sends what the steps emitted at most this often (the first step at once):
 #: each event wakes the event loop, which then competes with the generation for the GIL
 STREAM_EVERY_S = 0.025
@@ -56,14 +73,16 @@ class ApiError(Exception):
     """A refusal with its HTTP status, in OpenAI's error shape."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | int | None = None) -> None:
+                 param: str | None = None, code: str | int | None = None,
+                 extra: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.code = status if code is None else code
+        self.extra = extra or {}  # e.g. llama-server's n_prompt_tokens and n_ctx
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+                          "code": self.code, **self.extra}}
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
@@ -96,50 +115,50 @@ def _error_of(e: BaseException) -> ApiError:
 
 # -- requests ---------------------------------------------------------------------------
 class _Request(BaseModel):
-    """Fields both endpoints take. Unknown fields are ignored (clients send their own
-    extras); known ones mtplib cannot honour are refused rather than silently dropped."""
+    """Fields every endpoint takes (`serve_fields.HONOURED`). A field in no list, or an
+    inert one at a value that would do something, was refused before this model
+    (`serve_fields.refusal`); extra="forbid" is the net under that."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=0)
-    n_predict: int | None = Field(None, ge=0)  # llama-server's name
+    #: -1 (llama-server's): until the end of generation or the context
+    max_tokens: int | None = Field(None, ge=-1)
+    n_predict: int | None = Field(None, ge=-1)  # llama-server's name
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    #: -1 (llama-server's): a random seed, drawn per request and reported
+    seed: int | None = Field(None, ge=-1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = 1
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # llama-server's: generate exactly max_tokens
     return_tokens: bool = False  # llama-server's: add the generated token ids
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logprobs: bool | int | None = None
-    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    #: OpenAI's {"id": bias}; llama-server's [[id, bias | false], ...] too
+    logit_bias: dict[str, float] | list[list[int | float | bool]] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        """(param, why) for a known option set to something mtplib does not do."""
-        if self.n != 1:
-            return "n", "n must be 1 (one choice per request)"
+        """(param, why) for a value mtplib does not do."""
         stops = self.stop_list()
         if len(stops) > MAX_STOPS or any(not x or len(x) > MAX_STOP_CHARS for x in stops):
             return "stop", (f"stop takes up to {MAX_STOPS} non-empty strings of at most "
                             f"{MAX_STOP_CHARS} characters")
-        for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            if v not in (None, 0, 0.0):
-                return name, f"{name} is not supported (only 0)"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs are not supported"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
+        opts = set(self.stream_options or {}) - {"include_usage"}
+        if opts:
+            return "stream_options", f"stream_options.{sorted(opts)[0]} is not supported"
         return None
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def n_new(self, default: int) -> int:
+        """The tokens asked for (-1: as many as the context holds)."""
         for v in (self.max_tokens, self.n_predict):
             if v is not None:
                 return v
@@ -148,45 +167,93 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
+    def bias(self, n_vocab: int) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias); false (llama-server's) bans a token (-inf)."""
+        if not self.logit_bias:
+            return ()
+        items = (list(self.logit_bias.items()) if isinstance(self.logit_bias, dict)
+                 else [tuple(x) for x in self.logit_bias])
+        out = []
+        for item in items:
+            if len(item) != 2:
+                raise ApiError(400, "logit_bias entries are [token id, bias]",
+                               param="logit_bias")
+            tok, b = item
+            if isinstance(tok, str):
+                if not tok.isdigit():
+                    raise ApiError(400, f"logit_bias key {tok!r}: only token ids (strings "
+                                   "are not supported)", param="logit_bias")
+                tok = int(tok)
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
+                raise ApiError(400, f"logit_bias token {tok!r} is not an id in [0, "
+                               f"{n_vocab})", param="logit_bias")
+            if b is True:
+                raise ApiError(400, "logit_bias bias true is not a number (false bans)",
+                               param="logit_bias")
+            out.append((tok, -math.inf if b is False else float(b)))
+        return tuple(out)
+
+    def n_logprobs(self) -> int | None:
+        """How many top alternatives per token the response carries (None: no logprobs)."""
+        return None
+
+
+PROMPT_SHAPE = str | list[int | str] | list[list[int | str]]
+
+
+class NativeRequest(_Request):
+    """llama-server's ``/completion``."""
+
+    prompt: PROMPT_SHAPE
+    n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
+    response_fields: list[str] | None = None
+
+    def n_logprobs(self) -> int | None:
+        return self.n_probs or None
+
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    """OpenAI's ``/v1/completions``."""
 
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo", "echo is not supported"
-        if self.best_of not in (None, 1):
-            return "best_of", "best_of must be 1"
-        if self.suffix:
-            return "suffix", "suffix (insertion) is not supported"
-        return super().unsupported()
+    prompt: PROMPT_SHAPE
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
-    def one_prompt(self) -> str | list[int]:
-        """The prompt as text or token ids; a batch of more than one is refused."""
-        p = self.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            if len(p) != 1:
-                raise ApiError(400, f"prompt holds {len(p)} prompts; send one per request",
-                               param="prompt")
-            p = p[0]
-        if isinstance(p, list) and not p:
-            raise ApiError(400, "prompt is empty", param="prompt")
-        return p
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+def one_prompt(p: str | list) -> str | list[int | str]:
+    """The prompt as text, token ids, or llama-server's mix of ids and strings; a batch
+    of more than one is refused."""
+    if isinstance(p, list) and p and isinstance(p[0], list) or (
+            isinstance(p, list) and len(p) > 1 and all(isinstance(x, str) for x in p)):
+        if len(p) != 1:
+            raise ApiError(400, f"prompt holds {len(p)} prompts; send one per request",
+                           param="prompt")
+        p = p[0]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if isinstance(p, list) and not p:
+        raise ApiError(400, "prompt is empty", param="prompt")
+    return p
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+    #: OpenAI's other message fields: refused unless empty (no tools, no names)
+    name: None = None
+    tool_calls: list[None] | None = Field(None, max_length=0)
+    function_call: None = None
+    refusal: None = None
+    audio: None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -195,13 +262,25 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Request):
+    """OpenAI's ``/v1/chat/completions``."""
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=-1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def n_new(self, default: int) -> int:
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return super().n_new(default)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        return super().unsupported()
+
+    def n_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def _validation_error(e: ValidationError) -> ApiError:
@@ -234,13 +313,22 @@ class ServeConfig:
     bos_token: str = ""
     eos_token: str = ""
     meta: dict = field(default_factory=dict)
+    #: the trunk's path (/props' model_path; default: model_id)
+    model_path: str = ""
+    #: system_fingerprint and /props' build_info: mtplib's and upstream's builds
+    fingerprint: str = "mtplib"
+    #: the BOS id the tokenizer adds (None: it adds none)
+    bos_id: int | None = None
+    #: CORS: origins a browser page may call from ("*": any; empty: no CORS headers)
+    cors_origins: tuple[str, ...] = ("*",)
 
 
 @dataclass
 class Job:
     """One request's generation: posted to the worker, events come back on ``events``."""
 
-    prompt: str | list[int]
+    prompt: str | list[int | str]
+    #: tokens asked for; -1: as many as the context holds (llama-server's n_predict -1)
     n_new: int
     sampler: Any
     ignore_eos: bool
@@ -248,12 +336,67 @@ class Job:
     stop: list[str] = field(default_factory=list)
     #: post each step's text as it comes (a stream); else once, with the result
     stream: bool = False
+    #: top alternatives per token to report (None: no log-probabilities)
+    n_logprobs: int | None = None
+    #: the request's settings as llama-server reports them (/slots)
+    settings: dict = field(default_factory=dict)
+    #: also post the prompt's text (llama-server's /completion answers it)
+    want_prompt_text: bool = False
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def post(self, kind: str, *payload: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, *payload))
+
+
+class ServeStats:
+    """What /metrics and /slots report: totals since the start (Prometheus counters) and
+    the running request's state; written by the worker thread, read by the event loop."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = {"ok": 0, "error": 0}
+        self.prompt_tokens = self.predicted = self.decode_steps = 0
+        self.drafted = self.accepted = self.verify_steps = 0
+        self.prompt_s = self.predicted_s = 0.0
+        self.n_tokens_max = 0
+        self.waits_per_step: dict[str, float] = {}
+        self.task = 0
+        self.running: dict | None = None  # id_task, params, n_decoded, n_remain
+
+    def begin(self, job: Job, n_prompt: int, n_new: int) -> None:
+        with self.lock:
+            self.task += 1
+            self.running = {"id_task": self.task, "params": job.settings, "n_decoded": 0,
+                            "n_new": n_new, "n_prompt": n_prompt}
+
+    def step(self, n_out: int) -> None:
+        with self.lock:
+            if self.running is not None:
+                self.running["n_decoded"] = n_out
+
+    def done(self, metrics: dict, n_prompt: int, n_out: int) -> None:
+        with self.lock:
+            self.requests["ok"] += 1
+            self.running = None
+            self.prompt_tokens += n_prompt
+            self.predicted += n_out
+            self.prompt_s += metrics.get("ttft_s") or 0.0
+            self.predicted_s += metrics.get("decode_s") or 0.0
+            self.n_tokens_max = max(self.n_tokens_max, n_prompt + n_out)
+            self.drafted += int(metrics.get("drafted") or 0)
+            self.accepted += int(metrics.get("accepted") or 0)
+            steps = int(metrics.get("verify_steps") or 0)
+            self.verify_steps += steps
+            self.decode_steps += steps + int(metrics.get("plain_steps") or 0)
+            if metrics.get("waits_per_step"):
+                self.waits_per_step = dict(metrics["waits_per_step"])
+
+    def failed(self) -> None:
+        with self.lock:
+            self.requests["error"] += 1
+            self.running = None
 
 
 class GenerationWorker:
@@ -270,6 +413,8 @@ class GenerationWorker:
         self._gate = threading.Lock()  # submit vs. the shutdown's drain of the queue
         self.busy = threading.Event()
         self.served = 0
+        self.stats = ServeStats()
+        self._calls = asyncio.Semaphore(CALLS_MAX)
         self.thread = threading.Thread(target=self._loop, name="mtplib-serve-worker",
                                        daemon=True)
         self.thread.start()
@@ -287,6 +432,19 @@ class GenerationWorker:
 
     def pending(self) -> int:
         return self.jobs.qsize() + int(self.busy.is_set())
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(backend)`` in a thread (the backend serializes it with a running
+        generation): /tokenize and /detokenize; at most ``CALLS_MAX`` at once, more 503."""
+        if self._calls.locked():
+            raise ApiError(503, f"the server is busy: {CALLS_MAX} tokenizer calls already "
+                           "wait for the running generation; retry later",
+                           type="unavailable_error")
+        async with self._calls:
+            try:
+                return await asyncio.to_thread(fn, self.backend)
+            except InputError as e:
+                raise ApiError(400, str(e)) from None
 
     def begin_shutdown(self) -> int:
         """SIGTERM: refuse new jobs and answer the waiting ones 503 now (the running one
@@ -332,34 +490,62 @@ class GenerationWorker:
             except BaseException as e:  # noqa: BLE001 - reported to the request, never fatal
                 if not isinstance(e, MtplibError | ApiError):
                     self.log(f"generation failed: {type(e).__name__}: {e}")
+                self.stats.failed()
                 job.post("error", _error_of(e))
             finally:
                 self.busy.clear()
                 self.served += 1
 
-    def _check_prompt(self, toks: list[int], n_new: int) -> None:
+    def _tokens(self, prompt: str | list[int | str]) -> list[int]:
+        """Token ids of text, of ids, or of llama-server's mix of ids and strings."""
+        if isinstance(prompt, str):
+            return self.backend.tokenize(prompt)
+        if all(isinstance(x, int) for x in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        out: list[int] = []
+        for i, x in enumerate(prompt):  # later strings without BOS, as llama-server
+            out += [x] if isinstance(x, int) else (
+                self.backend.tokenize(x) if i == 0
+                else _strip_bos(self.cfg, self.backend.tokenize(x)))
+        return out
+
+    def _budget(self, toks: list[int], n_new: int) -> tuple[int, bool]:
+        """(tokens to generate, whether that is the context's end rather than the
+        request's n): llama-server stops at the end of the context (truncated) instead
+        of refusing a request that asks for more; a prompt that fills it is refused."""
         c = self.cfg
         if not toks:
             raise ApiError(400, "the prompt has no tokens", param="prompt")
         bad = next((t for t in toks if not 0 <= t < c.n_vocab), None)
         if bad is not None:
             raise ApiError(400, f"token id {bad} out of range [0, {c.n_vocab})", param="prompt")
-        if len(toks) + n_new > c.n_ctx:
-            raise ApiError(400, f"the prompt ({len(toks)} tokens) + max_tokens {n_new} exceed "
-                           f"the context of {c.n_ctx} tokens; shorten the prompt or lower "
-                           "max_tokens", type="exceed_context_size_error")
+        room = c.n_ctx - len(toks)
+        if room < 1 and n_new != 0 or room < 0:
+            raise ApiError(400, f"the prompt ({len(toks)} tokens) leaves no room in the "
+                           f"context of {c.n_ctx} tokens; shorten the prompt",
+                           type="exceed_context_size_error",
+                           extra={"n_prompt_tokens": len(toks), "n_ctx": c.n_ctx})
+        if n_new == -1 or n_new > room:
+            return room, True
+        return n_new, False
 
     def _run(self, job: Job) -> None:
         be = self.backend
-        toks = list(job.prompt) if isinstance(job.prompt, list) else be.tokenize(job.prompt)
-        self._check_prompt(toks, job.n_new)
-        job.post("start", len(toks))
-        finish, out, pieces, pend = "length", [], [], []
+        toks = self._tokens(job.prompt)
+        n_new, at_end = self._budget(toks, job.n_new)
+        job.post("start", len(toks), be.detokenize(toks) if job.want_prompt_text else None)
+        self.stats.begin(job, len(toks), n_new)
+        finish, out, pieces, pend, probs = "length", [], [], [], []
+        stop_type = "limit"
         text = StopText(job.stop)
+        seen: dict[int, np.ndarray] = {}
+        sampler = job.sampler
+        if job.n_logprobs is not None:  # the raw target logits of every pick, by position
+            sampler = replace(sampler, observe=lambda pos, lg: seen.__setitem__(pos, lg))
         t0 = time.perf_counter()
         t_post = 0.0
         t_first = t_last = None
-        with be.stream(toks, job.n_new, sampler=job.sampler) as gen:
+        with be.stream(toks, n_new, sampler=sampler) as gen:
             for chunk in gen:
                 chunk = list(chunk)
                 if job.cancel.is_set() or self.cutting.is_set():
@@ -368,18 +554,21 @@ class GenerationWorker:
                 if not job.ignore_eos:
                     cut = next((i for i, t in enumerate(chunk) if t in self.cfg.eog), None)
                     if cut is not None:
-                        chunk, finish = chunk[:cut], "stop"
+                        chunk, finish, stop_type = chunk[:cut], "stop", "eos"
                 t_last = time.perf_counter()
                 t_first = t_first or t_last
+                if job.n_logprobs is not None:
+                    probs += self._logprobs(chunk, len(toks) + len(out), seen, job.n_logprobs)
                 out += chunk
+                self.stats.step(len(out))
                 piece, hit = text.feed(be.detokenize(chunk) if chunk else "")
                 pend += chunk
                 pieces.append(piece)
                 if job.stream and t_last - t_post >= STREAM_EVERY_S and (pend or piece):
-                    job.post("tokens", pend, "".join(pieces))
-                    pend, pieces, t_post = [], [], t_last
+                    job.post("tokens", pend, "".join(pieces), probs)
+                    pend, pieces, t_post, probs = [], [], t_last, []
                 if hit:
-                    finish = "stop"
+                    finish, stop_type = "stop", "word"
                 if finish == "stop":
                     break
             metrics = None
@@ -394,14 +583,38 @@ class GenerationWorker:
         pieces.append(text.flush())
         rest = "".join(pieces)
         if pend or rest:  # a stream's last text, or all of a non-streaming request's
-            job.post("tokens", pend, rest)
+            job.post("tokens", pend, rest, probs)
         if not metrics:  # stopped early: the timings from this side's clock
             metrics = {"n_prompt": len(toks), "n_generated": len(out),
                        "ttft_s": (t_first - t0) if t_first else None,
                        "decode_s": (t_last - t_first) if t_first else 0.0}
         for v in metrics.get("wire_violations") or []:  # only with --allow-cache-crossing
             self.log(f"contract violation in this request: {v}")
-        job.post("done", finish, out, metrics)
+        end = {"truncated": at_end and finish == "length" and len(out) == n_new,
+               "stop_type": stop_type, "stopping_word": text.word or ""}
+        self.stats.done(metrics, len(toks), len(out))
+        job.post("done", finish, out, metrics, end)
+
+    def _logprobs(self, chunk: list[int], first_pos: int, seen: dict[int, np.ndarray],
+                  n: int) -> list[dict]:
+        """Per emitted token, its log-probability and the n most probable tokens, from
+        the last target logits its position was picked from (`Sampler.observe`)."""
+        from mtplib.runtime.sampling import log_softmax
+
+        out = []
+        for i, t in enumerate(chunk):
+            lg = seen.pop(first_pos + i, None)
+            if lg is None:  # the engine picked this position without the sampler
+                raise MtplibError(f"no target logits were seen at position {first_pos + i}")
+            lp = log_softmax(lg)
+            top = np.argsort(-lp, kind="stable")[:n]
+            piece = self.backend.detokenize
+            out.append({"id": int(t), "token": piece([t]), "logprob": float(lp[t]),
+                        "top": [{"id": int(x), "token": piece([int(x)]),
+                                 "logprob": float(lp[x])} for x in top]})
+        for pos in [p for p in seen if p < first_pos + len(chunk)]:
+            del seen[pos]
+        return out
 
 
 class StopText:
@@ -410,16 +623,18 @@ class StopText:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops, self.held, self.done = stops, "", False
+        self.word: str | None = None  # the stop sequence reached
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """(text to show now, whether a stop sequence was reached)."""
         if self.done:
             return "", True
         buf = self.held + piece
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0]
         if hits:
+            at, self.word = min(hits)
             self.held, self.done = "", True
-            return buf[:min(hits)], True
+            return buf[:at], True
         keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(buf)), 0, -1)
                     if buf.endswith(s[:n])), default=0)
         self.held = buf[len(buf) - keep:] if keep else ""
@@ -533,9 +748,12 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     if cfg.api_key is not None:
         app.add_middleware(BearerAuth, key=cfg.api_key)
+    if cfg.cors_origins:
+        app.add_middleware(Cors, origins=cfg.cors_origins)  # a preflight needs no key
     app.add_middleware(CutAtShutdown, stopping=worker.stopping)  # outermost
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict:
         return {"status": "ok", "model": cfg.model_id, "pending": worker.pending()}
 
@@ -549,42 +767,55 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    async def parse(request: Request, kind: type[_Request]) -> _Request:
+    async def parse(request: Request, kind: type[_Request], endpoint: str) -> _Request:
         data = await _read_json(request, cfg.max_body_bytes)
+        bad = refusal(data, endpoint)  # unknown fields, inert ones at a live value
+        if bad:
+            raise ApiError(400, bad[1], param=bad[0])
         try:
             req = kind.model_validate(data)
         except ValidationError as e:
             raise _validation_error(e) from None
-        if req.model is not None and req.model != cfg.model_id:
-            raise ApiError(404, f"model {req.model!r} is not served here; this server "
-                           f"serves {cfg.model_id!r} (GET /v1/models)", param="model",
-                           code="model_not_found")
+        # any model name is accepted, as llama-server does with one model: the response
+        # names the served one
         bad = req.unsupported()
         if bad:
             raise ApiError(400, bad[1], param=bad[0])
-        n = req.n_new(cfg.default_n)
-        if n > cfg.n_ctx:
-            raise ApiError(400, f"max_tokens {n} exceeds the context of {cfg.n_ctx} tokens",
-                           param="max_tokens")
         return req
 
     def sampler_of(req: _Request):
         from mtplib.runtime.sampling import Sampler
 
-        t = cfg.default_temperature if req.temperature is None else req.temperature
-        p = cfg.default_top_p if req.top_p is None else req.top_p
         s = cfg.default_seed if req.seed is None else req.seed
-        if not math.isfinite(t):
-            raise ApiError(400, f"temperature must be finite, got {t}", param="temperature")
+        if s == -1:  # llama-server's: a random seed (reported in generation_settings)
+            s = secrets.randbits(32)
+        opts = {"temperature": cfg.default_temperature if req.temperature is None
+                else req.temperature,
+                "top_p": cfg.default_top_p if req.top_p is None else req.top_p, "seed": s}
+        for name in ("top_k", "min_p", "repeat_penalty", "repeat_last_n",
+                     "frequency_penalty", "presence_penalty"):
+            if getattr(req, name) is not None:
+                opts[name] = getattr(req, name)
+        if not math.isfinite(opts["temperature"]):
+            raise ApiError(400, f"temperature must be finite, got {opts['temperature']}",
+                           param="temperature")
         try:
-            return Sampler(temperature=t, top_p=p, seed=s)
+            return Sampler(**opts, logit_bias=req.bias(cfg.n_vocab))
         except InputError as e:
-            raise ApiError(400, str(e)) from None
+            raise ApiError(400, str(e), param=str(e).split(" ", 1)[0]) from None
 
-    async def start(request: Request, req: _Request, prompt: str | list[int]) -> tuple:
-        job = Job(prompt=prompt, n_new=req.n_new(cfg.default_n), sampler=sampler_of(req),
+    def settings_of(req: _Request, sampler) -> dict:
+        return generation_settings(cfg, sampler, n_predict=req.n_new(cfg.default_n),
+                                   stop=req.stop_list(), ignore_eos=req.ignore_eos,
+                                   stream=req.stream, n_probs=req.n_logprobs() or 0)
+
+    async def start(request: Request, req: _Request, prompt, *, native: bool = False
+                    ) -> tuple:
+        sampler = sampler_of(req)
+        job = Job(prompt=prompt, n_new=req.n_new(cfg.default_n), sampler=sampler,
                   ignore_eos=req.ignore_eos, loop=asyncio.get_running_loop(),
-                  stop=req.stop_list(), stream=req.stream)
+                  stop=req.stop_list(), stream=req.stream, n_logprobs=req.n_logprobs(),
+                  settings=settings_of(req, sampler), want_prompt_text=native)
         worker.submit(job)
         try:
             ev = await _next_event(request, job)
@@ -593,70 +824,297 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
             raise
         if ev[0] == "error":
             raise ev[1]
-        return job, ev[1]
+        return job, ev[1], ev[2]
 
-    async def complete(request: Request, req: _Request, prompt, shape: Shape) -> Response:
-        job, n_prompt = await start(request, req, prompt)
-        if req.stream:
-            return StreamingResponse(
-                _sse(request, job, req, shape, n_prompt), media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text, toks = [], []
+    async def collect(request: Request, job: Job) -> tuple:
+        """A non-streaming job's text, tokens, log-probabilities and its end."""
+        text, toks, probs = [], [], []
         try:
             while True:
                 ev = await _next_event(request, job)
                 if ev[0] == "tokens":
                     toks += ev[1]
                     text.append(ev[2])
+                    probs += ev[3]
                 elif ev[0] == "error":
                     raise ev[1]
                 else:
-                    _, finish, out, metrics = ev
-                    break
+                    _, finish, out, metrics, end = ev
+                    return "".join(text), finish, out, metrics, end, probs
         finally:
             job.cancel.set()  # a no-op when done; stops a generation nobody waits for
-        body = shape.whole("".join(text), finish, n_prompt, out, metrics)
+
+    async def complete(request: Request, req: _Request, prompt, shape: Shape) -> Response:
+        job, n_prompt, _ = await start(request, req, prompt)
+        if req.stream:
+            return StreamingResponse(
+                _sse(request, job, req, shape, n_prompt), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, finish, out, metrics, end, probs = await collect(request, job)
+        body = shape.whole(text, finish, n_prompt, out, metrics,
+                           probs if job.n_logprobs is not None else None, end)
         if req.return_tokens:
             body["tokens"] = out
         return JSONResponse(body)
 
     @app.post("/v1/completions")
-    @app.post("/completions")
     async def completions(request: Request) -> Response:
-        req = await parse(request, CompletionRequest)
+        req = await parse(request, CompletionRequest, "completions")
         assert isinstance(req, CompletionRequest)
-        return await complete(request, req, req.one_prompt(), Shape(cfg.model_id, chat=False))
+        return await complete(request, req, one_prompt(req.prompt),
+                              Shape(cfg.model_id, chat=False, fingerprint=cfg.fingerprint))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request) -> Response:
-        req = await parse(request, ChatRequest)
+        req = await parse(request, ChatRequest, "chat")
         assert isinstance(req, ChatRequest)
         prompt = _render_chat(cfg, req.messages)
-        return await complete(request, req, prompt, Shape(cfg.model_id, chat=True))
+        return await complete(request, req, prompt,
+                              Shape(cfg.model_id, chat=True, fingerprint=cfg.fingerprint))
+
+    # -- llama-server's native endpoints -------------------------------------------------
+    @app.post("/completion")
+    @app.post("/completions")
+    async def native_completion(request: Request) -> Response:
+        req = await parse(request, NativeRequest, "completion")
+        assert isinstance(req, NativeRequest)
+        job, n_prompt, prompt_text = await start(request, req, one_prompt(req.prompt),
+                                                 native=True)
+        if req.stream:
+            return StreamingResponse(
+                _native_sse(request, job, req, n_prompt, prompt_text),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, finish, out, metrics, end, probs = await collect(request, job)
+        body = _native_body(cfg, job, req, text, out, metrics, end, n_prompt, prompt_text,
+                            probs)
+        return JSONResponse(_pick_fields(body, req.response_fields))
+
+    async def _native_sse(request: Request, job: Job, req: NativeRequest, n_prompt: int,
+                          prompt_text: str) -> AsyncIterator[bytes]:
+        """llama-server's /completion stream: content, tokens and stop per event, the
+        last with everything (no [DONE])."""
+        n = 0
+        try:
+            while True:
+                ev = await job.events.get()
+                if ev[0] == "tokens":
+                    n += len(ev[1])
+                    ch = {"index": 0, "content": ev[2], "tokens": ev[1], "stop": False,
+                          "id_slot": 0, "tokens_predicted": n, "tokens_evaluated": n_prompt}
+                    if job.n_logprobs is not None:
+                        ch["completion_probabilities"] = native_probs(ev[3])
+                    yield _sse_line(ch)
+                elif ev[0] == "error":
+                    yield _sse_line(_error_of(ev[1]).body())
+                    return
+                else:
+                    _, _finish, out, metrics, end = ev
+                    body = _native_body(cfg, job, req, "", out, metrics, end, n_prompt,
+                                        prompt_text, None)
+                    body["tokens"] = []
+                    yield _sse_line(_pick_fields(body, req.response_fields))
+                    return
+        finally:
+            job.cancel.set()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        data = await _read_json(request, cfg.max_body_bytes)
+        req = _small(TokenizeRequest, data)
+        if not req.parse_special:
+            # the backend's tokenize parses special tokens; plain text is not reachable
+            raise ApiError(400, "parse_special false is not supported (special tokens "
+                           "are always parsed)", param="parse_special")
+        toks = await worker.call(lambda be: be.tokenize(req.content))
+        if not req.add_special:
+            toks = _strip_bos(cfg, toks)
+        if not req.with_pieces:
+            return {"tokens": toks}
+        pieces = await worker.call(lambda be: [be.detokenize([t]) for t in toks])
+        return {"tokens": [{"id": t, "piece": p} for t, p in zip(toks, pieces, strict=True)]}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        data = await _read_json(request, cfg.max_body_bytes)
+        req = _small(DetokenizeRequest, data)
+        bad = next((t for t in req.tokens if not 0 <= t < cfg.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} out of range [0, {cfg.n_vocab})",
+                           param="tokens")
+        return {"content": await worker.call(lambda be: be.detokenize(req.tokens))}
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        data = await _read_json(request, cfg.max_body_bytes)
+        req = _small(TemplateRequest, data)
+        return {"prompt": _render_chat(cfg, req.messages)}
+
+    def defaults() -> dict:
+        from mtplib.runtime.sampling import Sampler
+
+        return generation_settings(
+            cfg, Sampler(cfg.default_temperature, cfg.default_top_p, cfg.default_seed),
+            n_predict=cfg.default_n, stop=[], ignore_eos=False, stream=False, n_probs=0)
+
+    @app.get("/props")
+    async def get_props() -> dict:
+        return props(cfg, defaults(), worker.stats.running)
+
+    @app.get("/slots")
+    async def get_slots(fail_on_no_slot: int = 0) -> list:
+        running = worker.stats.running
+        if fail_on_no_slot and worker.pending():
+            raise ApiError(503, "no available slots", type="unavailable_error")
+        return [slot(cfg, defaults(), running)]
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics_text(worker.stats, worker.jobs.qsize(), worker.busy.is_set()),
+                        media_type="text/plain; version=0.0.4")
 
     return app
 
 
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tokens: list[int]
+
+
+class TemplateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def _small(kind: type[BaseModel], data: dict) -> Any:
+    try:
+        return kind.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+def _strip_bos(cfg: ServeConfig, toks: list[int]) -> list[int]:
+    """Without the BOS the backend's tokenize adds (where the model asks for one)."""
+    return toks[1:] if toks and cfg.bos_id is not None and toks[0] == cfg.bos_id else toks
+
+
+def _native_body(cfg: ServeConfig, job: Job, req: NativeRequest, text: str, out: list[int],
+                 metrics: dict, end: dict, n_prompt: int, prompt_text: str,
+                 probs: list | None) -> dict:
+    """/completion's response object (and a stream's last event)."""
+    body = {"index": 0, "content": text, "tokens": out if req.return_tokens else [],
+            "id_slot": 0, "stop": True, "model": cfg.model_id,
+            "tokens_predicted": len(out), "tokens_evaluated": n_prompt,
+            "generation_settings": job.settings, "prompt": prompt_text,
+            "has_new_line": "\n" in text, "truncated": end["truncated"],
+            "stop_type": end["stop_type"], "stopping_word": end["stopping_word"],
+            "tokens_cached": 0, "timings": timings(metrics, n_prompt, len(out))}
+    if probs is not None and job.n_logprobs is not None:
+        body["completion_probabilities"] = native_probs(probs)
+    return body
+
+
+def _pick_fields(body: dict, fields: list[str] | None) -> dict:
+    """llama-server's response_fields: only those (a missing one is left out); "a/b"
+    moves b out of a to the top level, named "a/b"."""
+    if fields is None:
+        return body
+    out = {}
+    for f in fields:
+        v: Any = body
+        for part in f.split("/"):
+            if not isinstance(v, dict) or part not in v:
+                break
+            v = v[part]
+        else:
+            out[f] = v
+    return out
+
+
+#: the paths llama-server serves without a key
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
 class BearerAuth:
-    """``Authorization: Bearer KEY`` on every path but /health, compared in constant time.
-    Pure ASGI (not BaseHTTPMiddleware, which would pass every streamed chunk through an
-    extra task)."""
+    """``Authorization: Bearer KEY`` or llama-server's ``X-Api-Key: KEY`` on every path but
+    /health, compared in constant time; a CORS preflight (OPTIONS) never carries a key and
+    is answered by `Cors` before this. Pure ASGI (not BaseHTTPMiddleware, which would pass
+    every streamed chunk through an extra task)."""
 
     def __init__(self, app, key: str) -> None:
         self.app, self.key = app, key.encode()
 
+    def _ok(self, headers: dict) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        xkey = hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
+        return bearer or xkey
+
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            got = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, token = got.partition(b" ")
-            if not (scheme.lower() == b"bearer"
-                    and hmac.compare_digest(token.strip(), self.key)):
-                resp = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                type="authentication_error").response()
-                await resp(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS \
+                and not self._ok(dict(scope["headers"])):
+            resp = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY, or "
+                            "X-Api-Key: KEY)", type="authentication_error").response()
+            await resp(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+class Cors:
+    """CORS for browser pages: a preflight (OPTIONS with Origin and
+    Access-Control-Request-Method) is answered 204 without a key, as llama-server does;
+    other responses to an allowed Origin carry Access-Control-Allow-Origin. No
+    credentials are allowed (the key travels in a header, never a cookie)."""
+
+    METHODS, HEADERS = b"GET, POST, OPTIONS", b"Authorization, Content-Type, X-Api-Key"
+
+    def __init__(self, app, origins: tuple[str, ...]) -> None:
+        self.app, self.origins = app, origins
+
+    def _allow(self, origin: bytes) -> bytes | None:
+        if "*" in self.origins:
+            return b"*"
+        return origin if origin.decode("latin-1") in self.origins else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        origin = headers.get(b"origin")
+        allow = self._allow(origin) if origin else None
+        if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+            out = [(b"vary", b"Origin"), (b"content-length", b"0")]
+            if allow is not None:
+                out += [(b"access-control-allow-origin", allow),
+                        (b"access-control-allow-methods", self.METHODS),
+                        (b"access-control-allow-headers", self.HEADERS),
+                        (b"access-control-max-age", b"600")]
+            await send({"type": "http.response.start", "status": 204 if allow else 403,
+                        "headers": out})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if allow is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def add(msg) -> None:
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []),
+                                          (b"access-control-allow-origin", allow),
+                                          (b"vary", b"Origin")]}
+            await send(msg)
+
+        await self.app(scope, receive, add)
 
 
 async def _next_event(request: Request, job: Job) -> tuple:
@@ -677,6 +1135,7 @@ class Shape:
 
     model: str
     chat: bool
+    fingerprint: str = "mtplib"
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -684,35 +1143,46 @@ class Shape:
         if self.chat:
             obj = "chat.completion.chunk" if stream else "chat.completion"
             return {"id": f"chatcmpl-{self.id}", "object": obj, "created": self.created,
-                    "model": self.model}
+                    "model": self.model, "system_fingerprint": self.fingerprint}
         return {"id": f"cmpl-{self.id}", "object": "text_completion", "created": self.created,
-                "model": self.model}
+                "model": self.model, "system_fingerprint": self.fingerprint}
 
     @staticmethod
     def usage(n_prompt: int, n_out: int) -> dict:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                 "total_tokens": n_prompt + n_out}
 
-    def whole(self, text: str, finish: str, n_prompt: int, out: list[int], metrics: dict
-              ) -> dict:
+    def logprobs(self, probs: list[dict] | None, offset: int = 0) -> dict | None:
+        if probs is None:
+            return None
+        return chat_logprobs(probs) if self.chat else completion_logprobs(probs, offset)
+
+    def whole(self, text: str, finish: str, n_prompt: int, out: list[int], metrics: dict,
+              probs: list[dict] | None = None, end: dict | None = None) -> dict:
+        lp = self.logprobs(probs)
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
+                      "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head(False), "choices": [choice],
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+        body = {**self._head(False), "choices": [choice],
                 "usage": self.usage(n_prompt, len(out)),
                 "timings": timings(metrics, n_prompt, len(out))}
+        if end is not None:  # llama-server's: the generation reached the context's end
+            body["truncated"] = end["truncated"]
+        return body
 
-    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False
-              ) -> dict:
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False,
+              probs: list[dict] | None = None, offset: int = 0) -> dict:
+        lp = self.logprobs(probs, offset)
         if self.chat:
-            delta: dict = {"role": "assistant", "content": ""} if first else {}
+            # the first chunk: the role, content null (as OpenAI and llama-server send it)
+            delta: dict = {"role": "assistant", "content": None} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None,
+            choice = {"index": 0, "text": text or "", "logprobs": lp,
                       "finish_reason": finish}
         return {**self._head(True), "choices": [choice]}
 
@@ -726,21 +1196,26 @@ async def _sse(request: Request, job: Job, req: _Request, shape: Shape, n_prompt
     """Server-sent events: one chunk per step's tokens, the last with finish_reason and
     timings (and usage when stream_options.include_usage), then ``[DONE]``. An error after
     the first byte is sent as an event with an "error" object (the status is already 200)."""
+    want_lp = job.n_logprobs is not None
+    offset = 0
     try:
         if shape.chat:
             yield _sse_line(shape.chunk(None, first=True))
         while True:  # a client that leaves cancels this generator (Starlette watches)
             ev = await job.events.get()
             if ev[0] == "tokens":
-                if ev[2]:
-                    yield _sse_line(shape.chunk(ev[2]))
+                if ev[2] or (want_lp and ev[3]):
+                    yield _sse_line(shape.chunk(ev[2], probs=ev[3] if want_lp else None,
+                                                offset=offset))
+                    offset += len(ev[2])
             elif ev[0] == "error":
                 yield _sse_line(_error_of(ev[1]).body())
                 return
             else:
-                _, finish, out, metrics = ev
+                _, finish, out, metrics, end = ev
                 last = shape.chunk(None if shape.chat else "", finish)
                 last["timings"] = timings(metrics, n_prompt, len(out))
+                last["truncated"] = end["truncated"]
                 if req.return_tokens:
                     last["tokens"] = out
                 yield _sse_line(last)

@@ -1,4 +1,5 @@
-"""Token choice from target logits: greedy, or temperature/top-p with position-keyed RNG.
+"""Token choice from target logits: greedy, or temperature/top-k/top-p/min-p with
+position-keyed RNG; llama.cpp's repetition penalties and logit biases on the logits first.
 
 Why position-keyed: MTP verification uses *sample-and-match*. The uniform number used to
 sample the token at position p depends only on (seed, session, p), never on how many
@@ -7,13 +8,21 @@ drafts were made, so MTP-on and MTP-off draw the same uniforms and emit the same
 acceptance: a draft d is accepted with probability p(d), exactly what rejection sampling
 with a point-mass draft distribution gives; and every emitted token is a sample of the
 target distribution at its position, so the output distribution is the target's exactly.
+
+Why the penalties stay exact: they are a function of the history before the position
+(prompt + emitted tokens, the last ``repeat_last_n`` of them). The verify step knows that
+history for every window position (the committed tokens, then the drafts before it, which
+are the history exactly when the position's pick is used), so it passes it to `pick` and
+MTP on and off see the same adjusted logits. top-k, top-p and min-p are pure filters of
+one position's distribution.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,11 +33,37 @@ def _real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
 
 
+def _int(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True)
 class Sampler:
+    """The order (llama.cpp's penalties first, then mtplib's fixed chain): logit bias,
+    repetition penalties (repeat, frequency, presence) over the last ``repeat_last_n``
+    tokens of the history, temperature, top-k, top-p, min-p. Defaults are off; temperature
+    0 is the argmax of the (biased, penalized) logits."""
+
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    #: keep the k most probable tokens (0: off)
+    top_k: int = 0
+    #: keep tokens whose probability is >= min_p x the top one's (0: off)
+    min_p: float = 0.0
+    #: llama.cpp's: a seen token's logit divided by it (positive) or multiplied (negative)
+    repeat_penalty: float = 1.0
+    #: the window the penalties count in (-1: the whole history; 0: penalties off)
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    #: (token id, bias) added to the logits; -inf bans a token
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: called as observe(position, logits) at every pick (the raw target logits): how a
+    #: caller reads log-probabilities; a position picked again (a rejected window
+    #: re-verified) is observed again, the last call being the emitted token's
+    observe: Callable[[int, np.ndarray], None] | None = field(default=None, compare=False,
+                                                              repr=False)
 
     def __post_init__(self) -> None:
         # a NaN temperature would pass "< 0" and turn every probability into NaN (the run
@@ -42,20 +77,73 @@ class Sampler:
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
                 or self.seed < 0:
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not _int(self.top_k) or self.top_k < 0:
+            raise InputError(f"top_k must be an int >= 0 (0: off), got {self.top_k!r}")
+        if not _real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise InputError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        if not _real(self.repeat_penalty) or not 0.0 < self.repeat_penalty < math.inf:
+            raise InputError(f"repeat_penalty must be a finite number > 0, got "
+                             f"{self.repeat_penalty!r}")
+        if not _int(self.repeat_last_n) or self.repeat_last_n < -1:
+            raise InputError(f"repeat_last_n must be an int >= -1, got {self.repeat_last_n!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not _real(v) or not -2.0 <= v <= 2.0:
+                raise InputError(f"{name} must be a number in [-2, 2], got {v!r}")
+        for tok, bias in self.logit_bias:
+            if not _int(tok) or tok < 0:
+                raise InputError(f"logit_bias: token id must be an int >= 0, got {tok!r}")
+            if not _real(bias) or bias == math.inf:
+                raise InputError(f"logit_bias: bias of token {tok} must be a number "
+                                 f"(or -inf to ban it), got {bias!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def probs(self, logits: np.ndarray) -> np.ndarray:
-        """The target distribution after temperature and top-p (float64, sums to 1)."""
+    @property
+    def penalized(self) -> bool:
+        """Whether a pick depends on the history (then `pick` needs it)."""
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0)
+
+    def adjust(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
+        """The logits after the bias and the penalties (float64; the input if neither)."""
+        if not self.logit_bias and not self.penalized:
+            return logits
+        z = logits.astype(np.float64)  # a copy
+        for tok, bias in self.logit_bias:
+            if tok < len(z):
+                z[tok] += bias
+        if self.penalized:
+            if history is None:
+                raise InputError("repetition penalties need the history of the position")
+            window = history if self.repeat_last_n == -1 else history[-self.repeat_last_n:]
+            ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+            keep = (ids >= 0) & (ids < len(z))
+            ids, counts = ids[keep], counts[keep]
+            v = z[ids]
+            v = np.where(v > 0, v / self.repeat_penalty, v * self.repeat_penalty)
+            z[ids] = v - counts * self.frequency_penalty - self.presence_penalty
+        return z
+
+    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
+        """The target distribution after the bias, penalties, temperature, top-k, top-p
+        and min-p (float64, sums to 1)."""
         # shift first, then scale: z <= 0 everywhere, so a tiny temperature gives -inf
         # (probability 0) instead of inf - inf = NaN
-        z = logits.astype(np.float64)
+        z = np.asarray(self.adjust(logits, history), dtype=np.float64)
         with np.errstate(over="ignore"):
             z = (z - z.max()) / self.temperature
         p = np.exp(z)
         p /= p.sum()
+        if 0 < self.top_k < len(p):
+            # ties at the k-th probability: the lower token ids (a stable order), as top-p
+            order = np.argsort(-p, kind="stable")
+            q = np.zeros_like(p)
+            q[order[: self.top_k]] = p[order[: self.top_k]]
+            p = q / q.sum()
         if self.top_p < 1.0:
             order = np.argsort(-p, kind="stable")
             cum = np.cumsum(p[order])
@@ -63,15 +151,38 @@ class Sampler:
             q = np.zeros_like(p)
             q[keep] = p[keep]
             p = q / q.sum()
+        if self.min_p > 0.0:
+            p = np.where(p >= self.min_p * p.max(), p, 0.0)
+            p /= p.sum()
         return p
 
     def uniform(self, stream: int, position: int) -> float:
         return float(np.random.default_rng([self.seed, stream, position]).random())
 
-    def pick(self, logits: np.ndarray, *, stream: int = 0, position: int = 0) -> int:
-        """The token at ``position``: argmax, or inverse-CDF with that position's uniform."""
+    def pick(self, logits: np.ndarray, *, stream: int = 0, position: int = 0,
+             history: Sequence[int] | None = None) -> int:
+        """The token at ``position``: argmax, or inverse-CDF with that position's uniform.
+        ``history``: the tokens before ``position`` (needed when `penalized`)."""
+        if self.observe is not None:
+            self.observe(position, logits)
         if self.greedy:
-            return int(np.argmax(logits))
-        cdf = np.cumsum(self.probs(logits))
+            return int(np.argmax(self.adjust(logits, history)))
+        cdf = np.cumsum(self.probs(logits, history))
         u = self.uniform(stream, position) * cdf[-1]
         return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+
+
+def top_logprobs(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, log-probabilities) of the n most probable tokens of the raw logits' softmax
+    (temperature 1, no filter: the model's own distribution), most probable first."""
+    lp = log_softmax(logits)
+    n = max(0, min(n, len(lp)))
+    ids = np.argsort(-lp, kind="stable")[:n]
+    return ids, lp[ids]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of the raw logits (float64, shifted: no overflow)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    return z - np.log(np.exp(z).sum())

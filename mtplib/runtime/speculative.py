@@ -232,7 +232,8 @@ class SpecSession:
             e.drafter.prefill(self.seq, tokens, all_rows if e.drafter.needs_rows else None)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
-        first = e.sampler.pick(logits, stream=self.seq, position=len(tokens))
+        first = e.sampler.pick(logits, stream=self.seq, position=len(tokens),
+                               history=tokens if e.sampler.penalized else None)
         self._emit([first])
         self.session = self.session.decode(1)
         return first
@@ -284,9 +285,14 @@ class SpecSession:
             picks = []
             # one copy of the k+1 rows: upstream's logits, or the head run on the rows here
             lg_all = e.target.logits_all(k + 1) if e.head is None else e.head(self._rows)
+            # a penalized pick's history: the committed tokens, then the drafts before it
+            # (its history exactly when this pick is the one emitted there)
+            hist = self.tokens + drafts if e.sampler.penalized else None
             for i in range(k + 1):
                 lg = lg_all[i]
-                picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i))
+                picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i,
+                                            history=None if hist is None
+                                            else hist[:base + 1 + i]))
                 if self.margins is not None:
                     self.margins[base + 1 + i] = top2_margin(lg)
         m.t_verify += time.perf_counter() - t0
