@@ -47,7 +47,8 @@ def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
             toks, m = r.generate(PROMPT, n_new, opts)
             relays = r.rt.relays
             tokens[k] = toks
-            for label, row in m.seam_report["steps"].items():
+            rep = m.seam_report
+            for label, row in rep["steps"].items():
                 if label not in LABELS or not row["steps"]:
                     continue
                 per_dir = relays.by_tensor_dir(label)
@@ -66,9 +67,10 @@ def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
                     "classes": {c: {w: v / s for w, v in d.items()}
                                 for c, d in sorted(by_class.items())},
                     "waits_per_step": row["waits_per_step"],
-                    "contract_min_per_step": (m.seam_contract_min_per_token.get(
-                        "prefill_token" if label == "prefill" else "decode_token", 0)
-                        * row["tokens"] / s),
+                    # the contract's minimum seam bytes (boundary values only) per step
+                    "contract_min_per_step": (rep["contract_min_per_seam"][
+                        "prefill_token" if label == "prefill" else "decode_token"]
+                        * rep["n_seams"] * row["tokens"] / s),
                 })
     same = all(tokens[k] == tokens[ks[0]] for k in ks)
     return {"build": upstream_info()["build"], "upstream": upstream_info(), "rows": rows,
