@@ -37,7 +37,6 @@ import contextlib
 import secrets
 import socket
 import ssl
-import struct
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mtplib.distributed.framing import DEFAULT_LIMITS, HEADER, PAYLOAD, Framer, RpcLimits
 from mtplib.distributed.tls import (
     GATEWAY_BUSY,
     GATEWAY_MAGIC,
@@ -72,32 +72,18 @@ CHUNK = 1 << 20
 LOG_LINES, LOG_WINDOW_S = 20, 10.0
 
 
-@dataclass(frozen=True)
-class RpcLimits:
-    """Bounds on the two variable-size requests. Legit traffic: upstream's client sends a
-    whole tensor per SET_TENSOR; V4-Flash's largest tensors on a shard are the routed-expert
-    stacks, 1140850688 bytes each in MXFP4 (``mtplib fixture --preset v4-flash``'s table;
-    4.3 GB if they were BF16; token_embd stays on the client). A graph is 12 bytes plus 8
-    per node and 296 per tensor: DeepSeek-V4's node limit keeps it far below 256 MiB. Above
-    either bound the session is closed before the request is forwarded."""
-
-    max_tensor_bytes: int = 16 << 30
-    max_graph_bytes: int = 256 << 20
-
-
 class FrameError(Exception):
     """A request that breaks upstream's framing or mtplib's bounds."""
 
 
 class RequestChecker:
-    """Parses the client->shard byte stream; ``feed(data)`` returns the bytes that may be
-    forwarded now (a header is held back until it is complete and checked) or raises
-    FrameError, after which nothing more is forwarded."""
+    """Checks the client->shard byte stream (framed by `Framer`); ``feed(data)`` returns the
+    bytes that may be forwarded now (a header is held back until it is complete and
+    checked) or raises FrameError, after which nothing more is forwarded."""
 
-    def __init__(self, limits: RpcLimits = RpcLimits()) -> None:
+    def __init__(self, limits: RpcLimits = DEFAULT_LIMITS) -> None:
         self.limits = limits
-        self.hdr = b""
-        self.left = 0  # payload bytes of the current request still to come
+        self.frames = Framer(requests=True)
         self.n_requests = 0
 
     def check(self, cmd: int, size: int) -> None:
@@ -123,22 +109,12 @@ class RequestChecker:
 
     def feed(self, data: bytes) -> bytes:
         out = bytearray()
-        i, n = 0, len(data)
-        while i < n:
-            if self.left:
-                take = min(self.left, n - i)
-                out += data[i:i + take]
-                self.left -= take
-                i += take
-                continue
-            take = min(9 - len(self.hdr), n - i)
-            self.hdr += data[i:i + take]
-            i += take
-            if len(self.hdr) == 9:
-                cmd, (size,) = self.hdr[0], struct.unpack("<Q", self.hdr[1:])
-                self.check(cmd, size)
-                out += self.hdr
-                self.hdr, self.left = b"", size
+        for kind, i, j in self.frames.split(data):
+            if kind == PAYLOAD:
+                out += data[i:j]
+            elif kind == HEADER:
+                self.check(self.frames.cmd, self.frames.size)
+                out += self.frames.header
                 self.n_requests += 1
         return bytes(out)
 
@@ -168,7 +144,7 @@ class Gateway:
     def __init__(self, public: tuple[str, int], upstream: tuple[str, int], tls: TlsConfig, *,
                  handshake_timeout_s: float = HANDSHAKE_S, first_byte_s: float = FIRST_BYTE_S,
                  max_pending: int = 64, max_per_source: int = 8,
-                 limits: RpcLimits = RpcLimits(),
+                 limits: RpcLimits = DEFAULT_LIMITS,
                  log: Callable[[str], None] | None = None) -> None:
         self.upstream, self.limits = upstream, limits
         self.ctx = tls.server_context()

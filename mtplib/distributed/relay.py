@@ -36,17 +36,23 @@ import contextlib
 import math
 import select
 import socket
-import struct
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from mtplib.distributed.framing import PART, PAYLOAD, Framer, RpcLimits
 from mtplib.distributed.tls import TlsConfig, connect_ready
 from mtplib.errors import InputError
 from mtplib.runtime.rpc import (
     REPLY_SIZES,
+    RPC_GET_TENSOR,
+    RPC_GRAPH_COMPUTE,
+    RPC_GRAPH_COMPUTE_SLOT,
+    RPC_GRAPH_RECOMPUTE,
+    RPC_GRAPH_RECOMPUTE_SLOT,
+    RPC_SET_TENSOR,
     RPC_TENSOR_SIZE,
     ShardError,
     check_reply,
@@ -54,21 +60,23 @@ from mtplib.runtime.rpc import (
 )
 
 CHUNK = 1 << 20
-#: the largest GET_TENSOR reply the relay forwards (RpcLimits.max_tensor_bytes)
-MAX_REPLY_BYTES = 16 << 30
+#: the largest GET_TENSOR reply the relay forwards (the gateway's largest SET_TENSOR)
+MAX_REPLY_BYTES = RpcLimits.max_tensor_bytes
 
-# upstream's RPC framing (ggml/src/ggml-rpc/ggml-rpc.cpp at the pin): a request is
-# | cmd (1 byte) | size (8) | payload |, a response | size (8) | payload |; only some
-# commands are answered. Knowing this, the relay sorts the bytes it forwards into
+# upstream's RPC framing (ggml/src/ggml-rpc/ggml-rpc.cpp at the pin; `Framer` finds the
+# messages): a request is | cmd (1 byte) | size (8) | payload |, a response
+# | size (8) | payload |; only some commands are answered. Knowing this, the relay sorts
+# the bytes it forwards into
 #   data:    tensor contents (SET_TENSOR payload data, GET_TENSOR replies)
 #   graph:   graph descriptions (GRAPH_COMPUTE / GRAPH_RECOMPUTE)
 #   control: everything else (headers, tensor descriptors, buffers, handshake)
-RPC_SET_TENSOR, RPC_GET_TENSOR = 6, 8
 #: GRAPH_COMPUTE, GRAPH_RECOMPUTE and (protocol 7.1, patches/0006) their slot forms
-RPC_GRAPH = {10, 16, 18, 19}
+RPC_GRAPH = {RPC_GRAPH_COMPUTE, RPC_GRAPH_RECOMPUTE, RPC_GRAPH_COMPUTE_SLOT,
+             RPC_GRAPH_RECOMPUTE_SLOT}
 #: the commands that carry a whole graph description (the rest of RPC_GRAPH: a few bytes)
-RPC_GRAPH_SENDS = {10, 18}
-RPC_ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
+RPC_GRAPH_SENDS = {RPC_GRAPH_COMPUTE, RPC_GRAPH_COMPUTE_SLOT}
+#: the commands upstream's server answers: those with a fixed-size reply, and GET_TENSOR
+RPC_ANSWERED = {*REPLY_SIZES, RPC_GET_TENSOR}
 RPC_TENSOR_NAME = slice(228, 292)  # rpc_tensor.name
 CATEGORIES = ("data", "graph", "control", "unparsed")
 #: graph_sends: whole graph descriptions (GRAPH_COMPUTE, GRAPH_COMPUTE_SLOT), by count
@@ -128,115 +136,116 @@ class ReplyError(Exception):
 
 
 class _RpcParser:
-    """Sorts one direction of an RPC byte stream into CATEGORIES (see above); on the way
-    down, checks each reply (ReplyError) before the chunk holding it is forwarded.
-    ``unanswered``: answered requests of the connection whose reply header has not come yet
-    (shared by both directions' parsers, one element)."""
+    """Sorts one direction of an RPC byte stream (framed by `Framer`) into CATEGORIES (see
+    above); on the way down, checks each reply (ReplyError) before the chunk holding it is
+    forwarded. ``unanswered``: answered requests of the connection whose reply header has
+    not come yet (shared by both directions' parsers, one element)."""
 
     def __init__(self, up: bool, expect: deque, unanswered: list[int],
                  check: bool = True) -> None:
         self.up, self.expect, self.unanswered, self.check = up, expect, unanswered, check
+        self.frames = Framer(requests=up)
         self.broken = False  # unchecked streams only: a reply nobody asked for
         self.desc = b""
         self.name = ""
-        self.hdr_len = 9 if up else 8
-        self.hdr = b""
-        self.cmd = -1
-        self.left = 0  # payload bytes still to come
-        self.desc_left = 0  # of those, leading descriptor bytes (control)
+        self.cmd = -1  # the current request's command; down: that of the awaited reply
+        self.desc_left = 0  # of the payload, leading descriptor bytes (control)
         self.reply = b""  # a fixed-size reply's payload, checked when complete
 
     def feed(self, data: bytes, out: dict, names: dict) -> None:
         """Add this chunk's bytes to ``out`` by category (and the requests the client will
         wait on to ``out["waits"]``), and its tensor data to ``names[(direction, tensor
         name)]`` (direction "up": client -> shard, SET_TENSOR; "down": GET_TENSOR replies)."""
-        i, n = 0, len(data)
         if self.broken:
-            out["unparsed"] += n
+            out["unparsed"] += len(data)
             return
-        while i < n:
-            if self.left == 0:
-                take = min(self.hdr_len - len(self.hdr), n - i)
-                self.hdr += data[i:i + take]
-                i += take
-                out["control"] += take
-                if len(self.hdr) < self.hdr_len:
-                    continue
-                if self.up:
-                    self.cmd = self.hdr[0]
-                    (self.left,) = struct.unpack("<Q", self.hdr[1:9])
-                    if self.cmd in RPC_GRAPH_SENDS:
-                        out["graph_sends"] += 1
-                    self.desc, self.name = b"", ""
-                    self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
-                                      else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)
-                    if self.cmd in RPC_ANSWERED:
-                        if self.unanswered[0] == 0:  # else pipelined: same round trip
-                            out["waits"] += 1
-                        self.unanswered[0] += 1
-                    if self.cmd in RPC_ANSWERED and self.cmd != RPC_GET_TENSOR:
-                        self.expect.append((self.cmd, ""))
-                    if self.cmd == RPC_GET_TENSOR and self.left < RPC_TENSOR_SIZE:
-                        self.expect.append((self.cmd, "?"))
-                else:
-                    (self.left,) = struct.unpack("<Q", self.hdr)
-                    self.unanswered[0] = max(0, self.unanswered[0] - 1)
-                    try:
-                        self.cmd, self.name = self.expect.popleft()
-                    except IndexError:
-                        if self.check:
-                            raise ReplyError(f"a reply nobody asked for ({self.left} bytes)"
-                                             ) from None
-                        self.broken = True  # not RPC: stop sorting
-                        out["unparsed"] += n - i
-                        return
-                    want = REPLY_SIZES.get(self.cmd)
-                    if not self.check:
-                        want = None
-                    elif want is not None and self.left != want:
-                        raise ReplyError(f"a reply of {self.left} bytes to command "
-                                         f"{self.cmd}, expected {want}")
-                    elif self.left > MAX_REPLY_BYTES:
-                        raise ReplyError(f"a reply of {self.left} bytes (more than "
-                                         f"{MAX_REPLY_BYTES})")
-                    self.reply = b""
-                    if want == 0:
-                        self._check_reply()
-                self.hdr = b""
+        for kind, i, j in self.frames.split(data):
+            if kind == PAYLOAD:
+                self._payload(data, i, j, out, names)
                 continue
-            take = min(self.left, n - i)
-            if self.cmd in RPC_GRAPH:
-                out["graph"] += take
-            elif self.up and self.cmd in (RPC_SET_TENSOR, RPC_GET_TENSOR):
-                d = min(self.desc_left, take)
-                if len(self.desc) < RPC_TENSOR_SIZE:
-                    self.desc += data[i:i + min(d, RPC_TENSOR_SIZE - len(self.desc))]
-                    if len(self.desc) == RPC_TENSOR_SIZE:
-                        raw = self.desc[RPC_TENSOR_NAME]
-                        self.name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-                        if self.cmd == RPC_GET_TENSOR:
-                            self.expect.append((self.cmd, self.name))
-                if self.cmd == RPC_GET_TENSOR:  # the request is all descriptor
-                    d = take
-                self.desc_left -= min(d, self.desc_left)
-                out["control"] += d
-                if take > d:
-                    out["data"] += take - d
-                    key = ("up", self.name)
-                    names[key] = names.get(key, 0) + take - d
-            elif not self.up and self.check and self.cmd in REPLY_SIZES:
-                self.reply += data[i:i + take]
-                if len(self.reply) == REPLY_SIZES[self.cmd]:
-                    self._check_reply()
-                out["control"] += take
-            elif self.cmd == RPC_GET_TENSOR and not self.up:
-                out["data"] += take
-                key = ("down", self.name)
-                names[key] = names.get(key, 0) + take
-            else:
-                out["control"] += take
-            self.left -= take
-            i += take
+            out["control"] += j - i
+            if kind == PART:
+                continue
+            if self.up:
+                self._request(out)
+            elif not self._reply_header():
+                self.broken = True  # not RPC: stop sorting
+                out["unparsed"] += len(data) - j
+                return
+
+    def _request(self, out: dict) -> None:
+        """A complete request header: what the client will wait for, what to name."""
+        self.cmd, size = self.frames.cmd, self.frames.size
+        if self.cmd in RPC_GRAPH_SENDS:
+            out["graph_sends"] += 1
+        self.desc, self.name = b"", ""
+        self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
+                          else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)
+        if self.cmd in RPC_ANSWERED:
+            if self.unanswered[0] == 0:  # else pipelined: same round trip
+                out["waits"] += 1
+            self.unanswered[0] += 1
+        if self.cmd in RPC_ANSWERED and self.cmd != RPC_GET_TENSOR:
+            self.expect.append((self.cmd, ""))
+        if self.cmd == RPC_GET_TENSOR and size < RPC_TENSOR_SIZE:
+            self.expect.append((self.cmd, "?"))
+
+    def _reply_header(self) -> bool:
+        """A complete reply header, matched to the request it answers and checked; False
+        if no request awaits one (unchecked streams only)."""
+        size = self.frames.size
+        self.unanswered[0] = max(0, self.unanswered[0] - 1)
+        try:
+            self.cmd, self.name = self.expect.popleft()
+        except IndexError:
+            if self.check:
+                raise ReplyError(f"a reply nobody asked for ({size} bytes)") from None
+            return False
+        want = REPLY_SIZES.get(self.cmd)
+        if not self.check:
+            want = None
+        elif want is not None and size != want:
+            raise ReplyError(f"a reply of {size} bytes to command {self.cmd}, expected {want}")
+        elif size > MAX_REPLY_BYTES:
+            raise ReplyError(f"a reply of {size} bytes (more than {MAX_REPLY_BYTES})")
+        self.reply = b""
+        if want == 0:
+            self._check_reply()
+        return True
+
+    def _payload(self, data: bytes, i: int, j: int, out: dict, names: dict) -> None:
+        """Payload bytes ``data[i:j]`` of the current message, by category."""
+        take = j - i
+        if self.cmd in RPC_GRAPH:
+            out["graph"] += take
+        elif self.up and self.cmd in (RPC_SET_TENSOR, RPC_GET_TENSOR):
+            d = min(self.desc_left, take)
+            if len(self.desc) < RPC_TENSOR_SIZE:
+                self.desc += data[i:i + min(d, RPC_TENSOR_SIZE - len(self.desc))]
+                if len(self.desc) == RPC_TENSOR_SIZE:
+                    raw = self.desc[RPC_TENSOR_NAME]
+                    self.name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+                    if self.cmd == RPC_GET_TENSOR:
+                        self.expect.append((self.cmd, self.name))
+            if self.cmd == RPC_GET_TENSOR:  # the request is all descriptor
+                d = take
+            self.desc_left -= min(d, self.desc_left)
+            out["control"] += d
+            if take > d:
+                out["data"] += take - d
+                key = ("up", self.name)
+                names[key] = names.get(key, 0) + take - d
+        elif not self.up and self.check and self.cmd in REPLY_SIZES:
+            self.reply += data[i:j]
+            if len(self.reply) == REPLY_SIZES[self.cmd]:
+                self._check_reply()
+            out["control"] += take
+        elif self.cmd == RPC_GET_TENSOR and not self.up:
+            out["data"] += take
+            key = ("down", self.name)
+            names[key] = names.get(key, 0) + take
+        else:
+            out["control"] += take
 
     def _check_reply(self) -> None:
         bad = check_reply(self.cmd, self.reply)

@@ -173,39 +173,39 @@ class ShardInfo:
     memory_total: int
 
 
-def recv_exact(io, n: int) -> bytes:
-    """Exactly ``n`` bytes from a socket-like ``io`` (ConnectionError if it closes first)."""
-    buf = b""
-    while len(buf) < n:
-        chunk = io.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
+class PeerClosed(ConnectionError):
+    """The peer closed the connection before `recv_exact` had all it asked for."""
 
 
-def _recv_exact(io, n: int, deadline: float, endpoint: str) -> bytes:
+def recv_exact(io, n: int, deadline: float | None = None) -> bytes:
+    """Exactly ``n`` bytes from a socket-like ``io`` (PeerClosed, a ConnectionError, if it
+    closes first); with ``deadline`` (time.monotonic()), TimeoutError once it has passed,
+    the socket's timeout set to what is left before each read."""
     buf = b""
     while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        io.settimeout(left)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            io.settimeout(left)
         chunk = io.recv(n - len(buf))
         if not chunk:
-            raise ShardError(f"shard {endpoint} closed the connection during the "
-                             "handshake (not an RPC server?)")
+            raise PeerClosed(f"closed after {len(buf)} of {n} bytes")
         buf += chunk
     return buf
 
 
 def _ask(io, cmd: int, payload: bytes, deadline: float, endpoint: str) -> bytes:
     io.sendall(bytes([cmd]) + struct.pack("<Q", len(payload)) + payload)
-    (size,) = struct.unpack("<Q", _recv_exact(io, 8, deadline, endpoint))
-    if size != REPLY_SIZES[cmd]:  # never read a size the shard chose
-        raise ShardError(f"shard {endpoint}: reply of {size} bytes to command {cmd}, "
-                         f"expected {REPLY_SIZES[cmd]}")
-    out = _recv_exact(io, size, deadline, endpoint)
+    try:
+        (size,) = struct.unpack("<Q", recv_exact(io, 8, deadline))
+        if size != REPLY_SIZES[cmd]:  # never read a size the shard chose
+            raise ShardError(f"shard {endpoint}: reply of {size} bytes to command {cmd}, "
+                             f"expected {REPLY_SIZES[cmd]}")
+        out = recv_exact(io, size, deadline)
+    except PeerClosed:
+        raise ShardError(f"shard {endpoint} closed the connection during the "
+                         "handshake (not an RPC server?)") from None
     bad = check_reply(cmd, out)
     if bad:
         raise ShardError(f"shard {endpoint} {bad}")
