@@ -209,6 +209,9 @@ ALLOWED = {
     ("distributed/worker.py", "_handle"):
         "the worker process executes its client's requests: the client asked the policy "
         "(RangedRuntime.context, RangedMTP.generate before build_engine runs there)",
+    ("commands/generate.py", "resolve_llama_args"):
+        "checks llama.cpp's --spec-type spelling ('draft-mtp' needs -md): it builds no "
+        "context; the request it checks is routed by open_backend like any other",
     ("runtime/generate.py", "run_greedy"):
         "loads the trunk without load_mtp, and Context refuses an MTP config on such a "
         "model (mtplib.runtime.model.Context): it cannot build an MTP context",

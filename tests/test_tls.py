@@ -42,6 +42,7 @@ from mtplib.runtime.rpc import (
     RPC_GET_DEVICE_MEMORY,
     RPC_GET_MAX_SIZE,
     ShardError,
+    client_proto_minor,
     probe,
     recv_exact,
 )
@@ -237,7 +238,7 @@ def test_local_tls_shards_serve_only_authenticated_clients(pki):
         ep = sh.endpoints[0]
         host, port = ep.split(":")
         info = probe_shards([ep], tls=pki)[0]
-        assert info.version == (7, 0, 0) and info.n_devices == 1
+        assert info.version == (7, client_proto_minor(), 0) and info.n_devices == 1
         with pytest.raises(ShardError):
             probe(ep, timeout_s=4)  # plain RPC to the public port: never answered
         with ThreadPoolExecutor(16) as ex:

@@ -207,6 +207,10 @@ class WanRun:
         head = {f: d.pop(f) for f in ("mode", "plan", "topology", "placement", "rtt_ms",
                                       "mbit", "k", "prompt", "rep")}
         cold = {f: d.pop(f) for f in ("process_wall_s", "exit", "shards")}
+        if head["mbit"] is None:  # unlimited: the rows before the field, and these, omit it
+            del head["mbit"]
+        if cold["shards"] is None:  # cold rows before the field did not record it
+            del cold["shards"]
         return {**head, **(cold if self.mode == "cold" else {}), **d}
 
     @classmethod
@@ -632,9 +636,10 @@ def _spread(xs) -> dict:
 
 
 def has_bandwidth(rows: Sequence[WanRun | dict]) -> bool:
-    """Do the rows record their link bandwidth (``mbit``)? Rows older than the field do not:
-    their summaries keep the columns they were written with."""
-    return any(not isinstance(r, dict) or "mbit" in r for r in rows)
+    """Do the rows record a capped link (``mbit``)? Unlimited rows omit the field, as rows
+    older than it do: their summaries keep the columns they were written with."""
+    return any(r.get("mbit") is not None if isinstance(r, dict) else r.mbit is not None
+               for r in rows)
 
 
 def _mbit_order(mbit: float | None) -> tuple:
