@@ -54,7 +54,8 @@ def test_patch_files_are_git_style_against_llama_cpp():
     assert PATCHES, "patches/ is empty"
     for p in PATCHES:
         text = p.read_text()
-        assert text.startswith(("diff --git a/src/", "diff --git a/ggml/src/")), p.name
+        assert text.startswith(("diff --git a/src/", "diff --git a/ggml/src/",
+                                "diff --git a/ggml/include/")), p.name
         assert "\n--- a/" in text and "\n+++ b/" in text
 
 

@@ -83,6 +83,9 @@ LAYOUTS = {
     "upstream-bugs/hidden-matrix.json": "hidden_matrix",
     "seam-*.json": "seam_waits",  # evidence/upstream-patches/seam_waits.py
     "waits-*.json": "wan_waits",  # evidence/wan: waits per step, stock and patched
+    "graph-reuse/bytes-*.json": "graph_bytes",  # bytes per step by kind and class
+    "graph-reuse/shared-cores-*.json": "shared_cores",  # client drafting on shared cores
+    "graph-reuse/wan-cells.json": "wan_cells",  # MTP off vs on over capped links
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
 RECORDS = {"tests": ("files",)}
