@@ -180,8 +180,13 @@ time.sleep(60)
 
 @pytest.mark.parametrize("how", ["sigkill", "ctrl_c"])
 def test_no_orphan_when_the_owner_dies_or_is_interrupted(how, tmp_path):
+    # the child takes Ctrl-C as a terminal's child would: SIGINT at its default. An ignored
+    # SIGINT is inherited through exec and Python then installs no KeyboardInterrupt; in two
+    # full-suite runs the child did not exit within 10 s of SIGINT (alone it did at once):
+    # the likely cause, not confirmed
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE,
-                         text=True, cwd=REPO)
+                         text=True, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     EXTRA_PARENTS.add(p.pid)
     try:
         shard_pid = int(p.stdout.readline())
