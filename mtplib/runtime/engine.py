@@ -409,4 +409,3 @@ class Engine:
         self.drafter.truncate(s.seq, 1, None)
         s.session = s.session.close()
         del self.sessions[s.seq]
-

@@ -84,4 +84,3 @@ def resolve_head(head: str, *, ranged: bool, mtp: bool) -> str:
     if head != "auto":
         return head
     return "client" if ranged and mtp else "upstream"
-

@@ -147,4 +147,3 @@ def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
         engine.forced_accept = None
         engine.close(s)
     return {"setup_s": time.perf_counter() - t0, "widths": sorted(set(widths))}
-
