@@ -88,11 +88,11 @@ def test_stock_resends_every_graph_and_patched_recomputes_from_slots():
         if label in first and first[label]["steps"]:
             assert first[label]["graph_sends"] == 0, (label, first[label])
             assert _per_step(first, label) <= 2 * 8 + 1, (label, first[label])
-    # a later generation: llama.cpp rebuilds some graphs with other tensors (see the README),
-    # each sent once per shard, never once per step (two verify widths: k+1, the last window)
-    assert later["prefill"]["graph_sends"] <= 2
-    assert later["verify"]["graph_sends"] <= 2 * 2 < later["verify"]["steps"]
-    assert _per_step(later, "verify") < _per_step(s, "verify") / 4
+    # a later generation: no graph again either (each split input has one copy: with
+    # llama.cpp's pipeline parallelism a rebuilt graph took the next of 4 copies' inputs,
+    # serialized to other bytes and was sent again, 2-6 graphs per generation)
+    for label, row in later.items():
+        assert row["graph_sends"] == 0, (label, row)
     # with every width in a slot, a verify step moves at most twice a plain step's bytes
     plain = off["steps"][0]["decode"]
     verify = p["verify"]
@@ -111,8 +111,8 @@ def test_mtp_on_the_tail_shares_the_tail_device_without_resending():
     run = patched["steps"][0]
     for label, row in run.items():
         assert row["graph_sends"] == 0, (label, row)
-    later = patched["steps"][1]["verify"]
-    assert later["graph_sends"] < later["steps"]
+    for label, row in patched["steps"][1].items():  # nor in a later generation
+        assert row["graph_sends"] == 0, (label, row)
 
 
 def _free_port() -> int:

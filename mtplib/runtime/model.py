@@ -178,6 +178,41 @@ def check_pair(trunk: GGUFHeader, sidecar: GGUFHeader) -> None:
             + more)
 
 
+#: "1": let llama.cpp enable pipeline parallelism on a model split over several devices
+#: (its default). mtplib turns it off there (`_never_matching_override`).
+PIPELINE_ENV = "MTPLIB_PIPELINE_PARALLEL"
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama.h's ``llama_model_tensor_buft_override``: a tensor-name regex, a buffer type."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _never_matching_override() -> ctypes.Array:
+    """A tensor override list whose one pattern matches no tensor name (``^$``): no
+    tensor moves, but llama.cpp (llama-context.cpp, "pipeline_parallel") enables pipeline
+    parallelism only on models without overrides, so a split model's scheduler keeps one
+    copy of each split input (n_copies 1, not 4). With 4 copies every rebuilt graph takes
+    the next copy's input tensors, so a step of a width seen before serializes to other
+    bytes and ggml-rpc re-sends the whole graph (2-6 graphs per generation on the trained
+    pair over 2 shards, even with patches/0006's slots); with one copy it never does. The
+    cost: no overlap of a long prompt's ubatches across devices (docs/limitations.md)."""
+    import llama_cpp
+
+    g = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    g.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    g.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    cpu = g.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not cpu:
+        raise UpstreamError("upstream has no CPU device")
+    # the buffer type is never used (nothing matches); a valid one all the same
+    return (_BuftOverride * 2)(_BuftOverride(b"^$", g.ggml_backend_dev_buffer_type(cpu)),
+                               _BuftOverride(None, None))
+
+
 class Model:
     """A loaded `deepseek4` GGUF: a trunk, or an `mtp-` sidecar with ``load_mtp``."""
 
@@ -210,6 +245,10 @@ class Model:
             mp.n_gpu_layers = 0x7FFFFFFF
             mp.split_mode = 1  # LLAMA_SPLIT_MODE_LAYER
             self._keep.append(arr)
+            if len(devices) > 1 and os.environ.get(PIPELINE_ENV) != "1":
+                ov = _never_matching_override()
+                mp.tensor_buft_overrides = ctypes.cast(ov, ctypes.c_void_p)
+                self._keep.append(ov)
         if tensor_split:
             n_max = self.llama.LLAMA_MAX_DEVICES
             ts = (ctypes.c_float * n_max)(*[float(x) for x in tensor_split])
