@@ -1,0 +1,85 @@
+"""Prefill time of a long prompt with llama.cpp's pipeline parallelism off (mtplib's default
+on split models) and on (``MTPLIB_PIPELINE_PARALLEL=1``, upstream's choice): the trained
+pair over 2 shards (0-1,2-3) behind 100 ms links, MTP off, one new token.
+
+Each setting runs in its own process (the choice is made when the model loads), the two
+alternate ``--rounds`` times; each process first runs one unmeasured prompt (its cold run),
+then ``--reps`` measured ones. Writes ``pipeline_ttft.json`` here.
+
+    python evidence/graph-reuse/pipeline_ttft.py [--n-prompt 1536] [--rounds 2] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+ONE = """
+import json, random, sys, time
+from mtplib.distributed.ranged_mtp import RangedMTP
+from mtplib.model.trained import trained_paths
+from mtplib.runtime.settings import DecodeSettings
+from mtplib.runtime.speculative import EngineOptions
+n_prompt, reps, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=2048, n_threads=1))
+out = []
+with RangedMTP(str(trained_paths().trunk), plan="0-1,2-3", wan="100") as r:
+    for i in range(reps + 1):
+        prompt = [rng.randrange(10, 500) for _ in range(n_prompt)]
+        t0 = time.perf_counter()
+        r.generate(prompt, 1, opts)
+        if i:  # the first is the process's cold run
+            out.append(round(time.perf_counter() - t0, 4))
+print(json.dumps(out))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n-prompt", type=int, default=1536)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    from mtplib.runtime.lib import upstream_info
+
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    load = []
+    t_start = time.time()
+    for rnd in range(a.rounds):
+        for name, pp in (("off", "0"), ("on", "1")):
+            env = dict(os.environ, MTPLIB_PIPELINE_PARALLEL=pp)
+            load.append(os.getloadavg()[0])
+            p = subprocess.run([sys.executable, "-c", ONE, str(a.n_prompt), str(a.reps),
+                                str(rnd)], capture_output=True, text=True, env=env, cwd=REPO,
+                               timeout=900)
+            if p.returncode:
+                print(p.stderr[-2000:], file=sys.stderr)
+                return 1
+            runs[name] += json.loads(p.stdout.strip().splitlines()[-1])
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=REPO).stdout.strip()
+    info = upstream_info()
+    res = {"what": "prefill s of one prompt, ranged 0-1,2-3, --wan 100, MTP off, n_ubatch 512",
+           "n_prompt": a.n_prompt, "rounds": a.rounds, "reps": a.reps,
+           "pipeline_parallel": {k: {"s": v, "min": min(v), "median": sorted(v)[len(v) // 2],
+                                     "max": max(v)} for k, v in runs.items()},
+           "run_record": {"command": " ".join(sys.argv), "commit": commit,
+                          "build": info.get("build"), "patch_set": info.get("patch_set_sha256"),
+                          "host": os.uname().nodename, "cpus": os.cpu_count(),
+                          "loadavg_1m": load, "start": t_start, "end": time.time()}}
+    (HERE / "pipeline_ttft.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res["pipeline_parallel"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
