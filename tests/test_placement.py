@@ -64,9 +64,11 @@ def test_head_decision_by_compute_waits_and_known_bandwidth():
     assert choose_head(_inp(k=0)).chosen == "upstream"
     # a slow client head loses to the tail's
     assert choose_head(_inp(client_head_s=50 * MS)).chosen == "upstream"
-    # with MTP and the drafter in the client, upstream's head waits once more per 8 steps
-    h = choose_head(_inp(client_head_s=1.01 * MS, rtt_s=100 * MS))
+    # a known 20 Mbit/s link, the drafter in the client: upstream's head sends the logits
+    # besides the rows the drafter needs, which outweighs a slightly slower client head
+    h = choose_head(_inp(client_head_s=1.01 * MS, bandwidth_bps=20e6))
     assert h.chosen == "client" and h.cost_s["upstream"] > h.cost_s["client"]
+    assert choose_head(_inp(client_head_s=1.01 * MS)).chosen == "upstream"  # no bandwidth
     # MTP off with a known (capped) link: the client's head moves rows, not logits
     assert choose_head(_inp(k=0, bandwidth_bps=20e6)).chosen == "client"
 
@@ -126,3 +128,22 @@ def test_auto_moves_the_drafter_to_the_tail_when_the_client_is_slow(pair):
     assert m.mtp_endpoints == [tail] and m.drafted > 0
     assert m.cache_bytes_crossing == 0
     assert toks == base
+
+
+def test_the_wait_counts_are_the_committed_measurement():
+    """The cost model's waits are evidence/placement/waits.json's (placement_table.py)."""
+    import json
+    from pathlib import Path
+
+    from mtplib.runtime.placement import FEED_WAITS_PER_STEP, HEAD_EXTRA_WAITS
+
+    d = json.loads((Path(__file__).resolve().parents[1] / "evidence/placement/waits.json")
+                   .read_text())
+    w = {(r["mtp_placement"], r["head"]): r["waits_per_step"] for r in d["rows"]}
+    assert d["k"] == 2 and len({tuple(r["tokens"]) for r in d["rows"]}) == 1
+    for head in ("upstream", "client"):
+        assert DRAFT_WAITS_PER_TOKEN[head] == pytest.approx(w["tail", head]["draft"] / d["k"])
+        assert FEED_WAITS_PER_STEP == w["tail", head]["feed"]
+    for place in ("client", "tail"):
+        assert HEAD_EXTRA_WAITS[place] == pytest.approx(
+            w[place, "upstream"]["verify"] - w[place, "client"]["verify"])

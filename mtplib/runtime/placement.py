@@ -34,15 +34,15 @@ from mtplib.contract.labels import Placement
 from mtplib.errors import InputError
 
 #: waits on the tail per drafted token with the drafter on the tail, by where the head runs
-#: (draft waits per draft step / k; trained pair, plan 0-1,2-3, k=2, 16 tokens after a
-#: warm-up, patches 0001-0006: evidence/placement/waits.json)
-DRAFT_WAITS_PER_TOKEN = {"upstream": 1.875 / 2, "client": 2.25 / 2}
+#: (draft waits per draft step / k: 1.875 / 2 with either head; trained pair, plan 0-1,2-3,
+#: k=2, 16 tokens after a warm-up, patches 0001-0006: evidence/placement/waits.json)
+DRAFT_WAITS_PER_TOKEN = {"upstream": 1.875 / 2, "client": 1.875 / 2}
 #: waits per verify step of the feed with the drafter on the tail (same run: 0)
 FEED_WAITS_PER_STEP = 0.0
 #: extra waits per verify step with the head upstream rather than in the client, by where
-#: the drafter runs (same run: 2.125 vs 2.0 with the drafter in the client, 2.0 vs 2.0 on
-#: the tail); with MTP off both heads wait once per shard
-HEAD_EXTRA_WAITS = {Placement.CLIENT.value: 0.125, Placement.TAIL.value: 0.0}
+#: the drafter runs (same run: 2.0 vs 2.0 either way, one per shard); with MTP off both
+#: heads wait once per shard
+HEAD_EXTRA_WAITS = {Placement.CLIENT.value: 0.0, Placement.TAIL.value: 0.0}
 WAITS_SOURCE = ("waits per step counted by the relays, trained pair, plan 0-1,2-3, k=2, "
                 "patches 0001-0006 (evidence/placement/waits.json)")
 #: the costs a caller may force (`PlacementInputs.forced`), in seconds
