@@ -219,12 +219,15 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--mtp-placement", default="auto", choices=PLACEMENT_CHOICES,
                    help="with --plan --mtp: run the MTP block on the tail shard or "
                    "in this process next to the sampler (drafts then cost no shard round "
-                   "trip); auto = client")
+                   "trip); auto = decided from costs measured at load (the drafter and head "
+                   "timed here, the tail link's round trip): the client unless the tail "
+                   "drafts a token faster; decision and inputs in metrics.routing.placement")
     g.add_argument("--head", default="auto", choices=["auto", "upstream", "client"],
                    help="where the output head runs: in upstream's graph or here, "
                    "from the trunk's hidden rows (a ranged tail then sends hc*n_embd floats "
-                   "per row instead of n_vocab logits, in the same wait); auto = client for "
-                   "ranged MTP, upstream otherwise")
+                   "per row instead of n_vocab logits, in the same wait); auto = with --plan "
+                   "decided from the head's time measured at load (ties: client for ranged "
+                   "MTP, upstream otherwise), else upstream")
     g.add_argument("--allow-cache-crossing", action="store_true",
                    help="with --plan: run even where V4 cache state would cross a shard "
                    "connection (the stock build with MTP on); refused by default, and a run "

@@ -11,7 +11,9 @@ generation pays upstream's first-use graph allocation on the shards: that is set
 once per process (or per `mtplib serve`), reported apart from TTFT.
 
 Defaults are the contract-safe fast path: the MTP block and the output head run in the
-client next to the sampler (placement and head ``auto``), and a build that would move V4
+client next to the sampler unless the costs measured at load say otherwise (placement and
+head ``auto``: `mtplib.distributed.auto_placement`, decision and inputs in each result's
+``routing["placement"]``), and a build that would move V4
 cache state across a seam is refused before the first token (`check_cache_locality`).
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 
 from mtplib.contract.capabilities import Decision, Policy
@@ -51,9 +53,11 @@ class CacheCrossingRefused(InputError):
 
 
 def resolve_placement(placement: str, *, has_sidecar: bool) -> str:
-    """``auto``: the MTP block in the client, next to the sampler (the contract allows it:
-    its input is ``sampler_hidden``, which the client holds), so a draft costs no round
-    trip; ``tail`` stays available explicitly."""
+    """``auto``: the MTP block in the client first, next to the sampler (the contract allows
+    it: its input is ``sampler_hidden``, which the client holds), so a draft costs no round
+    trip; once loaded it is timed and `RangedMTP` moves it to the tail when the measured
+    costs say the tail drafts faster (`mtplib.distributed.auto_placement`); ``tail`` stays
+    available explicitly."""
     if placement not in PLACEMENT_CHOICES:
         raise InputError(f"mtp_placement must be one of {', '.join(PLACEMENT_CHOICES)}, "
                          f"got {placement!r}")
@@ -193,6 +197,9 @@ class RangedMTP:
     ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
     ``tls`` (a `TlsConfig`): mutual TLS to the shards (local ones then serve through their
     gateways too); ``insecure_plaintext``: allow non-loopback endpoints without it.
+    ``mtp_placement`` / ``opts.head`` ``auto``: decided from the costs timed at load
+    (`auto_placement`); ``placement_costs`` (seconds, `placement.COST_FIELDS`) replace
+    measured ones, e.g. a GPU tail's known draft time.
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     held from resetting the byte counters to reading them, so each result's seam bytes are
@@ -205,7 +212,8 @@ class RangedMTP:
                  mtp_placement: str = "auto", policy: Policy | str | None = None,
                  silence_timeout_s: float | None = None, opts: EngineOptions | None = None,
                  warm: bool = True, allow_cache_crossing: bool = False,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None,
+                 placement_costs: Mapping[str, float] | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header, require_deepseek4
@@ -237,6 +245,9 @@ class RangedMTP:
                                                                              self.plan.n_shards)
         self.has_sidecar = sidecar is not None
         self.warm, self.allow_cache_crossing = warm, allow_cache_crossing
+        #: the measured costs ``auto`` decides from (`auto_placement`); set after load
+        self._place_inputs = None
+        self.placement_record: dict | None = None
         #: what `generate` runs without options (routed and checked per generation)
         self.opts = opts or EngineOptions(k=DraftSpec.requested(None, mtp=self.has_sidecar).k)
         load = self.opts
@@ -256,15 +267,66 @@ class RangedMTP:
                 insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
                 mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls))
             self._setup = self._build(load)
+            self._place(load, mtp_placement, placement_costs)
         except BaseException:
             self._stack.close()
             raise
+
+    def _place(self, load: EngineOptions, requested: str,
+               costs: Mapping[str, float] | None) -> None:
+        """Time the loaded drafter and head and the tail link (`auto_placement.measure`),
+        decide what ``auto`` asked (`mtplib.runtime.placement`), and act on it: move the
+        sidecar to the tail (once, over the links without their emulated WAN) and rebuild
+        the load engine when the decision differs from how it was built. The decision and
+        its inputs go into every generation's ``routing["placement"]``."""
+        from mtplib.distributed import auto_placement as ap
+        from mtplib.distributed.relay import WanLink
+
+        inp, timings = ap.measure(self.rt, _engine_key(load), load.k,
+                                  placement=self.rt.mtp_placement)
+        inp = inp.forced(costs)
+        pc, hc = ap.decide(inp, placement=requested if self.has_sidecar else "",
+                           head=self.opts.head, running=self.rt.mtp_placement)
+        moved = pc is not None and pc.chosen != self.rt.mtp_placement
+        if moved:
+            rt = self.rt
+            links = [r.link for r in rt.relays.relays]
+            for r in rt.relays.relays:
+                r.set_link(WanLink())
+            try:
+                with rt.step("load"):
+                    info = rt.call(ap._worker_move_sidecar, pc.chosen)
+            finally:
+                for r, link in zip(rt.relays.relays, links, strict=True):
+                    r.set_link(link)
+            back = dict(zip(rt.client_endpoints, rt.endpoints, strict=True))
+            info["placement"] = {il: back.get(ep, ep) for il, ep in info["placement"].items()}
+            for b in info["buffers"]:
+                b["endpoint"] = back.get(b["endpoint"], b["endpoint"])
+            rt.sidecar, rt.mtp_placement = info, pc.chosen
+            self._routed.clear()  # the tail's advert changed
+        self._place_inputs = inp
+        self.placement_record = ap.record(inp, timings, pc, hc, moved=moved, requested={
+            "mtp_placement": requested, "head": self.opts.head})
+        again = self._resolve(self.opts if self.has_sidecar and self.policy.allow_mtp
+                              else replace(self.opts, k=0))
+        if moved or _engine_key(again) != _engine_key(load):
+            first, self._setup = self._setup, self._build(again)
+            if first and self._setup:  # both engines were set up at load
+                self._setup = {**self._setup,
+                               "setup_s": first["setup_s"] + self._setup["setup_s"]}
 
     def _resolve(self, opts: EngineOptions) -> EngineOptions:
         """The options a ranged generation really runs with, checked before anything runs:
         MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
         a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
         opts = replace(opts, k=opts.k if self.has_sidecar else 0, checkpoints="replay")
+        if opts.head == "auto" and self._place_inputs is not None:  # measured at load
+            from mtplib.distributed.auto_placement import with_k
+            from mtplib.runtime.placement import choose_head
+
+            opts = replace(opts, head=choose_head(with_k(self._place_inputs, opts.k),
+                                                  placement=self.rt.mtp_placement).chosen)
         opts = opts.resolved(ranged=True)
         check_cache_locality(opts, self.plan.n_shards, allow=self.allow_cache_crossing)
         return opts
@@ -370,8 +432,11 @@ class RangedMTP:
             tokens, metrics = done
             seam = rt.seam_metrics()
             result["tokens"] = tokens
+            routing = routing_metrics(decision, self.policy)
+            if self.placement_record is not None:
+                routing["placement"] = self.placement_record
             result["metrics"] = RangedMetrics(
-                **{**metrics.fields_dict(), "routing": routing_metrics(decision, self.policy),
+                **{**metrics.fields_dict(), "routing": routing,
                    "upstream": build_info(),
                    "setup": setup},  # None: set up for an earlier generation
                 **{key: seam[key] for key in SEAM_KEYS}, seam_report=rt.seam_report(),

@@ -80,7 +80,9 @@ class EngineOptions:
 def resolve_head(head: str, *, ranged: bool, mtp: bool) -> str:
     """``auto``: the client's head for ranged MTP (the tail then sends hc*n_embd hidden rows,
     which the drafter needs anyway, in the same wait as the logits it replaces: a verify step
-    waits as often as a plain one), upstream's everywhere else."""
+    waits as often as a plain one), upstream's everywhere else. A ranged run with costs
+    measured at load decides ``auto`` from them before this default applies
+    (`mtplib.runtime.placement.choose_head`, through `RangedMTP`)."""
     if head != "auto":
         return head
     return "client" if ranged and mtp else "upstream"

@@ -171,6 +171,9 @@ class ShardInfo:
     max_size: int
     memory_free: int
     memory_total: int
+    #: the quickest of the handshake's five round trips (a measured RTT to the shard,
+    #: without any WAN a relay emulates); None where not measured
+    rtt_s: float | None = None
 
 
 class PeerClosed(ConnectionError):
@@ -218,13 +221,22 @@ def handshake(io, endpoint: str, *, timeout_s: float = 2.0) -> ShardInfo:
     maximum buffer size and memory, every answer checked, all within ``timeout_s``. A
     shard answering absurdly raises ShardError here, before upstream's client acts on it."""
     deadline = time.monotonic() + timeout_s
-    hello = _ask(io, RPC_CMD_HELLO, bytes(RPC_CONN_CAPS_SIZE), deadline, endpoint)
-    (n,) = struct.unpack("<I", _ask(io, RPC_DEVICE_COUNT, b"", deadline, endpoint))
+    times: list[float] = []
+
+    def ask(cmd: int, payload: bytes) -> bytes:
+        t0 = time.perf_counter()
+        out = _ask(io, cmd, payload, deadline, endpoint)
+        times.append(time.perf_counter() - t0)
+        return out
+
+    hello = ask(RPC_CMD_HELLO, bytes(RPC_CONN_CAPS_SIZE))
+    (n,) = struct.unpack("<I", ask(RPC_DEVICE_COUNT, b""))
     dev = struct.pack("<I", 0)
-    (align,) = struct.unpack("<Q", _ask(io, RPC_GET_ALIGNMENT, dev, deadline, endpoint))
-    (max_size,) = struct.unpack("<Q", _ask(io, RPC_GET_MAX_SIZE, dev, deadline, endpoint))
-    free, total = struct.unpack("<QQ", _ask(io, RPC_GET_DEVICE_MEMORY, dev, deadline, endpoint))
-    return ShardInfo((hello[0], hello[1], hello[2]), n, align, max_size, free, total)
+    (align,) = struct.unpack("<Q", ask(RPC_GET_ALIGNMENT, dev))
+    (max_size,) = struct.unpack("<Q", ask(RPC_GET_MAX_SIZE, dev))
+    free, total = struct.unpack("<QQ", ask(RPC_GET_DEVICE_MEMORY, dev))
+    return ShardInfo((hello[0], hello[1], hello[2]), n, align, max_size, free, total,
+                     rtt_s=min(times))
 
 
 # -- endpoints --------------------------------------------------------------------------
@@ -501,31 +513,46 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
         model.load_buffers = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"]
         if verify:
             check_placement(plan, endpoints, placement)
+        model.devices = devices  # a sidecar placed later (`load_sidecar`) needs the tail's
         side = None
-        if sh is not None and mtp_placement == Placement.CLIENT:
-            # explicit CPU device: with devices=NULL upstream would spread it over the shards
-            side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()],
-                         validated=True)
-            side.endpoints, side.device_endpoints, side.load_buffers = [], names, []
-            side.placement = {}
-        elif sh is not None:
-            with log_capture() as lines:
-                side = Model(sidecar, load_mtp=True, header=sh, devices=[devices[-1]],
-                             validated=True)
-            side.endpoints = [endpoints[-1]]
-            side.device_endpoints = names
-            side.placement = {il: names.get(dev, dev)
-                              for il, dev in layer_devices(lines).items()}
-            side.load_buffers = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"]
-            if verify and (not side.placement
-                           or set(side.placement.values()) != {endpoints[-1]}):
-                side.close()
-                raise ShardError(f"upstream did not place the whole MTP sidecar on the tail "
-                                 f"shard {endpoints[-1]}: {side.placement}")
+        if sh is not None:
+            side = load_sidecar(model, sidecar, mtp_placement, header=sh, verify=verify)
         return model, side
     except BaseException:
         model.close()
         raise
+
+
+def load_sidecar(trunk, sidecar: str | Path, mtp_placement: str, *, header=None,
+                 verify: bool = True):
+    """The MTP ``sidecar`` of a ranged ``trunk`` (`open_ranged`'s Model) on this process's
+    CPU (``"client"``) or wholly on the tail shard (``"tail"``); its Model carries
+    ``.endpoints``, ``.placement`` and ``.load_buffers`` as the trunk's does. Used at open
+    and when ``--mtp-placement auto`` moves the drafter after timing it."""
+    from mtplib.model.gguf_header import read_header
+    from mtplib.runtime.model import Model
+
+    sh = header or read_header(sidecar)
+    names, endpoints = trunk.device_endpoints, trunk.endpoints
+    if mtp_placement == Placement.CLIENT:
+        # explicit CPU device: with devices=NULL upstream would spread it over the shards
+        side = Model(sidecar, load_mtp=True, header=sh, devices=[cpu_device()],
+                     validated=True)
+        side.endpoints, side.device_endpoints, side.load_buffers = [], names, []
+        side.placement = {}
+        return side
+    with log_capture() as lines:
+        side = Model(sidecar, load_mtp=True, header=sh, devices=[trunk.devices[-1]],
+                     validated=True)
+    side.endpoints = [endpoints[-1]]
+    side.device_endpoints = names
+    side.placement = {il: names.get(dev, dev) for il, dev in layer_devices(lines).items()}
+    side.load_buffers = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"]
+    if verify and (not side.placement or set(side.placement.values()) != {endpoints[-1]}):
+        side.close()
+        raise ShardError(f"upstream did not place the whole MTP sidecar on the tail "
+                         f"shard {endpoints[-1]}: {side.placement}")
+    return side
 
 
 def check_placement(plan: ShardPlan, endpoints: Sequence[str], placement: dict) -> None:
