@@ -6,8 +6,8 @@ wan). Every other folder's results came from scripts and lab functions run by ha
 command, the commit, the upstream build and patch set, the host, the load average, start
 and end. A field comes from the file's own content where the run wrote it (its
 ``provenance`` block, `mtplib.host.provenance`, or the older keys `_facts` reads), else from
-git history where that can establish it (the commit that added the file: the code that ran
-is that commit's or an earlier one's), else it says `UNKNOWN`: nothing is guessed.
+git history where that can establish it (the last commit that changed the file: the code that
+ran is that commit's or an earlier one's), else it says `UNKNOWN`: nothing is guessed.
 
 ``python -m mtplib.records.evidence_runs FOLDER...`` writes the records (git history needs a
 full clone); ``--check`` only reports what `problems` finds, as tests/test_evidence_runs.py
@@ -70,7 +70,7 @@ def _facts(data) -> dict:
                 "commit": prov.get("commit") or (prov.get("git") or {}).get("commit"),
                 "build": prov.get("build"), "host": prov.get("host"), "loadavg": la or None,
                 "started": prov.get("started"), "ended": prov.get("ended")}
-        mine = {k: v for k, v in mine.items() if v not in (None, "", {}, [])}
+        mine = {k: v for k, v in mine.items() if v not in (None, "", {}, [], UNKNOWN)}
         out.update(mine)
         out["recorded"] = prov.get("recorded")
         if prov.get("recorded") == FROM_HISTORY:  # a block `stamp` added, not the run
@@ -91,8 +91,8 @@ def _older_facts(data: dict) -> dict:
     build = _first(data, "upstream", "build")
     if isinstance(build, str):
         build = {"build": build}
-    if build is None and isinstance(data.get("builds"), list):  # one run of each build
-        build = {"builds": data["builds"]}
+    if build is None and isinstance(data.get("builds"), (list, dict)):  # one run per build
+        build = {"builds": list(data["builds"])}
     runs = [r for r in data.get("runs") or [] if isinstance(r, dict)]
     if commit is None and runs and all(r.get("commit") for r in runs):  # appended runs
         commit = sorted({r["commit"] for r in runs})
@@ -121,13 +121,14 @@ def _git(repo: Path, *args: str) -> str:
         return ""
 
 
-def added_in(path: Path, repo: Path) -> tuple[str, str] | None:
-    """(commit, ISO date) of the commit that added ``path`` (following renames), or None
-    where git history does not say (a shallow clone, an uncommitted file)."""
+def last_changed_in(path: Path, repo: Path) -> tuple[str, str] | None:
+    """(commit, ISO date) of the last commit that changed ``path`` (the code that wrote its
+    content is that commit's or an earlier one's), or None where git history does not say
+    (a shallow clone, an uncommitted file)."""
     rel = path.resolve().relative_to(repo.resolve()).as_posix()
-    out = _git(repo, "log", "--follow", "--diff-filter=A", "--format=%H %cI", "--", rel)
+    out = _git(repo, "log", "-1", "--format=%H %cI", "--", rel)
     lines = out.splitlines()
-    return tuple(lines[-1].split(" ", 1)) if lines else None  # type: ignore[return-value]
+    return tuple(lines[0].split(" ", 1)) if lines else None  # type: ignore[return-value]
 
 
 def first_patch_commit(repo: Path) -> str | None:
@@ -173,14 +174,14 @@ def entry(path: Path, folder: Path, repo: Path) -> dict:
         e["from_git_history"] = later
         if facts.get("commit_is"):
             e["commit_is"] = facts["commit_is"]
-    hist = added_in(path, repo)
+    hist = last_changed_in(path, repo)
     if hist is not None:
-        e["added_in"] = {"commit": hist[0], "date": hist[1], "recorded": FROM_HISTORY}
+        e["committed_in"] = {"commit": hist[0], "date": hist[1], "recorded": FROM_HISTORY}
         if e["commit"] == UNKNOWN:
             e["commit"] = hist[0]
             e.setdefault("from_git_history", []).append("commit")
-            e["commit_is"] = ("the commit that added the file (" + FROM_HISTORY + "): the "
-                              "code that ran is this commit's or an earlier one's")
+            e["commit_is"] = ("the last commit that changed the file (" + FROM_HISTORY
+                              + "): the code that ran is this commit's or an earlier one's")
         if e["ended"] == UNKNOWN:
             e["ended_by"] = hist[1]
         if e["build"] == UNKNOWN and not _before_patches(hist[0], repo):
@@ -190,7 +191,7 @@ def entry(path: Path, folder: Path, repo: Path) -> dict:
         if e["build"] == UNKNOWN and _before_patches(hist[0], repo):
             e.setdefault("from_git_history", []).append("build")
             e["build"] = {"build": "stock", "patches": [], "how": (
-                FROM_HISTORY + ": the file was added before patches/ existed "
+                FROM_HISTORY + ": the file was last changed before patches/ existed "
                 f"({first_patch_commit(repo)}), when the stock pinned build was the only one")}
     return e
 
@@ -236,10 +237,15 @@ def stamp(path: Path, e: dict) -> bool:
     holding what `entry` established from git history, marked as recorded afterwards. The
     block is inserted before the object's last brace, so every other byte stays as it is.
     False where the file is not an object or already says."""
+    own = e.get("from_the_file", [])
     block = {"recorded": FROM_HISTORY, "commit": e["commit"],
              "commit_is": e.get("commit_is", "the commit recorded in the file"),
-             "build": e["build"], "added_in": e.get("added_in", UNKNOWN),
+             "build": e["build"], "committed_in": e.get("committed_in", UNKNOWN),
              "other_facts": "the folder's run_record.json (unknown where it says so)"}
+    for k in ("commit", "build"):  # what the file says itself stays said once, there
+        if k in own:
+            block.pop(k)
+            block.pop("commit_is", None) if k == "commit" else None
     if e.get("build_unknown_why"):
         block["build_unknown_why"] = e["build_unknown_why"]
     return _insert(path, "provenance", block)
@@ -303,7 +309,12 @@ def quoted_hashes(folder: Path) -> set[str]:
 
 def stamp_folder(folder: Path, repo: Path = paths.REPO) -> list[Path]:
     """`stamp` every results file under ``folder`` that names no commit or no build and
-    whose bytes no README pins; the files stamped."""
+    whose bytes no README pins, in a folder no lane wrote (a lane's record names the commit
+    and build of its files; its hand-run files are stamped one by one, `stamp`); the files
+    stamped."""
+    rec = folder / RECORD
+    if rec.is_file() and is_lane_record(json.loads(rec.read_text())):
+        return []
     pinned = quoted_hashes(folder)
     done = []
     for p in results_files(folder):
