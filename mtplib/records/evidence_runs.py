@@ -126,9 +126,33 @@ def last_changed_in(path: Path, repo: Path) -> tuple[str, str] | None:
     content is that commit's or an earlier one's), or None where git history does not say
     (a shallow clone, an uncommitted file)."""
     rel = path.resolve().relative_to(repo.resolve()).as_posix()
-    out = _git(repo, "log", "-1", "--format=%H %cI", "--", rel)
-    lines = out.splitlines()
-    return tuple(lines[0].split(" ", 1)) if lines else None  # type: ignore[return-value]
+    for line in _git(repo, "log", "--format=%H %cI", "--", rel).splitlines():
+        commit, date = line.split(" ", 1)
+        if not _only_stamped(repo, commit, rel):
+            return commit, date
+    return None
+
+
+def _results_at(repo: Path, rev: str, rel: str):
+    """The file at ``rev`` without the blocks `stamp` and `lane_afterwards` add (None where
+    it is absent or not JSON)."""
+    try:
+        data = json.loads(_git(repo, "show", f"{rev}:{rel}") or "null")
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        prov = data.get("provenance")
+        if isinstance(prov, dict) and prov.get("recorded") == FROM_HISTORY:
+            data.pop("provenance")
+        data.pop("recorded_afterwards", None)
+    return data
+
+
+def _only_stamped(repo: Path, commit: str, rel: str) -> bool:
+    """Did ``commit`` only add a block recorded afterwards to ``rel`` (its results as
+    before)? Such a commit did not write the results, so it does not date them."""
+    now = _results_at(repo, commit, rel)
+    return now is not None and now == _results_at(repo, f"{commit}^", rel)
 
 
 def first_patch_commit(repo: Path) -> str | None:
