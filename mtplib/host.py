@@ -8,6 +8,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from mtplib.stamps import now_iso
+
 
 def git_state(repo: Path) -> dict:
     def git(*args: str) -> str:
@@ -54,3 +56,32 @@ def gpu_info() -> list[dict]:
         name, driver, mem = (x.strip() for x in line.split(","))
         gpus.append({"name": name, "driver": driver, "memory": mem})
     return gpus
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): on a shared host
+    they say how much of a timing was the measurement's own."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+#: how a provenance block's facts were recorded: by the run itself, or afterwards
+AT_RUN_TIME = "at run time"
+FROM_HISTORY = "recorded afterwards from git history"
+
+
+def provenance(repo: Path, build: dict, argv: list[str]) -> dict:
+    """What a results file says it ran, written by the run itself: the command, the
+    checkout's commit (and whether it had uncommitted changes), the upstream build and
+    patch set, the host, the load average and the start; `finish` adds the end. ``build``
+    is `mtplib.runtime.build_info()` (this room is below the runtime, so callers pass it)."""
+    return {"recorded": AT_RUN_TIME, "command": " ".join(argv), "git": git_state(repo),
+            "build": build, "host": {**cpu_info(), "gpu": gpu_info()},
+            "loadavg_start": load_average(), "started": now_iso()}
+
+
+def finish(prov: dict) -> dict:
+    """``prov`` with the end time and the load average at the end."""
+    return {**prov, "loadavg_end": load_average(), "ended": now_iso()}

@@ -66,11 +66,13 @@ def main() -> int:
 
     import openai
 
+    from mtplib import host, paths
     from mtplib.cli import build_parser
     from mtplib.commands.generate import check_engine_args, open_backend
     from mtplib.host import cpu_info
     from mtplib.lab.wan import trained_prompts
     from mtplib.model.trained import trained_paths
+    from mtplib.runtime import build_info
     from mtplib.runtime.sampling import Sampler
 
     pair = trained_paths()
@@ -81,6 +83,7 @@ def main() -> int:
     serve_cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0",
                  "--json"]
     prompts = trained_prompts(a.prompts, a.prompt_len)
+    prov = host.provenance(paths.REPO, build_info(), ["evidence/serve/measure.py", *sys.argv[1:]])
     load0 = os.getloadavg()[0]
     proc = subprocess.Popen(serve_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -150,6 +153,7 @@ def main() -> int:
         "loadavg_1min": {"start": load0, "end": os.getloadavg()[0]},
         "tokens_equal_all": all(r["tokens_equal"] for r in rows),
         "rows": rows,
+        "provenance": host.finish(prov),
     }
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out[k] for k in ("summary", "ratio_of_medians",

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import sys
 
+from mtplib import host, paths
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.distributed.relay import WanLink
 from mtplib.lab.wan import trained_prompts
 from mtplib.model.trained import trained_paths
+from mtplib.runtime import build_info
 from mtplib.runtime.lib import upstream_info
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions
@@ -28,6 +30,8 @@ PLANS = ("0-1,2-3", "0-0,1-2,3-3")
 
 
 def main(out_path: str) -> None:
+    prov = host.provenance(paths.REPO, build_info(),
+                           ["evidence/upstream-patches/seam_waits.py", out_path])
     pair = trained_paths()
     prompt = trained_prompts(1, 48)[0]
     settings = DecodeSettings(n_ctx=256, n_threads=1)
@@ -54,7 +58,8 @@ def main(out_path: str) -> None:
                 print(plan, k, m.waits_per_step, flush=True)
     info = upstream_info()
     out = {"upstream": {k: info[k] for k in ("build", "patches", "llama_cpp_commit")},
-           "prompt_tokens": len(prompt), "n_new": 12, "rtt_ms": 20, "rows": rows}
+           "prompt_tokens": len(prompt), "n_new": 12, "rtt_ms": 20, "rows": rows,
+           "provenance": host.finish(prov)}
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
 

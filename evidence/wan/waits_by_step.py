@@ -14,13 +14,16 @@ buffer allocations).
 import json
 import sys
 
+from mtplib import host, paths
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.wan import trained_prompts
 from mtplib.model.trained import trained_paths
+from mtplib.runtime import build_info
 from mtplib.runtime.lib import upstream_info
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions
 
+prov = host.provenance(paths.REPO, build_info(), ["evidence/wan/waits_by_step.py", *sys.argv[1:]])
 pair = trained_paths()
 prompt = trained_prompts(1, 48)[0]
 settings = DecodeSettings(n_ctx=256, n_threads=1)
@@ -44,6 +47,7 @@ for placement in ("tail", "client"):
                 print(k, placement, head, m.waits_per_step, m.cache_bytes_crossing)
 info = upstream_info()
 out = {"upstream": {k: info[k] for k in ("build", "patches", "llama_cpp_commit")},
-       "plan": "0-1,2-3", "prompt_tokens": len(prompt), "n_new": 16, "rows": rows}
+       "plan": "0-1,2-3", "prompt_tokens": len(prompt), "n_new": 16, "rows": rows,
+       "provenance": host.finish(prov)}
 with open(sys.argv[1], "w") as f:
     json.dump(out, f, indent=1)

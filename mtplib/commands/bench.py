@@ -27,8 +27,7 @@ def run(a: argparse.Namespace) -> int:
         new_run_id,
         open_run,
     )
-    from mtplib.records.run_record import write_json
-    from mtplib.stamps import now_iso
+    from mtplib.records.run_record import end_record, write_json
 
     lane = load_lane(a.params)
     if lane.bench is None:
@@ -62,10 +61,10 @@ def run(a: argparse.Namespace) -> int:
         result = B.run_bench(models["trunk"], models["sidecar"], cfg, log=log)
         saved = BS.save(result, out / "bench")
     except BaseException as e:  # the record says so, then the one-line error (or bug)
-        record.update(ended=now_iso(), status="failed", error=f"{type(e).__name__}: {e}")
+        end_record(record, "failed", error=f"{type(e).__name__}: {e}")
         write_json(out / "run_record.json", record)
         raise
-    record.update(ended=now_iso(), status="ok")
+    end_record(record, "ok")
     write_json(out / "run_record.json", record)
     data = BS.load(out / "bench")
     if a.json:

@@ -25,7 +25,9 @@ def _ks(s: str) -> tuple[int, ...]:
 
 
 def run(a: argparse.Namespace) -> int:
+    from mtplib import host, paths
     from mtplib.lab.layer_cost import LayerCostConfig, measure
+    from mtplib.runtime import build_info
 
     cfg = LayerCostConfig(steps=a.steps, warmup=a.warmup, ks=a.ks, n_prompt=a.n_prompt,
                           n_ctx=a.ctx, threads=a.threads, seed=a.seed).validate()
@@ -40,10 +42,13 @@ def run(a: argparse.Namespace) -> int:
         if not a.json:
             print(s, file=sys.stderr, flush=True)
 
-    res = measure(a.fixtures, cfg, seed=a.seed, reuse=a.reuse,
-                  command=shlex.join(["mtplib", *sys.argv[1:]]), progress=progress)
+    command = shlex.join(["mtplib", *sys.argv[1:]])
+    prov = host.provenance(paths.REPO, build_info(), [command])
+    res = measure(a.fixtures, cfg, seed=a.seed, reuse=a.reuse, command=command,
+                  progress=progress)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(res.to_dict(), indent=1) + "\n")
+    tmp.write_text(json.dumps({**res.to_dict(), "provenance": host.finish(prov)}, indent=1)
+                   + "\n")
     os.replace(tmp, out)
     d = res.derived
     brief = {"out": str(out), "hardware": res.hardware["label"], **{

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args(argv)
+    from mtplib import host, paths
     from mtplib.lab.wan import trained_prompts
     from mtplib.model.trained import trained_paths
+    from mtplib.runtime import build_info
 
+    args = sys.argv[1:] if argv is None else argv
+    prov = host.provenance(paths.REPO, build_info(), ["python -m mtplib.lab.llama_speed", *args])
     pair = trained_paths()
     res = compare(pair.trunk, pair.sidecar, trained_prompts(a.prompts, a.prompt_len),
                   draft=a.draft, n_new=a.n, n_threads=a.threads, reps=a.reps)
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    res["command"] = "python -m mtplib.lab.llama_speed " + " ".join(args)
+    res["command"] = prov["command"]
+    res["provenance"] = host.finish(prov)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in ("plain_tok_s", "mtp_tok_s", "plain_whole_tok_s",
                                           "mtp_whole_tok_s", "speedup", "same_text",

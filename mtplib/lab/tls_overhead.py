@@ -21,14 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mtplib import host, paths
 from mtplib.distributed.relay import WanLink
 from mtplib.lab.rows import row_from_dict, typed
+from mtplib.runtime import build_info
 from mtplib.runtime.rpc import recv_exact
 
 TRANSPORTS = ("plaintext", "tls")
@@ -258,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-new", type=int, default=24)
     ap.add_argument("--micro", action="store_true", help="the transport alone (see above)")
     a = ap.parse_args(argv)
+    prov = host.provenance(paths.REPO, build_info(), [
+        "python -m mtplib.lab.tls_overhead", *(sys.argv[1:] if argv is None else argv)])
     if a.micro:
         res = micro(log=lambda s: None)
+        res["provenance"] = host.finish(prov)
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "tls_micro.json").write_text(json.dumps(res, indent=1))
@@ -272,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = run([float(x) for x in a.rtts.split(",")], reps=a.reps, n_prompts=a.n_prompts,
               n_new=a.n_new)
+    res["provenance"] = host.finish(prov)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tls_overhead.json").write_text(json.dumps(res, indent=1))

@@ -74,6 +74,8 @@ LAYOUTS = {
     "tests-*.json": "tests",  # mtplib evidence's pytest record (`records.pytest_results`)
     "layer-cost-*.json": "layer_cost",  # mtplib layer-cost
     "llama_speed.json": "llama_speed",  # the llama-cpp-python adapter's speed check
+    "tls/tls_overhead.json": "tls_overhead",  # mtplib.lab.tls_overhead: TLS vs plaintext
+    "tls/tls_micro.json": "tls_micro",  # the same, the transport alone (--micro)
     "serve-vs-library*.json": "serve",  # evidence/serve: mtplib serve against the library
     "profile/*.json": "profile",  # evidence/side-by-side/profile: the step profiles
     "trained-v4/metrics.json": "trained_metrics",

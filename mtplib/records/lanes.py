@@ -23,7 +23,7 @@ from mtplib.files import make_dirs, remove_dirs, safe_component
 from mtplib.records import parameters as NP
 from mtplib.records.jupyter import KERNEL, papermill_options  # KERNEL: what lanes run on
 from mtplib.records.raw_metrics import read_seam_bytes
-from mtplib.records.run_record import base_record, file_hashes, write_json
+from mtplib.records.run_record import base_record, end_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
 
 REPO = paths.REPO
@@ -612,9 +612,7 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        record["ended"] = now_iso()
-        record["status"] = status
-        write_json(record_path, record)
+        write_json(record_path, end_record(record, status))
     return run_dir
 
 

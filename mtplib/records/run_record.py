@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtplib import files, pins
 from mtplib.errors import InputError
-from mtplib.host import cpu_info, git_state, gpu_info
+from mtplib.host import cpu_info, git_state, gpu_info, load_average
 from mtplib.stamps import now_iso, sha256_file
 
 
@@ -30,8 +30,16 @@ def base_record(repo: Path, *, argv: list[str] | None = None) -> dict:
         "platform": platform.platform(),
         "cpu": cpu_info(),
         "gpu": gpu_info(),
+        # on a shared host the load says how much of a timing was the run's own
+        "loadavg_start": load_average(),
         "started": now_iso(),
     }
+
+
+def end_record(record: dict, status: str, **more) -> dict:
+    """``record`` completed: the end time, the load average at the end and the status."""
+    record.update(ended=now_iso(), loadavg_end=load_average(), status=status, **more)
+    return record
 
 
 def read_record(run_dir: str | Path) -> dict:
