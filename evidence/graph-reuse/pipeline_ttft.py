@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,11 +48,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
-    from mtplib.runtime.lib import upstream_info
+    from mtplib import host, paths
+    from mtplib.runtime import build_info
 
+    prov = host.provenance(paths.REPO, build_info(), ["evidence/graph-reuse/pipeline_ttft.py",
+                                                      *sys.argv[1:]])
     runs: dict[str, list[float]] = {"off": [], "on": []}
     load = []
-    t_start = time.time()
     for rnd in range(a.rounds):
         for name, pp in (("off", "0"), ("on", "1")):
             env = dict(os.environ, MTPLIB_PIPELINE_PARALLEL=pp)
@@ -65,17 +66,11 @@ def main() -> int:
                 print(p.stderr[-2000:], file=sys.stderr)
                 return 1
             runs[name] += json.loads(p.stdout.strip().splitlines()[-1])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
-    info = upstream_info()
     res = {"what": "prefill s of one prompt, ranged 0-1,2-3, --wan 100, MTP off, n_ubatch 512",
            "n_prompt": a.n_prompt, "rounds": a.rounds, "reps": a.reps,
            "pipeline_parallel": {k: {"s": v, "min": min(v), "median": sorted(v)[len(v) // 2],
                                      "max": max(v)} for k, v in runs.items()},
-           "run_record": {"command": " ".join(sys.argv), "commit": commit,
-                          "build": info.get("build"), "patch_set": info.get("patch_set_sha256"),
-                          "host": os.uname().nodename, "cpus": os.cpu_count(),
-                          "loadavg_1m": load, "start": t_start, "end": time.time()}}
+           "loadavg_1m_per_process": load, "provenance": host.finish(prov)}
     (HERE / "pipeline_ttft.json").write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res["pipeline_parallel"]))
     return 0
