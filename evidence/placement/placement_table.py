@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -134,15 +135,19 @@ def main() -> None:
         (a.out / "placement.json").write_text(json.dumps(result, indent=1) + "\n")
         print(markdown(result["table"]))
         return
+    from mtplib import host, paths
+
     trained = trained_paths()
     prompt = trained_prompts(1, 48)[0]
     info = build_info()
+    prov = host.provenance(paths.REPO, info, ["evidence/placement/placement_table.py",
+                                              *sys.argv[1:]])
     up = {k: info.get(k) for k in ("build", "patches")}
     load_before = os.getloadavg()
     w = waits(trained, prompt)
     (a.out / "waits.json").write_text(json.dumps(
         {"upstream": up, "plan": PLAN, "k": K, "prompt_tokens": len(prompt), "n_new": 16,
-         "rows": w}, indent=1) + "\n")
+         "rows": w, "provenance": host.finish(prov)}, indent=1) + "\n")
     with tempfile.TemporaryDirectory() as tmp:
         tiny = write_fixture(Path(tmp), seed=0)
         costs = [draft_costs("trained pair", trained, a.loads),
@@ -168,7 +173,7 @@ def main() -> None:
               "plan": PLAN, "k": K, "costs": costs,
               "v4_flash_cpu_draft_ms": v4_ms,
               "v4_flash_source": "evidence/layer-cost/layer-cost-cpu.json derived_cpu.draft_ms",
-              "table": t}
+              "table": t, "provenance": host.finish(prov)}
     (a.out / "placement.json").write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(t))
 
