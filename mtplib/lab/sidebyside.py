@@ -70,10 +70,12 @@ from mtplib.lab.sidebyside_sweep import (
     sweep_table,
 )
 from mtplib.lab.sidebyside_sweep_plots import plot_sweep, plot_sweeps, sweep_title
+from mtplib.lab.sweep import SweepConfig
 from mtplib.runtime.routing import require_mtp
 
+#: SweepConfig: the sweep's config (mtplib.lab.sweep), reached through here before the split
 __all__ = [
-    "EVIDENCE_DIR", "evidence_dir", "run_side_by_side", "save",
+    "EVIDENCE_DIR", "SweepConfig", "evidence_dir", "run_side_by_side", "save",
     "COST_RATIO_COLUMNS", "Case", "ENGINES", "LOG", "MTPLIB_ONLY", "SIDE_BY_SIDE_SETTINGS",
     "SideBySideConfig", "SideRun", "SweepRun", "UPSTREAM_ONLY", "ab_order",
     "acceptance_sweep", "break_even", "cost_ratio", "cost_ratio_table", "host_info", "loadavg",
