@@ -97,3 +97,19 @@ def test_unknown_preset_and_bad_seed():
         write_fixture("/tmp/unused", preset="nope")
     with pytest.raises(ValueError, match="seed"):
         write_fixture("/tmp/unused", seed=-1)
+
+
+def test_tiny_slice_is_tiny_with_v4_flashs_first_six_layer_kinds(tmp_path):
+    """The preset evidence/graph-reuse/bytes_table.py --tiny-slice writes (it once added it to
+    PRESETS at run time): only the layer count, kinds and hash-routed layers differ."""
+    from dataclasses import asdict
+
+    from mtplib.model.presets import PRESETS, TINY_SLICE, V4_FLASH_SLICE_RATIOS
+
+    assert PRESETS["tiny-slice"] is TINY_SLICE
+    diff = {k for k, v in asdict(TINY_SLICE).items() if asdict(TINY)[k] != v}
+    assert diff == {"n_layer", "n_hash_layers", "compress_ratios"}
+    assert (TINY_SLICE.n_layer, TINY_SLICE.n_hash_layers) == (6, 3)
+    assert TINY_SLICE.compress_ratios == V4_FLASH_SLICE_RATIOS == (0, 0, 4, 128, 4, 128, 0)
+    pair = write_fixture(tmp_path, preset="tiny-slice")
+    assert read_header(pair.trunk).kv["deepseek4.block_count"] == 6

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from mtplib.distributed.processes import LocalShards
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import PATCHED_DIR
 
@@ -115,31 +114,10 @@ def test_mtp_on_the_tail_shares_the_tail_device_without_resending():
         assert row["graph_sends"] == 0, (label, row)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _shards(build: str, n: int) -> tuple[list[subprocess.Popen], str]:
-    env = dict(os.environ, MTPLIB_UPSTREAM=build)
-    eps = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-m", "mtplib.cli", "shard", "serve",
-                               "--endpoint", ep, "--threads", "1"], env=env, cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for ep in eps]
-    deadline = time.monotonic() + 60
-    for ep in eps:
-        host, port = ep.rsplit(":", 1)
-        while True:
-            try:
-                socket.create_connection((host, int(port)), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    return procs, ",".join(eps)
+def _shards(build: str, n: int) -> LocalShards:
+    """n shard processes of ``build`` (started on entering, stopped on leaving)."""
+    return LocalShards(n, env=dict(os.environ, MTPLIB_UPSTREAM=build), cwd=REPO,
+                       start_timeout_s=60)
 
 
 @needs_slots
@@ -147,13 +125,8 @@ def _shards(build: str, n: int) -> tuple[list[subprocess.Popen], str]:
 def test_patched_client_falls_back_on_stock_shards():
     """A 7.1 client and 7.0 servers: no slot command is sent (a stock server would close the
     connection on one); the client keeps upstream's one graph per device, same tokens."""
-    procs, eps = _shards("stock", 2)
-    try:
-        mixed = _probe("patched", 2, endpoints=eps)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with _shards("stock", 2) as sh:
+        mixed = _probe("patched", 2, endpoints=",".join(sh.endpoints))
     same = _probe("patched", 2)
     assert mixed["tokens"] == same["tokens"]
     assert mixed["steps"][1]["verify"]["graph_sends"] > 0  # no slots: widths evict
@@ -164,18 +137,13 @@ def test_patched_client_falls_back_on_stock_shards():
 def test_stock_client_refuses_patched_shards_before_upstream_aborts():
     """Upstream's 7.0 client aborts the process on a 7.1 server; mtplib's probe refuses it
     first, with one line naming both versions."""
-    procs, eps = _shards("patched", 2)
-    try:
+    with _shards("patched", 2) as sh:
         p = trained_paths()
         r = subprocess.run([sys.executable, "-m", "mtplib.cli", "generate", "--model",
                             str(p.trunk), "--tokens", "1,2,3", "--n", "2", "--plan", "0-1,2-3",
-                            "--endpoints", eps],
+                            "--endpoints", ",".join(sh.endpoints)],
                            capture_output=True, text=True, timeout=300, cwd=REPO,
                            env=dict(os.environ, MTPLIB_UPSTREAM="stock"))
-    finally:
-        for pr in procs:
-            pr.kill()
-            pr.wait()
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "7.1" in r.stderr and "7.0" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr

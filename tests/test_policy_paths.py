@@ -344,7 +344,8 @@ def test_the_scan_sees_every_known_mtp_site():
     """Not vacuous: the scan finds the MTP sites this repository has, and every allowed
     entry is still one (a stale entry must go)."""
     found = {(f["file"], f["short"]) for f in _functions(PKG) if f["sites"]}
-    for want in [("lab/sidebyside.py", "cost_ratio"), ("lab/trained_eval.py", "upstream_mtp"),
+    for want in [("lab/sidebyside_cost.py", "cost_ratio"),
+                 ("lab/trained_eval.py", "upstream_mtp"),
                  ("lab/trained_eval.py", "next_token_accuracy"),
                  ("runtime/graph_reads.py", "observe"), ("runtime/speculative.py",
                                                          "build_engine"),

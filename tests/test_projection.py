@@ -388,12 +388,29 @@ def test_plot_projection(flash):
         P.plot_projection(rows, metric="waits")
 
 
-def test_committed_projection_page_is_current(flash, trained):
-    """evidence/wan/PROJECTION.md is what evidence/wan/projection_report.py renders now."""
-    path = REPO / "evidence" / "wan" / "projection_report.py"
-    spec = importlib.util.spec_from_file_location("projection_report", path)
+def _script(rel: str):
+    """An evidence script as a module (its main() not run)."""
+    path = REPO / rel
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _png_software(data: bytes) -> str | None:
+    """The ``Software`` text chunk of a PNG (matplotlib writes its version there)."""
+    i = 8
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        if data[i + 4:i + 8] == b"tEXt" and data[i + 8:i + 8 + n].startswith(b"Software\0"):
+            return data[i + 17:i + 8 + n].decode("latin-1")
+        i += 12 + n
+    return None
+
+
+def test_committed_projection_page_is_current(flash, trained):
+    """evidence/wan/PROJECTION.md is what evidence/wan/projection_report.py renders now."""
+    mod = _script("evidence/wan/projection_report.py")
     from mtplib.model.fixture import sha256_header
 
     paths = flash.paths
@@ -401,3 +418,27 @@ def test_committed_projection_page_is_current(flash, trained):
               "sidecar": sha256_header(Path(paths["mtp"]))}
     text = mod.render(flash, hashes, trained)
     assert text == (REPO / "evidence" / "wan" / "PROJECTION.md").read_text()
+
+
+def test_committed_projection_plot_is_current(flash, tmp_path):
+    """evidence/wan/projection.png is, byte for byte, what projection_report.py plots now
+    (with the matplotlib version that wrote it: another one renders other bytes)."""
+    import matplotlib
+
+    want = (REPO / "evidence" / "wan" / "projection.png").read_bytes()
+    wrote = _png_software(want)
+    if wrote != f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/":
+        pytest.skip(f"projection.png was written by {wrote!r}, this is matplotlib "
+                    f"{matplotlib.__version__}")
+    mod = _script("evidence/wan/projection_report.py")
+    mod.plot(flash, tmp_path / "projection.png", mod.main_compute(mod.computes()).params())
+    assert (tmp_path / "projection.png").read_bytes() == want
+
+
+def test_committed_ring_projection_table_is_current(capsys):
+    """The table of evidence/upstream-patches/shard-to-shard.md is what ring_projection.py
+    prints now."""
+    _script("evidence/upstream-patches/ring_projection.py").main()
+    table = capsys.readouterr().out.strip()
+    assert table.count("\n") == 16  # header, rule, 3 shard counts x 5 RTTs
+    assert table in (REPO / "evidence" / "upstream-patches" / "shard-to-shard.md").read_text()

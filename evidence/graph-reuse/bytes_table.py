@@ -78,16 +78,10 @@ def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
 
 
 def tiny_slice(out_dir: str) -> tuple[str, str]:
-    """The `tiny` preset's widths with V4-Flash's first six layer kinds (0-1 SWA, 2 CSA,
-    3 HCA, 4 CSA, 5 HCA, the first 3 hash-routed: `v4-flash-slice`'s structure in 7 MB)."""
-    from dataclasses import replace
-
-    from mtplib.model import presets
+    """The `tiny-slice` preset's fixture (`mtplib.model.presets.TINY_SLICE`: the `tiny`
+    widths with V4-Flash's first six layer kinds, `v4-flash-slice`'s structure in 7 MB)."""
     from mtplib.model.fixture import write_fixture
 
-    presets.PRESETS["tiny-slice"] = replace(
-        presets.TINY, n_layer=6, n_hash_layers=3,
-        compress_ratios=presets.V4_FLASH_SLICE_RATIOS)
     pair = write_fixture(out_dir, preset="tiny-slice")
     return str(pair.trunk), str(pair.sidecar)
 

@@ -10,9 +10,11 @@ client's draft + feed time per drafted token (`metrics.time_s`), busy over idle.
         --out evidence/graph-reuse/shared-cores.json
     # the code before the fix, same build: --tree /path/to/old/checkout --label before
 
-``--tree`` runs another checkout's CLI and shards (PYTHONPATH) with this venv; ``--build``
-picks the upstream build for shards and client alike (stock needs --allow-cache-crossing
-with MTP, which the script passes).
+``--tree`` runs another checkout's CLI and shards (PYTHONPATH, and the folder they start in)
+with this venv; the shards are this checkout's `LocalShards`, so that checkout's `shard
+serve` must take the options it passes (``--threads``, ``--parent-pid``). ``--build`` picks
+the upstream build for shards and client alike (stock needs --allow-cache-crossing with MTP,
+which the script passes).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,24 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(ep: str, deadline: float) -> None:
-    host, port = ep.rsplit(":", 1)
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", default="idle,busy")
     a = ap.parse_args(argv)
 
+    from mtplib.distributed.processes import LocalShards
     from mtplib.lab.wan import trained_prompts
     from mtplib.model.trained import trained_paths
 
@@ -68,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(a.tree).resolve()
     env = dict(os.environ, PYTHONPATH=str(tree), MTPLIB_UPSTREAM=a.build)
     py = [sys.executable, "-m", "mtplib.cli"]
-    eps = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
-    shards = [subprocess.Popen([*py, "shard", "serve", "--endpoint", ep], env=env, cwd=tree,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-              for ep in eps]
+    shards = LocalShards(2, env=env, cwd=tree, start_timeout_s=120)
     rows = []
     out = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
            "label": a.label, "tree": str(tree), "build": a.build,
@@ -80,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
            "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                     "loadavg_start": os.getloadavg()},
            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
-    try:
-        deadline = time.monotonic() + 120
-        for ep in eps:
-            _wait_port(ep, deadline)
+    with shards:
+        eps = shards.endpoints
         for i, prompt in enumerate(prompts):
             for cond in a.conditions.split(","):
                 hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -120,10 +99,6 @@ def main(argv: list[str] | None = None) -> int:
                              "tokens": res["tokens"]})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}),
                       flush=True)
-    finally:
-        for s in shards:
-            s.kill()
-            s.wait()
     summary = {}
     for cond in a.conditions.split(","):
         v = [r["draft_feed_ms_per_drafted"] for r in rows if r["condition"] == cond]

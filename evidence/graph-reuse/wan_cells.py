@@ -1,17 +1,26 @@
 """MTP off vs on over emulated WAN links with a bandwidth cap, through the CLI as a user runs it.
 
-Each generation is one fresh `mtplib generate --json` process with default options: local
-shards started by the CLI behind its relays (`--wan RTT[:MBIT]` on every shard: every shard
-remote), the drafter and the head in the client, the trained pair's held-out prompts. A
-cell is (plan, RTT, bandwidth); per prompt, MTP off and k=2 run back to back, so the
-speed-up is paired by prompt. The ideal is the run's tokens per verify step (what MTP would
-gain if a verify step cost what a plain step costs).
+Each cell (plan, RTT, bandwidth) is a `mtplib.lab.wan.WanConfig` in the cold mode, run by
+the lab's own runner (`run_wan`): one fresh `mtplib generate --json` process per generation
+with default options, local shards started by the CLI behind its relays (`--wan RTT[:MBIT]`
+on every shard: every shard remote), the drafter and the head in the client, the trained
+pair's held-out prompts, MTP off and k=2 (on the stock build the lab runs MTP off only: the
+CLI refuses ranged MTP there). The speed-up is paired by prompt; the ideal is the run's
+tokens per verify step (what MTP would gain if a verify step cost what a plain step costs).
 
     .venv/bin/python evidence/graph-reuse/wan_cells.py --cells 0-1,2-3@100:20 \\
-        --prompts 8 --n 64 --out evidence/graph-reuse/wan-cells.json
+        --prompts 8 --n 64 --out /tmp/wan-cells.json
 
-A cell already in ``--out`` (same plan, link, n, build and prompt) is kept and skipped, so a
-run cut short resumes where it stopped.
+Each cell's results folder (wan.json and wan_summary.csv, `mtplib.records.load` reads it)
+is ``--runs`` (default: beside ``--out``, ``<stem>-runs/``) / the cell; a run cut short
+resumes there (the lab's resume: its finished cells are kept). ``--out`` gets the paired
+table, rebuilt from every cell folder's rows: per prompt the lab's MTP-off and MTP-on rows,
+the speed-up and its share of the ideal, and their summary per cell.
+
+The lab's runner measures a cell's MTP-off generations for every prompt, then its MTP-on
+ones; this script's earlier loop ran them back to back per prompt. The committed
+evidence/graph-reuse/wan-cells.json was measured by that loop (its ``runs`` name the
+commits) and is not rewritten: ``--out`` refuses a table it did not make.
 """
 
 from __future__ import annotations
@@ -27,33 +36,61 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: how a table this script makes says so (the committed one, from the earlier loop, has none)
+SOURCE = "mtplib.lab.wan cold mode (evidence/graph-reuse/wan_cells.py)"
 
 
-def run_one(pair, plan: str, wan: str, prompt: list[int], n: int, k: int) -> dict:
-    argv = [sys.executable, "-m", "mtplib.cli", "generate", "--model", str(pair.trunk),
-            "--plan", plan, "--wan", wan, "--tokens", ",".join(map(str, prompt)),
-            "--n", str(n), "--json"]
-    if k:
-        argv += ["--mtp", str(pair.sidecar), "--draft", str(k)]
-    t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=1200)
-    wall = time.monotonic() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"generate failed ({r.returncode}): {r.stderr[-2000:]}")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    m = res["metrics"]
-    steps = m["seam_report"]["steps"]
-    return {"k": k, "tokens": res["tokens"], "decode_tok_s": m["decode_tok_s"],
-            "ttft_s": m["ttft_s"], "wall_s": wall, "verify_steps": m["verify_steps"],
-            "plain_steps": m["plain_steps"], "n_generated": m["n_generated"],
-            "accepted": m["accepted"], "drafted": m["drafted"],
-            "waits_per_step": m["waits_per_step"], "time_s": m["time_s"],
-            "cache_bytes_crossing": m["cache_bytes_crossing"],
-            "bytes_per_step": {lab: row["bytes"] / row["steps"] for lab, row in steps.items()
-                               if row["steps"] and lab in ("decode", "verify", "prefill")},
-            "graph_per_step": {lab: row["graph"] / row["steps"] for lab, row in steps.items()
-                               if row["steps"] and lab in ("decode", "verify", "prefill")},
-            "upstream": m["upstream"]}
+def parse_cell(text: str) -> tuple[str, float, float | None]:
+    """``PLAN@RTT[:MBIT]`` -> (plan, RTT ms, Mbit/s or None)."""
+    try:
+        plan, link = text.split("@")
+        rtt, _, mbit = link.partition(":")
+        return plan, float(rtt), float(mbit) if mbit else None
+    except ValueError:
+        raise SystemExit(f"wan_cells.py: error: a cell is PLAN@RTT[:MBIT], got {text!r}"
+                         ) from None
+
+
+def cell_config(plan: str, rtt: float, mbit: float | None, *, prompts: int, n: int, k: int):
+    """The cell as a lab.wan config: cold, every shard remote, MTP off and ``k``."""
+    from mtplib.lab.wan import WanConfig
+
+    return WanConfig(modes=["cold"], plans=[plan], topologies=["remote"], cold_rtts_ms=[rtt],
+                     mbits=[mbit], cold_ks=[0, k], cold_shards="local", n_prompts=prompts,
+                     prompt_len=64, n_new=n, fit_rtts_ms=[rtt])
+
+
+def link_text(rtt: float, mbit: float | None) -> str:
+    return f"{rtt:g}" + ("" if mbit is None else f":{mbit:g}")
+
+
+def cell_folder(plan: str, rtt: float, mbit: float | None) -> str:
+    """A cell's folder name: ``0-1_2-3-rtt100-20mbit`` (letters, digits, '-', '_' only)."""
+    return (f"{plan.replace(',', '_')}-rtt{rtt:g}"
+            + ("" if mbit is None else f"-{mbit:g}mbit")).replace(".", "p")
+
+
+def paired(data: dict, k: int) -> list[dict]:
+    """Per prompt of one cell's results: its MTP-off and MTP-on rows side by side."""
+    up = data.get("upstream") or {}
+    build = up.get("patch_set_sha256") or "stock"
+    by: dict[tuple, dict[int, dict]] = {}
+    for r in data["rows"]:
+        by.setdefault((r["plan"], r["rtt_ms"], r.get("mbit"), r["prompt"], r["rep"]),
+                      {})[r["k"]] = r
+    out = []
+    for (plan, rtt, mbit, prompt, _rep), rows in sorted(by.items(), key=str):
+        if 0 not in rows or k not in rows:
+            continue
+        off, on = rows[0], rows[k]
+        row = {"plan": plan, "wan": link_text(rtt, mbit), "n": data["config"]["n_new"],
+               "build": build, "prompt": prompt, "off": off, "on": on,
+               "tokens_equal": off["tokens"] == on["tokens"],
+               "speedup": on["decode_tok_s"] / off["decode_tok_s"],
+               "tokens_per_verify": on["tokens_per_step"]}
+        row["of_ideal"] = row["speedup"] / row["tokens_per_verify"]
+        out.append(row)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,46 +100,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--k", type=int, default=2)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the paired table (JSON)")
+    ap.add_argument("--runs", help="the cells' lab.wan results folders (default: beside "
+                                   "--out, <stem>-runs/)")
     a = ap.parse_args(argv)
 
-    from mtplib.lab.wan import trained_prompts
+    from mtplib.errors import InputError
+    from mtplib.lab import wan as W
     from mtplib.model.trained import trained_paths
     from mtplib.runtime import build_info
+    from mtplib.runtime.lib import upstream_info
 
-    pair = trained_paths()
-    prompts = trained_prompts(a.prompts, 64)
     out_path = Path(a.out)
-    doc = json.loads(out_path.read_text()) if out_path.exists() else {"cells": []}
-    build = build_info()
+    runs_dir = Path(a.runs) if a.runs else out_path.with_name(out_path.stem + "-runs")
+    doc = json.loads(out_path.read_text()) if out_path.exists() else {"source": SOURCE}
+    if doc.get("source") != SOURCE:
+        raise SystemExit(f"wan_cells.py: error: {out_path} holds cells this script's earlier "
+                         "loop measured (not from lab.wan's rows); give another --out")
+    pair = trained_paths()
+    prompts = W.trained_prompts(a.prompts, 64)
     doc.setdefault("runs", []).append({
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                  capture_output=True, text=True).stdout.strip(),
-        "build": build, "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                 "loadavg_start": os.getloadavg()},
+        "build": build_info(), "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                                        "loadavg_start": os.getloadavg()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    done = {(c["plan"], c["wan"], c["n"], c["build"], c["prompt"]) for c in doc["cells"]}
-    for cell in a.cells.split(";"):
-        plan, wan = cell.split("@")
-        for i, prompt in enumerate(prompts):
-            key = (plan, wan, a.n, build["patch_set_sha256"] or "stock", i)
-            if key in done:
-                continue
-            off = run_one(pair, plan, wan, prompt, a.n, 0)
-            on = run_one(pair, plan, wan, prompt, a.n, a.k)
-            row = {"plan": plan, "wan": wan, "n": a.n, "build": key[3], "prompt": i,
-                   "off": off, "on": on, "tokens_equal": off["tokens"] == on["tokens"],
-                   "speedup": on["decode_tok_s"] / off["decode_tok_s"],
-                   # as lab.wan's tokens_per_step: the first token comes from the prefill
-                   "tokens_per_verify": (on["n_generated"] - 1) / max(
-                       1, on["verify_steps"] + on["plain_steps"])}
-            row["of_ideal"] = row["speedup"] / row["tokens_per_verify"]
-            doc["cells"].append(row)
-            out_path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-            print(json.dumps({k: row[k] for k in ("plan", "wan", "prompt", "speedup",
-                                                  "tokens_per_verify", "of_ideal",
-                                                  "tokens_equal")}), flush=True)
+    for text in a.cells.split(";"):
+        plan, rtt, mbit = parse_cell(text)
+        folder = runs_dir / cell_folder(plan, rtt, mbit)
+        try:
+            cfg = cell_config(plan, rtt, mbit, prompts=a.prompts, n=a.n, k=a.k)
+            res = W.run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts, log=print,
+                            out_dir=folder, upstream=upstream_info())
+        except InputError as e:
+            raise SystemExit(f"wan_cells.py: error: {e}") from None
+        W.finish(res, folder)
+    doc["cells"] = [row for p in sorted(runs_dir.glob(f"*/{W.WAN_JSON}"))
+                    for row in paired(W.load(p.parent), a.k)]
     doc["runs"][-1]["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["runs"][-1]["host"]["loadavg_end"] = os.getloadavg()
     doc["summary"] = summarize(doc["cells"])

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mtplib.distributed.probe import probe_shards
@@ -49,8 +49,8 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
-def _spawn(argv: list[str], *, log_path: Path, env: dict | None = None,
-           pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+def _spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+           pass_fds: Sequence[int] = (), cwd: str | Path | None = None) -> subprocess.Popen:
     """A child in its own process group (killable as a whole), output to a file (never a
     pipe that could fill); the child calls `die_with_parent`."""
     env = dict(os.environ if env is None else env)
@@ -60,7 +60,8 @@ def _spawn(argv: list[str], *, log_path: Path, env: dict | None = None,
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env, pass_fds=tuple(pass_fds), close_fds=True)
+            start_new_session=True, env=env, pass_fds=tuple(pass_fds), close_fds=True,
+            cwd=cwd)
     finally:
         log.close()
 
@@ -106,17 +107,23 @@ class LocalShards:
 
     ``endpoints`` lists them in order; ``kill(i)`` / ``restart(i)`` exist for fault
     handling (restart reuses the endpoint). With ``tls`` each serves through its mutual-TLS
-    gateway (``shard serve --tls``), its RPC server on another loopback port."""
+    gateway (``shard serve --tls``), its RPC server on another loopback port. ``env``: the
+    shards' environment (None: this process's), e.g. ``MTPLIB_UPSTREAM`` for the build they
+    load; ``cwd``: the folder they start in (None: this one), which with ``PYTHONPATH`` in
+    ``env`` picks the checkout whose mtplib they run (``python -m`` looks there first)."""
 
     def __init__(self, n: int, threads: int = 1, *, cache_dir: str | None = None,
                  start_timeout_s: float = 30.0, log_dir: str | Path | None = None,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, env: Mapping[str, str] | None = None,
+                 cwd: str | Path | None = None) -> None:
         if not 1 <= n <= 16:
             raise InputError(f"LocalShards: n must be in 1..16, got {n}")
         if threads < 1:
             raise InputError("LocalShards: threads must be >= 1")
         self.n, self.threads, self.cache_dir = n, threads, cache_dir
         self.tls = tls
+        self.env = None if env is None else dict(env)
+        self.cwd = cwd
         self.start_timeout_s = start_timeout_s
         self._tmp = None
         if log_dir is None:
@@ -141,7 +148,8 @@ class LocalShards:
         return self.log_dir / f"shard{i}.log"
 
     def _launch(self, i: int, endpoint: str) -> subprocess.Popen:
-        return _spawn(self._argv(endpoint), log_path=self.log_path(i))
+        return _spawn(self._argv(endpoint), log_path=self.log_path(i), env=self.env,
+                      cwd=self.cwd)
 
     def start(self) -> LocalShards:
         if self._started:

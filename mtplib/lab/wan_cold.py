@@ -1,0 +1,108 @@
+"""The WAN benchmark's cold mode (`mtplib.lab.wan`): one `mtplib generate --json` process per
+generation with the CLI's defaults, on shards it starts or on `mtplib shard serve`
+processes started once (`LocalShards`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from mtplib.distributed.results import RangedMetrics
+from mtplib.errors import InputError
+from mtplib.lab.wan_cells import _cell, cells, cold_ks
+from mtplib.lab.wan_config import WanConfig
+from mtplib.lab.wan_inputs import wan_arg
+from mtplib.lab.wan_resume import _Progress
+from mtplib.lab.wan_rows import _row
+
+
+def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: Sequence[int],
+                 n_new: int, wan: str, n_ctx: int | None = None,
+                 endpoints: Sequence[str] | None = None) -> list[str]:
+    """The `mtplib generate` command line of one cold run: the CLI's defaults except the
+    model, the plan, MTP, the emulated WAN, the running shards when ``endpoints`` are given
+    (else the CLI starts its own) and --ctx only if the config fixes one."""
+    import shutil
+    import sys
+
+    exe = Path(sys.executable).with_name("mtplib")
+    cmd = [str(exe)] if exe.is_file() else (
+        [shutil.which("mtplib")] if shutil.which("mtplib") else
+        [sys.executable, "-m", "mtplib.cli"])
+    cmd += ["generate", "--model", trunk, "--plan", plan, "--tokens",
+            ",".join(str(int(t)) for t in tokens), "--n", str(n_new), "--wan", wan, "--json"]
+    if endpoints:
+        cmd += ["--endpoints", ",".join(endpoints)]
+    if k:
+        cmd += ["--mtp", str(sidecar), "--draft", str(k)]
+    if n_ctx is not None:
+        cmd += ["--ctx", str(n_ctx)]
+    return cmd
+
+
+def _run_cold(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress) -> None:
+    """One fresh `mtplib generate` process per generation; its wall time is recorded beside
+    its own metrics. ``cold_shards="endpoints"``: the shards (`LocalShards`: `mtplib shard
+    serve` processes on free loopback ports, the shard CLI's defaults) are started once for
+    every cold cell and stopped at the end, on an error or Ctrl-C too."""
+    from mtplib.distributed.processes import LocalShards
+
+    log = st.log
+    ks = cold_ks(cfg)
+    if len(ks) < len(cfg.cold_ks):
+        log("cold: the stock build refuses ranged MTP by default; MTP off only")
+    todo = [c for c in cells(cfg) if c[0] == "cold" and c not in st.done]
+    if not todo:
+        if any(c[0] == "cold" for c in cells(cfg)):
+            log("cold: every cell done before")
+        return
+    with contextlib.ExitStack() as stack:
+        shards = None
+        if cfg.cold_shards == "endpoints":
+            n_max = max(c[1].count(",") + 1 for c in todo)
+            shards = stack.enter_context(LocalShards(n_max, cfg.shard_threads))
+            log(f"cold: {n_max} shard processes on this host: {', '.join(shards.endpoints)}")
+        for plan in cfg.plans:
+            n_shards = plan.count(",") + 1
+            eps = None if shards is None else shards.endpoints[:n_shards]
+            for topo in cfg.topologies:
+                for rtt in cfg.cold_rtts_ms:
+                    for mbit in cfg.mbits:
+                        wan = wan_arg(topo, n_shards, rtt, mbit)
+                        for k in ks:
+                            cell = _cell("cold", plan, topo, "*", rtt, mbit, k)
+                            if cell not in todo:
+                                continue
+                            log(f"cold: plan {plan}, {topo}, --wan {wan}, k={k}")
+
+                            def one(prompt, kw, wan=wan, eps=eps):
+                                cmd = cli_generate(trunk, sidecar, plan=kw["plan"], k=kw["k"],
+                                                   tokens=prompt, n_new=cfg.n_new, wan=wan,
+                                                   n_ctx=cfg.n_ctx, endpoints=eps)
+                                return _cold_run(cmd, **kw)
+                            st.measure(cell, prompts, one, plan=plan, topology=topo,
+                                       rtt_ms=rtt, mbit=mbit, k=k)
+
+
+def _cold_run(cmd: list[str], *, k: int, **coords) -> dict:
+    """One CLI process and its row; InputError with its message when it failed."""
+    import json
+    import subprocess
+
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    wall = time.time() - t0
+    try:
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        out = {"error": (p.stderr or p.stdout)[-600:]}
+    if "error" in out or p.returncode not in (0, 3):
+        raise InputError(f"cold run failed (exit {p.returncode}): {' '.join(cmd[:12])} ...: "
+                         f"{out.get('error')}")
+    m = RangedMetrics.from_dict(out["metrics"])  # the CLI's JSON
+    return _row(m, out["tokens"], mode="cold", k=k,
+                placement=(m.mtp_placement or "-") if k else "-", process_wall_s=wall,
+                exit=p.returncode, shards="local" if m.local_shards else "endpoints", **coords)

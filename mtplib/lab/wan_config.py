@@ -1,0 +1,107 @@
+"""What a WAN benchmark run measures (`mtplib.lab.wan`): its grid and per-run settings
+(`WanConfig`, a lane's ``wan:`` section), checked where it is built, and the build this
+process loads recorded in it (`with_upstream`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from mtplib.contract import labels
+from mtplib.contract.labels import DECODING_STEPS
+from mtplib.contract.types import MAX_DRAFT, draft_problem
+from mtplib.errors import InputError
+
+TOPOLOGIES = ("remote", "tail_local")
+MODES = ("warm", "cold")
+#: where a cold run's shards come from: started by each CLI process, or external
+#: `mtplib shard serve` processes on this host (started once, given as --endpoints)
+COLD_SHARDS = ("local", "endpoints")
+#: the step kinds of the decoding phase (after the prompt), whose waits a token pays
+DECODE_PHASES = DECODING_STEPS
+PLACEMENTS = labels.PLACEMENTS
+LOG = Callable[[str], None]
+
+
+@dataclass
+class WanConfig:
+    """What `run_wan` measures (a lane's ``wan:`` section; every key optional)."""
+
+    rtts_ms: list[float] = field(default_factory=lambda: [0, 10, 25, 50, 100, 200])
+    #: link bandwidths (Mbit/s per direction of each WAN link; None: unlimited), crossed
+    #: with the RTTs of both modes
+    mbits: list[float | None] = field(default_factory=lambda: [None])
+    ks: list[int] = field(default_factory=lambda: [0, 1, 2, 3])  # 0 = MTP off
+    plans: list[str] = field(default_factory=lambda: ["0-1,2-3", "0-0,1-2,3-3"])
+    topologies: list[str] = field(default_factory=lambda: list(TOPOLOGIES))
+    placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))
+    head: str = "auto"  # where the output head runs (EngineOptions.head; auto: client)
+    n_prompts: int = 4  # held-out prompts of the trained pair (prompts_from, seed 0)
+    prompt_len: int = 48
+    n_new: int = 24
+    reps: int = 1
+    #: untimed warm-mode generations per draft length before the sweep, on a held-out
+    #: prompt that is not measured (engines are warmed at load anyway: default 0)
+    warmup: int = 0
+    #: None: the CLI's default (min(2048, the model's context_length)), in both modes
+    n_ctx: int | None = None
+    modes: list[str] = field(default_factory=lambda: ["warm"])
+    #: the cold mode's grid (one CLI process per generation costs seconds of start-up each)
+    cold_rtts_ms: list[float] = field(default_factory=lambda: [100])
+    cold_ks: list[int] = field(default_factory=lambda: [0, 2])
+    cold_shards: str = "local"  # COLD_SHARDS
+    threads: int = 1  # client threads (the shards get shard_threads)
+    shard_threads: int = 1
+    fit_rtts_ms: list[float] = field(default_factory=lambda: [0, 10, 25, 50])
+    #: a cost-model prediction is good when within this fraction of the measurement
+    cost_model_tolerance: float = 0.15
+    upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.topologies if t not in TOPOLOGIES]
+        bad += [p for p in self.placements if p not in PLACEMENTS]
+        bad += [m for m in self.modes if m not in MODES]
+        bad += [self.cold_shards] if self.cold_shards not in COLD_SHARDS else []
+        if bad:
+            raise InputError(f"wan: unknown topology/placement/mode/cold_shards {bad}; "
+                             f"topologies {TOPOLOGIES}, placements {PLACEMENTS}, modes "
+                             f"{MODES}, cold_shards {COLD_SHARDS}")
+        if not isinstance(self.mbits, list) or not self.mbits or any(
+                m is not None and (isinstance(m, bool) or not isinstance(m, int | float)
+                                   or not math.isfinite(m) or m <= 0) for m in self.mbits):
+            raise InputError(f"wan: mbits must be a non-empty list of Mbit/s > 0 or None "
+                             f"(unlimited), got {self.mbits!r}")
+        if len(set(self.mbits)) != len(self.mbits):
+            raise InputError(f"wan: mbits lists a bandwidth twice: {self.mbits}")
+        if any(draft_problem("k", k) for k in [*self.ks, *self.cold_ks]):
+            raise InputError(f"wan: ks and cold_ks must be in 0..{MAX_DRAFT}, got {self.ks}, "
+                             f"{self.cold_ks}")
+        if any(not 0 <= r <= 10_000 for r in [*self.rtts_ms, *self.cold_rtts_ms]):
+            raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..10000, got "
+                             f"{self.rtts_ms}, {self.cold_rtts_ms}")
+        if self.warmup < 0:
+            raise InputError(f"wan: warmup must be >= 0, got {self.warmup}")
+        for name in ("n_prompts", "prompt_len", "n_new", "reps", "threads", "shard_threads"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"wan: {name} must be >= 1, got {getattr(self, name)}")
+        if self.n_ctx is not None and self.prompt_len + self.n_new + 8 > self.n_ctx:
+            raise InputError(f"wan: prompt_len + n_new ({self.prompt_len + self.n_new}) do not "
+                             f"fit n_ctx {self.n_ctx}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> WanConfig:
+        d = dict(d or {})
+        unknown = set(d) - {f for f in cls.__dataclass_fields__}
+        if unknown:
+            raise InputError(f"wan: unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+
+def with_upstream(cfg: WanConfig) -> WanConfig:
+    """``cfg`` with the build this process loads recorded in it."""
+    from mtplib.runtime import selected_upstream
+
+    return replace(cfg, upstream=selected_upstream())
