@@ -39,12 +39,13 @@ ratio in `sidebyside_cost`, the acceptance sweep in `sidebyside_sweep` and its p
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mtplib import paths
+from mtplib import host, paths
 from mtplib.contract.capabilities import Policy
 from mtplib.files import write_json
 from mtplib.lab.correctness import seeded_prompt
@@ -71,6 +72,7 @@ from mtplib.lab.sidebyside_sweep import (
 )
 from mtplib.lab.sidebyside_sweep_plots import plot_sweep, plot_sweeps, sweep_title
 from mtplib.lab.sweep import SweepConfig
+from mtplib.runtime import build_info
 from mtplib.runtime.routing import require_mtp
 
 #: SweepConfig: the sweep's config (mtplib.lab.sweep), reached through here before the split
@@ -155,6 +157,7 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
     pol = require_mtp("side-by-side", sorted({c.k for c in cases if c.k}), policy=policy)
     log = log or (lambda s: None)
     t0 = time.time()
+    prov = host.provenance(paths.REPO, build_info(), list(sys.argv))  # what this run ran
     n_vocab = read_header(trunk).n_vocab
     prompt = seeded_prompt(cfg.prompt_seed, cfg.n_prompt, n_vocab)
     rows: list[SideRun] = []
@@ -187,7 +190,8 @@ def run_side_by_side(trunk: str, sidecar: str, cfg: SideBySideConfig, *,
         log(f"{case.label}: load {la0} -> {loadavg()}")
     return {"kind": "side-by-side", "config": cfg.to_dict(), "trunk": str(trunk),
             "sidecar": str(sidecar), "prompt": prompt, "rows": [r.to_dict() for r in rows],
-            "summary": summarize(rows), "host": host_info(), "wall_s": time.time() - t0}
+            "summary": summarize(rows), "host": host_info(), "wall_s": time.time() - t0,
+            "provenance": host.finish(prov)}
 
 
 #: where the committed side-by-side results live (issue 7)

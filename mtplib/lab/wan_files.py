@@ -40,12 +40,15 @@ def save(result: dict, out_dir) -> dict:
     summary = summarize(result["rows"])
     cost = fit_cost_model(summary, result["config"]["fit_rtts_ms"])
     tol = result["config"].get("cost_model_tolerance", 0.15)
-    data = {**result, "summary": summary, "bytes_by_class": bytes_by_class(result["rows"]),
+    measured = {k: v for k, v in result.items() if k != "provenance"}
+    data = {**measured, "summary": summary, "bytes_by_class": bytes_by_class(result["rows"]),
             "cost_model": cost, "targets": targets(summary),
             "cost_model_check": {
                 "predictions": len(cost), "tolerance": tol,
                 "within_tolerance": sum(c["rel_error"] <= tol for c in cost),
                 "worst_rel_error": max((c["rel_error"] for c in cost), default=None)}}
+    if "provenance" in result:  # what ran, last (where a stamp from git history puts it)
+        data["provenance"] = result["provenance"]
     p = out / WAN_JSON
     write_json(p, data, indent=1, default=str)
     return {"json": p, "csv": write_summary_csv(data, out)}
@@ -63,7 +66,8 @@ def resummarize(out_dir) -> dict:
     """Rewrite a results folder's derived sections (summary, bytes, cost model, targets)
     from its raw rows with this code; the measurement (rows, config, upstream) is kept."""
     d = load(out_dir)
-    keep = {k: d[k] for k in ("config", "rows", "wall_s", "sessions", "upstream") if k in d}
+    keep = {k: d[k] for k in ("config", "rows", "wall_s", "sessions", "upstream",
+                                  "provenance") if k in d}
     save(keep, out_dir)
     return load(out_dir)
 

@@ -5,11 +5,13 @@ run in progress (`_Progress`), written after every finished cell.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mtplib import host, paths
 from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.lab.sweep import median_or_none
@@ -17,6 +19,7 @@ from mtplib.lab.wan_cells import Cell, _cell_text, cell_of, cells
 from mtplib.lab.wan_config import LOG, WanConfig
 from mtplib.lab.wan_files import PARTIAL_JSON, WAN_JSON
 from mtplib.lab.wan_rows import _typed
+from mtplib.runtime import build_info
 
 #: WanConfig fields a cell's rows depend on besides its coordinates: a folder measured
 #: with other values is refused, never resumed into
@@ -99,6 +102,8 @@ class _Progress:
         self.out = None if out_dir is None else Path(out_dir)
         self.upstream, self.progress = upstream, progress
         self.count, self.cells_run, self.t0 = 0, 0, time.time()
+        # what this session of the run ran (a resumed run has one per session)
+        self.provenance = host.provenance(paths.REPO, build_info(), list(sys.argv))
 
     def tick(self) -> None:
         self.count += 1
@@ -130,9 +135,11 @@ class _Progress:
     def result(self) -> dict:
         wall = time.time() - self.t0
         sessions = [*self.prior.sessions, {"wall_s": wall, "cells_run": self.cells_run,
-                                           "cells_kept": len(self.prior.done)}]
+                                           "cells_kept": len(self.prior.done),
+                                           "provenance": host.finish(self.provenance)}]
         out = {"config": asdict(self.cfg), "rows": self.rows,
-               "wall_s": sum(s["wall_s"] for s in sessions), "sessions": sessions}
+               "wall_s": sum(s["wall_s"] for s in sessions), "sessions": sessions,
+               "provenance": sessions[-1]["provenance"]}
         if self.upstream is not None:
             out["upstream"] = self.upstream
         return out
