@@ -88,6 +88,7 @@ LAYOUTS = {
     "graph-reuse/bytes-*.json": "graph_bytes",  # bytes per step by kind and class
     "graph-reuse/shared-cores-*.json": "shared_cores",  # client drafting on shared cores
     "graph-reuse/wan-cells.json": "wan_cells",  # MTP off vs on over capped links
+    "upstream-patches/windows_projection.json": "windows_projection",  # a design projection
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
 RECORDS = {"tests": ("files",)}
