@@ -89,6 +89,9 @@ LAYOUTS = {
     "graph-reuse/shared-cores-*.json": "shared_cores",  # client drafting on shared cores
     "graph-reuse/wan-cells.json": "wan_cells",  # MTP off vs on over capped links
     "upstream-patches/windows_projection.json": "windows_projection",  # a design projection
+    "graph-reuse/pipeline_ttft.json": "pipeline_ttft",  # prefill with/without pipeline copies
+    "placement/placement.json": "placement",  # evidence/placement: which placement wins where
+    "placement/waits.json": "placement_waits",  # waits per step by drafter and head place
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
 RECORDS = {"tests": ("files",)}
