@@ -63,11 +63,13 @@ class BackendHealth:
 
     def failure(self, e: BaseException) -> tuple[str, dict] | None:
         """A request's failure as a 503's (message, extra fields) when a shard caused it
-        (None otherwise); the service is then degraded."""
+        and the backend sees the fault (None otherwise); the service is then degraded."""
         if not isinstance(e, ShardError) or not self.recoverable:
             return None
-        named = set(getattr(e, "shards", ()))
         seen = self.backend.faults()
+        if not seen:  # a shard error that left the session whole: an ordinary failure
+            return None
+        named = set(getattr(e, "shards", ()))
         shards = [f for f in seen if f["shard"] in named] if named else seen
         shards += [self.backend.describe(i, "failed")
                    for i in sorted(named - {f["shard"] for f in shards})]
@@ -100,8 +102,7 @@ class BackendHealth:
             try:
                 self.backend.reconnect()
             except (MtplibError, OSError) as e:
-                self.mark(f"reconnecting: {e}; next try in {wait:.1f} s",
-                          self.fault["shards"] if self.fault else [])
+                self.mark(f"reconnecting: {e}; next try in {wait:.1f} s", [])
                 if stopping.wait(wait):
                     break
                 wait = min(2 * wait, MAX_BACKOFF_S)
