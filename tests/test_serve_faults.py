@@ -10,6 +10,7 @@ first over a fake backend in milliseconds; the rest runs the real service."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -58,7 +59,33 @@ class FaultyBackend(FakeBackend):
         self.reconnects += 1
         if self.down:
             raise ShardError(f"shard {EP} unreachable: Connection refused")
-        self.seen, self.fail = [], None
+        self.seen, self.fail, self.lose_after = [], None, None
+
+    lose_after: int | None = None  # steps before the shard is lost mid-generation
+
+    def stream(self, prompt, n, *, sampler=None):
+        gen = super().stream(prompt, n, sampler=sampler)
+        return gen if self.lose_after is None else _Lossy(self, gen)
+
+
+class _Lossy:
+    """A generation that loses shard 1 after ``be.lose_after`` steps."""
+
+    def __init__(self, be: FaultyBackend, gen) -> None:
+        self.be, self.gen, self.metrics = be, gen, None
+
+    def __iter__(self):
+        for i, chunk in enumerate(self.gen):
+            if i == self.be.lose_after:
+                self.be.seen = [SHARD]
+                raise ShardLostError(f"shard 1 ({EP}) lost during call", (1,))
+            yield chunk
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gen.close()
 
 
 @pytest.fixture
@@ -114,6 +141,29 @@ def test_a_fault_seen_between_requests_is_recovered_without_one(faulty):
     assert h.status_code == 503 and "stopped" in h.json()["error"]["message"]
     _until(lambda: c.get("/health").status_code == 200, 10, "not recovered")
     assert be.reconnects == 1
+
+
+def test_a_shard_lost_mid_stream_ends_it_with_a_503_event(faulty):
+    c, be, _worker = faulty
+    be.lose_after, be.down = 2, True
+    with c.stream("POST", "/v1/completions", json={"prompt": "hi", "max_tokens": 8,
+                                                   "stream": True}) as r:
+        assert r.status_code == 200  # the first bytes were sent before the fault
+        events = [x for x in r.iter_lines() if x.startswith("data: ")]
+    last = json.loads(events[-1][len("data: "):])
+    assert last["error"]["code"] == 503 and last["error"]["shards"] == [SHARD], last
+    assert c.get("/health").status_code == 503
+    be.down = False
+    _until(lambda: c.get("/health").status_code == 200, 10, "not recovered")
+
+
+def test_stopping_while_degraded_ends_the_recovery(faulty):
+    c, be, worker = faulty
+    be.down, be.seen = True, [SHARD]
+    assert c.get("/health").status_code == 503
+    _until(lambda: be.reconnects >= 2, 10, "no retries")
+    t0 = time.monotonic()
+    assert worker.stop(5) and time.monotonic() - t0 < 1
 
 
 def test_a_whole_model_backend_is_always_whole(faulty):
