@@ -85,6 +85,16 @@ def test_an_external_shard_restarted_on_its_port_is_used_again(pair):
         sh.restart(0)
         r.reconnect(timeout_s=30)
         assert r.faults() == [] and r.generate(PROMPT, N_NEW)[0] == want
+        # killed between generations: its relay saw the shard close the connection
+        sh.kill(1)
+        deadline = time.monotonic() + 10
+        while not r.faults() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.faults() == [{"shard": 1, "endpoint": sh.endpoints[1], "layers": "2-3",
+                               "cause": "closed its connection"}], r.faults()
+        sh.restart(1)
+        r.reconnect(timeout_s=30)
+        assert r.generate(PROMPT, N_NEW)[0] == want
 
 
 def test_an_external_shard_stopped_then_continued_is_used_again(pair, monkeypatch):
