@@ -308,7 +308,10 @@ def register(sub) -> None:
         "serving. Each connection must send its headers within --header-timeout and its body "
         "within --body-timeout (else 408, closed). SIGTERM or Ctrl-C: stop accepting, "
         "answer the waiting requests 503, let the running one finish up to "
-        "--shutdown-timeout (then cut it, 503), close the model and shards, exit 0. --n, "
+        "--shutdown-timeout (then cut it, 503), close the model and shards, exit 0. A "
+        "shard lost, hung or restarted fails the running request with a 503 naming it; "
+        "/health is 503 until the service has reconnected its shards (restarting its own, "
+        "re-probing --endpoints with backoff), then it serves again. --n, "
         "--temp, --top-p and "
         "--seed are the defaults of a request that leaves them out.")
     add_engine_args(s)

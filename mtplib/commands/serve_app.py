@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from mtplib.commands.serve_faults import RECHECK_S, BackendHealth
 from mtplib.commands.serve_fields import refusal
 from mtplib.commands.serve_native import (
     chat_logprobs,
@@ -414,6 +415,8 @@ class GenerationWorker:
         self.busy = threading.Event()
         self.served = 0
         self.stats = ServeStats()
+        #: shard faults: /health's state, and the recovery run by this thread
+        self.health = BackendHealth(backend, log)
         self._calls = asyncio.Semaphore(CALLS_MAX)
         self.thread = threading.Thread(target=self._loop, name="mtplib-serve-worker",
                                        daemon=True)
@@ -423,6 +426,8 @@ class GenerationWorker:
         with self._gate:
             if self.stopping.is_set():
                 raise shutting_down()
+            if self.health.fault is not None:
+                raise ApiError(503, self.health.refusal(), type="unavailable_error")
             try:
                 self.jobs.put_nowait(job)
             except queue.Full:
@@ -440,29 +445,52 @@ class GenerationWorker:
             raise ApiError(503, f"the server is busy: {CALLS_MAX} tokenizer calls already "
                            "wait for the running generation; retry later",
                            type="unavailable_error")
+        if self.health.fault is not None:
+            raise ApiError(503, self.health.refusal(), type="unavailable_error")
         async with self._calls:
             try:
                 return await asyncio.to_thread(fn, self.backend)
             except InputError as e:
                 raise ApiError(400, str(e)) from None
+            except MtplibError as e:
+                raise self._error(e) from None
 
     def begin_shutdown(self) -> int:
         """SIGTERM: refuse new jobs and answer the waiting ones 503 now (the running one
         may finish until `cut`); how many were waiting."""
-        n = 0
         with self._gate:
             self.stopping.set()
-            while True:
-                try:
-                    job = self.jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    n += 1
-                    job.post("error", shutting_down("the request was waiting"))
+            n = self._drain(shutting_down("the request was waiting"))
             with contextlib.suppress(queue.Full):
                 self.jobs.put_nowait(None)  # wakes the loop, which then ends
         return n
+
+    def _drain(self, error: ApiError) -> int:
+        """Answer every waiting job ``error``; how many there were."""
+        n = 0
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return n
+            if job is not None:
+                n += 1
+                job.post("error", error)
+
+    def _error(self, e: BaseException) -> ApiError:
+        """A failure as its response: a shard fault is a 503 naming the shards (and the
+        service degraded until `_recover`), the rest as `_error_of`."""
+        shard = self.health.failure(e)
+        if shard is None:
+            return _error_of(e)
+        return ApiError(503, shard[0], type="unavailable_error", extra=shard[1])
+
+    def _recover(self) -> None:
+        """Degraded: the waiting requests get the 503 now; reconnect the shards (backoff)
+        until whole or stopping."""
+        with self._gate:
+            self._drain(ApiError(503, self.health.refusal(), type="unavailable_error"))
+        self.health.recover(self.stopping)
 
     def cut(self) -> None:
         """The grace period is over: the running generation ends at its next step and its
@@ -479,7 +507,13 @@ class GenerationWorker:
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            job = self.jobs.get()
+            if self.health.check() is not None:  # a fault: seen idle, or by the last job
+                self._recover()
+                continue
+            try:
+                job = self.jobs.get(timeout=RECHECK_S)
+            except queue.Empty:
+                continue
             if job is None:
                 return
             if job.cancel.is_set():
@@ -491,7 +525,7 @@ class GenerationWorker:
                 if not isinstance(e, MtplibError | ApiError):
                     self.log(f"generation failed: {type(e).__name__}: {e}")
                 self.stats.failed()
-                job.post("error", _error_of(e))
+                job.post("error", self._error(e))
             finally:
                 self.busy.clear()
                 self.served += 1
@@ -754,8 +788,10 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     @app.get("/health")
     @app.get("/v1/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": cfg.model_id, "pending": worker.pending()}
+    async def health() -> JSONResponse:
+        code, body = worker.health.status()  # 503 naming the shards while degraded
+        return JSONResponse({**body, "model": cfg.model_id, "pending": worker.pending()},
+                            status_code=code)
 
     def model_card() -> dict:
         return {"id": cfg.model_id, "object": "model", "created": int(time.time()),

@@ -39,7 +39,14 @@ from pathlib import Path
 
 from mtplib.contract.labels import PLACEMENTS, Placement, StepKind
 from mtplib.distributed.probe import probe_shards
-from mtplib.distributed.processes import LIVE, LocalShards, _kill_group, _spawn, _tail
+from mtplib.distributed.processes import (
+    LIVE,
+    LocalShards,
+    _kill_group,
+    _proc_cpu_state,
+    _spawn,
+    _tail,
+)
 from mtplib.distributed.relay import WanLink
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
@@ -52,12 +59,22 @@ from mtplib.runtime.rpc import ShardError, parse_endpoint
 MTP_PLACEMENTS = PLACEMENTS  # mtplib.contract.labels.Placement
 
 
-class ShardLostError(ShardError):
+class SessionFault(ShardError):
+    """A failure that ends the session. ``shards``: the plan indices of the shards at
+    fault (empty when none is known: the client worker itself failed)."""
+
+    def __init__(self, message: str, shards: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.shards = tuple(shards)
+
+
+class ShardLostError(SessionFault):
     """A shard connection was lost mid-session; the session is failed."""
 
 
-class SessionFailedError(ShardError):
-    """The session already failed (a shard was lost or hung); open a new one."""
+class SessionFailedError(SessionFault):
+    """The session already failed (a shard was lost or hung); open a new one
+    (`RangedMTP.reconnect`)."""
 
 
 #: default silence limit (s): a call fails after this long without progress
@@ -81,14 +98,6 @@ def silence_default() -> float:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
-    """(utime + stime in ticks, state letter) of a local process, None if unreadable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12]), fields[0]
 
 
 
@@ -227,6 +236,8 @@ class RangedRuntime:
             raise InputError(f"silence_timeout_s must be > 0 s, got {silence_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self.failed: str | None = None
+        #: the shards named when the session failed (plan indices)
+        self.failed_shards: tuple[int, ...] = ()
         self.tokens: dict[str, int] = {}
         self.steps: dict[str, int] = {}
         self._frames: list[dict] = []
@@ -289,7 +300,8 @@ class RangedRuntime:
         ``timeout_s`` (default silence_timeout_s) of no progress."""
         with self._lock:
             if self.failed:
-                raise SessionFailedError(f"session failed earlier: {self.failed}")
+                raise SessionFailedError(f"session failed earlier: {self.failed}",
+                                         self.failed_shards)
             if self._conn is None:
                 raise ShardError("runtime is closed")
             silence = self.silence_timeout_s if timeout_s is None else timeout_s
@@ -319,7 +331,7 @@ class RangedRuntime:
                     if self.call_timeout_s is not None and now - t0 > self.call_timeout_s:
                         self._fail(f"no reply to {what} within {self.call_timeout_s:.0f} s in "
                                    "total (call_timeout_s); the client process was killed; "
-                                   "session failed", ShardError)
+                                   "session failed", SessionFault)
                     continue
                 kind = reply[0]
                 if kind == "ok":
@@ -409,7 +421,7 @@ class RangedRuntime:
             names = ", ".join(f"shard {i} ({self.endpoints[i]}): {cause[i]}" for i in who)
             self._fail(f"{names}, of plan {self.plan}: hung, {limit}; the client process was "
                        "killed; session failed: restart the shard and open a new session "
-                       "(re-prefill) to resume", ShardLostError)
+                       "(re-prefill) to resume", ShardLostError, who)
         w = _proc_cpu_state(self._worker.pid) if self._worker is not None else None
         beats = ("its process is stopped (SIGSTOP?) and stopped sending heartbeats"
                  if w and w[1] in "Tt" else "and it stopped sending heartbeats"
@@ -417,12 +429,13 @@ class RangedRuntime:
         tail = " | ".join(_tail(self.worker_log, 600).splitlines()[-4:])
         self._fail(f"the client worker made {limit} ({beats}); no shard has a request "
                    f"pending; the client process was killed; session failed"
-                   + (f"; worker log: {tail!r}" if tail else ""), ShardError)
+                   + (f"; worker log: {tail!r}" if tail else ""), SessionFault)
 
-    def _fail(self, reason: str, exc_type=ShardLostError):
-        self.failed = reason
+    def _fail(self, reason: str, exc_type: type[SessionFault] = ShardLostError,
+              shards: Sequence[int] = ()):
+        self.failed, self.failed_shards = reason, tuple(shards)
         self._stop_worker()
-        raise exc_type(reason)
+        raise exc_type(reason, self.failed_shards)
 
     def _fail_lost(self, what: str):
         """The worker ended: a lost shard (its process died, or it closed the connection),
@@ -444,7 +457,8 @@ class RangedRuntime:
             names = "; ".join(f"shard {i} ({self.endpoints[i]}) sent a malformed reply: {v}"
                               for i, v in bad)
             self._fail(f"{names}; the relay closed that connection before upstream's client "
-                       f"read the reply (during {what}); session failed", ShardLostError)
+                       f"read the reply (during {what}); session failed", ShardLostError,
+                       [i for i, _ in bad])
         lost = self.lost_shards()
         client_assert = (("GGML_ASSERT" in note or "GGML_ABORT" in note)
                          and "RPC server" not in note)
@@ -456,7 +470,7 @@ class RangedRuntime:
                          if rc == -signal.SIGABRT else "")
                       + (f": {note!r}" if note else "") + "); session failed: restart the "
                       "shard and open a new session (re-prefill) to resume")
-            self._fail(reason, ShardLostError)
+            self._fail(reason, ShardLostError, lost)
         if client_assert:
             reason = (f"the client worker aborted during {what} on an upstream assert "
                       f"({how}): {note!r}; the shards are not at fault; session failed")
@@ -464,7 +478,7 @@ class RangedRuntime:
             tail = " | ".join(log.splitlines()[-4:])
             reason = (f"the client worker died during {what} ({how}); no shard was lost; "
                       "session failed" + (f"; worker log: {tail!r}" if tail else ""))
-        self._fail(reason, ShardError)
+        self._fail(reason, SessionFault)
 
     def lost_shards(self) -> list[int]:
         """Indices of shards seen lost: dead local processes, relays closed by the shard,
@@ -483,6 +497,32 @@ class RangedRuntime:
             except ShardError as e:  # "busy" is alive: it may still serve the dead worker
                 if "unreachable" in str(e) or "closed the" in str(e):
                     out.append(i)
+        return out
+
+    def faults(self) -> list[tuple[int | None, str]]:
+        """What is wrong now, seen without a round trip (cheap enough for every health
+        check): (shard index, cause) for a local shard process gone or stopped and for a
+        shard that closed its connection; (None, cause) for a dead client worker or a failed
+        session. Empty: nothing seen wrong (a hung remote shard shows only at its next
+        request, within the silence limit)."""
+        out: list[tuple[int | None, str]] = []
+        if self.shards is not None:
+            for i, p in enumerate(self.shards.procs):
+                st = None if p is None or p.poll() is not None else _proc_cpu_state(p.pid)
+                if st is None or st[1] in "ZX":
+                    out.append((i, "gone"))
+                elif st[1] in "Tt":
+                    out.append((i, "stopped (SIGSTOP?)"))
+        seen = {i for i, _ in out}
+        out += [(i, "closed its connection") for i, r in enumerate(self.relays.relays)
+                if i not in seen and r.closed_first_by_shard()]
+        seen = {i for i, _ in out}
+        if self.failed:
+            out += [(i, "failed") for i in self.failed_shards if i not in seen]
+            if not out:
+                out.append((None, f"session failed: {self.failed}"))
+        elif self._worker is None or self._worker.poll() is not None:
+            out.append((None, "the client worker is gone"))
         return out
 
     def _stop_worker(self) -> None:

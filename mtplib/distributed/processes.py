@@ -95,6 +95,16 @@ def _tail(path: Path, n: int = 2000) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
+def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
+    """(utime + stime in ticks, state letter) of a local process, None if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), fields[0]
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -200,6 +210,12 @@ class LocalShards:
 
     def alive(self) -> list[bool]:
         return [p is not None and p.poll() is None for p in self.procs]
+
+    def stopped(self, i: int) -> bool:
+        """True when shard i's process is stopped (SIGSTOP): alive, but it answers nothing."""
+        p = self.procs[i]
+        st = None if p is None or p.poll() is not None else _proc_cpu_state(p.pid)
+        return st is not None and st[1] in "Tt"
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None]

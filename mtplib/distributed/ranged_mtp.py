@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -203,7 +204,14 @@ class RangedMTP:
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     held from resetting the byte counters to reading them, so each result's seam bytes are
-    its own generation's. After ``close()`` every method raises RuntimeInputError."""
+    its own generation's. After ``close()`` every method raises RuntimeInputError.
+
+    Faults: a shard lost, hung or restarted fails the running call with a `SessionFault`
+    (`ShardLostError` naming the shard) and every later call with `SessionFailedError`,
+    until ``reconnect()`` opens a new session (local shards that are gone or stopped are
+    restarted; running endpoints are probed, with backoff up to ``timeout_s``) and
+    reloads the weights; greedy generations then give the tokens they gave before.
+    ``faults()`` says, without a round trip, what is seen wrong now."""
 
     def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
@@ -256,18 +264,24 @@ class RangedMTP:
             load = replace(load, k=0)
         load = self._resolve(load)  # refuses a cache-moving default before any shard starts
         placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
+        self._load = load
+        self._given = list(endpoints) if endpoints is not None else None
         self._stack = contextlib.ExitStack()
+        self.rt = None
         try:
             self.shards = None
             if endpoints is None:
                 self.shards = self._stack.enter_context(
                     LocalShards(self.plan.n_shards, shard_threads, tls=tls))
-            self.rt = self._stack.enter_context(RangedRuntime(
+            #: how each session's runtime is opened (again by `reconnect`)
+            self._open_rt = lambda: RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards,
                 insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
-                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls))
-            self._setup = self._build(load)
-            self._place(load, mtp_placement, placement_costs)
+                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls)
+            #: what `auto` placement asked (decided again by each session: `_open`)
+            self._placement_request = (mtp_placement, placement_costs)
+            self._stack.callback(self._close_rt)
+            self._setup = self._open()
         except BaseException:
             self._stack.close()
             raise
@@ -315,6 +329,99 @@ class RangedMTP:
             if first and self._setup:  # both engines were set up at load
                 self._setup = {**self._setup,
                                "setup_s": first["setup_s"] + self._setup["setup_s"]}
+    def _open(self) -> dict | None:
+        """A new session: the runtime (every shard probed, the weights loaded) and the
+        load-time engine built and warmed; its setup report."""
+        self._close_rt()
+        self._routed.clear()  # negotiated again with the adverts of this session's shards
+        self.rt = self._open_rt()
+        self._setup = self._build(self._load)
+        self._place(self._load, *self._placement_request)
+        return self._setup
+
+    def _close_rt(self) -> None:
+        rt, self.rt = self.rt, None
+        if rt is not None:
+            rt.close()
+
+    @property
+    def failed(self) -> str | None:
+        """Why the session failed (a shard lost or hung), None while it works."""
+        rt = self.rt
+        return "no session (reconnect() failed)" if rt is None else rt.failed
+
+    def faults(self) -> list[dict]:
+        """What is seen wrong now, without a round trip (cheap: a health check may call it
+        each time): one entry per shard at fault, ``{"shard", "endpoint", "layers",
+        "cause"}`` (shard None: the client worker or the session itself). Empty: whole."""
+        rt = self.rt
+        if rt is None:
+            return [{"shard": None, "endpoint": None, "layers": None,
+                     "cause": "no session: reconnect() did not succeed yet"}]
+        return [self.describe(i, cause) for i, cause in rt.faults()]
+
+    def describe(self, i: int | None, cause: str = "") -> dict:
+        """Shard ``i`` of the plan as a fault report names it: its index, endpoint and
+        layer range."""
+        if i is None:
+            return {"shard": None, "endpoint": None, "layers": None, "cause": cause}
+        a, b = self.plan.ranges[i]
+        eps = self.rt.endpoints if self.rt is not None else self._endpoints()
+        return {"shard": i, "endpoint": eps[i] if i < len(eps) else None,
+                "layers": f"{a}-{b}", "cause": cause}
+
+    def _endpoints(self) -> list[str]:
+        return list(self.shards.endpoints) if self.shards is not None else self._given or []
+
+    def reconnect(self, timeout_s: float = 0.0, *, backoff_s: float = 0.5,
+                  max_backoff_s: float = 5.0) -> dict | None:
+        """Open a new session after a fault (also when none happened): the old session is
+        closed, local shards that are gone, stopped or do not answer are restarted (on their
+        endpoints), every shard is probed and the weights are loaded again, the default
+        engine is built and warmed (its setup is reported by the next generation). Shards
+        that do not answer yet are retried with doubling waits (``backoff_s`` up to
+        ``max_backoff_s``) until ``timeout_s`` has passed; then the last ShardError is
+        raised (``faults()`` says so until a later reconnect succeeds). Returns the
+        setup report."""
+        from mtplib.runtime.rpc import ShardError
+
+        end = time.monotonic() + timeout_s
+        wait = backoff_s
+        with self._lock:
+            if self.closed:
+                raise RuntimeInputError("this RangedMTP is closed: create a new one")
+            while True:
+                try:
+                    self._close_rt()
+                    self._restart_local()
+                    self._setup = self._open()
+                    return self._setup
+                except ShardError:
+                    self._close_rt()
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise
+                    time.sleep(min(wait, left))
+                    wait = min(2 * wait, max_backoff_s)
+
+    def _restart_local(self) -> None:
+        """Restart the local shards that are gone, stopped (SIGSTOP) or do not answer a
+        probe (no session holds them now)."""
+        from mtplib.distributed.probe import probe_shards
+        from mtplib.runtime.rpc import ShardError
+
+        sh = self.shards
+        if sh is None:
+            return
+        for i, ep in enumerate(sh.endpoints):
+            ok = sh.alive()[i] and not sh.stopped(i)
+            if ok:
+                try:
+                    probe_shards([ep], tls=sh.tls, timeout_s=2.0)
+                except ShardError:
+                    ok = False
+            if not ok:
+                sh.restart(i)
 
     def _resolve(self, opts: EngineOptions) -> EngineOptions:
         """The options a ranged generation really runs with, checked before anything runs:
@@ -351,6 +458,11 @@ class RangedMTP:
     def _live(self) -> None:
         if self.closed:
             raise RuntimeInputError("this RangedMTP is closed: create a new one")
+        if self.rt is None:
+            from mtplib.distributed.client import SessionFailedError
+
+            raise SessionFailedError("no session: the last reconnect() did not succeed; "
+                                     "call reconnect() again")
 
     def tokenize(self, text: str) -> list[int]:
         from mtplib.distributed.worker import tokenize
