@@ -428,7 +428,8 @@ class RangedMTP:
         MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
         a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
         opts = replace(opts, k=opts.k if self.has_sidecar else 0, checkpoints="replay")
-        if opts.head == "auto" and self._place_inputs is not None:  # measured at load
+        if (opts.head == "auto" and self._place_inputs is not None  # measured at load
+                and self.rt is not None):  # (no session: the generation refuses later)
             from mtplib.distributed.auto_placement import with_k
             from mtplib.runtime.placement import choose_head
 
