@@ -33,14 +33,15 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtplib import pins
-from mtplib.contract.capabilities import Policy, ShardAdvert, build_advert
+from mtplib.contract.capabilities import Policy, RouteRefused, ShardAdvert, build_advert
 from mtplib.contract.types import CONTRACT_VERSION
 from mtplib.errors import InputError
+from mtplib.runtime.routing import PIN, require_mtp, route
 from mtplib.runtime.rpc import ShardInfo, parse_endpoint
 
 #: overrides the report directory (tests, or shards and clients sharing another one)
@@ -267,3 +268,17 @@ def advert_summary(shards: Sequence[ShardInfo]) -> list[dict]:
         out.append({"endpoint": getattr(info, "endpoint", ""),
                     **(report.to_dict() if report else {"report_problem": why})})
     return out
+
+
+def require_shard_mtp(what: str, shards: Callable[[], Sequence[ShardInfo]], *,
+                      policy: Policy | str | None = None) -> Policy:
+    """The gate of a path that runs MTP on shards outside RangedMTP (the raw ranged API's
+    MTP context): the policy first (before ``shards`` is read), then the shards' own
+    adverts against this process's pin; RouteRefused naming ``what``."""
+    pol = require_mtp(what, policy=policy)
+    try:
+        route(1, policy=pol, adverts=shard_adverts(shards(), mtp_placed=True, policy=pol),
+              pin=PIN)
+    except RouteRefused as e:
+        raise RouteRefused(f"{what}: {e}") from None
+    return pol
