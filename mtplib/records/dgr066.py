@@ -370,7 +370,8 @@ FILES: tuple[tuple[str, str], ...] = (
 #: The test files that check each criterion (the "Tests" section).
 TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("MTP correctness (parts one and two)",
-     ("tests/test_speculative.py", "tests/test_ranged_mtp.py")),
+     ("tests/test_speculative.py", "tests/test_ranged_mtp.py", "tests/test_long_drafts.py")),
+    ("Adverts from the shards' own reports", ("tests/test_shard_report.py",)),
     ("Criterion one: MTP off vs on", ("tests/test_bench.py",)),
     ("Criterion two: sweep and break-even", ("tests/test_bench.py",)),
     ("Criterion three: lanes", ("tests/test_bench.py", "tests/test_lanes.py",
