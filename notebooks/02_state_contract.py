@@ -138,8 +138,10 @@ fig = rep.stacked_bytes_chart({f"{n} shards, 1M": owns[(n, 1048576, False)] for 
 # ## Seam bytes per token (MTP contract)
 #
 # Per seam: the boundary hidden row (hc x n_embd), token id and position per token; a draft
-# id per draft step; a verify batch plus its result. MTP runs on the tail shard, so no MTP
-# hidden row crosses a seam (`mtp_hidden_remote` is what it would cost otherwise).
+# id per draft step; a verify batch plus its result. What MTP adds depends on where its block
+# runs: in the client (`--mtp-placement client`, the default) the tail sends it
+# `sampler_hidden`, one `mtp_hidden_remote` row per verified position; on the tail shard
+# (`tail`) it reads its rows in place and no hidden row crosses for it.
 
 # %%
 rep.seam_table(owns[(flash_shards[-1], flash_ctxs[0], True)])

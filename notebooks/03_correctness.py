@@ -104,9 +104,10 @@ D.show([sa])
 # %% [markdown]
 # ## Whole vs ranged (DGR-066 part 2)
 #
-# The trunk's layers on loopback RPC shard processes (plan per row), the MTP sidecar on the
-# tail shard; bytes on every shard connection counted by relays, per token per step kind,
-# next to the contract's minimum per decode token. The same table goes into the run record.
+# The trunk's layers on loopback RPC shard processes (plan per row), the MTP block where the
+# default placement puts it (the client; `mtp_on_tail` says whether it ran on the tail shard);
+# bytes on every shard connection counted by relays, per token per step kind, next to the
+# contract's minimum per decode token. The same table goes into the run record.
 
 # %%
 wr = pd.DataFrame(C.whole_vs_ranged(trunk, sidecar, plans=plans, n_threads=threads,

@@ -30,7 +30,7 @@ from mtplib.contract.types import (
     draft_problem,
 )
 from mtplib.runtime.capability import advertise
-from mtplib.runtime.routing import PIN, POLICY_ENV, route, run_adverts
+from mtplib.runtime.routing import PIN, POLICY_ENV, local_advert, route
 from mtplib.runtime.speculative import EngineOptions, RuntimeInputError
 
 GOLDEN = Path(__file__).parent / "golden" / "contract"
@@ -69,13 +69,13 @@ def test_cli_draft_follows_the_spec():
     assert draft_spec(Namespace(mtp=None, draft=None)) == DraftSpec(0)
 
 
-def test_advertise_and_run_adverts_are_one_builder(pair, tmp_path):
-    """advertise() and the adverts a run routes on list the same recipes, same statuses;
-    draft5 (which the engines run) routes against either under beta."""
+def test_advertise_and_local_advert_are_one_builder(pair, tmp_path):
+    """advertise() and the advert a one-process run routes on list the same recipes, same
+    statuses; draft5 (which the engines run) routes against either under beta."""
     for policy in (BETA_POLICY, ALPHA_POLICY):
         cap = advertise(pair.trunk, pair.sidecar, cert_dir=tmp_path, probe=False,
                         policy=policy)
-        run = run_adverts(1, tail_has_sidecar=True, policy=policy)[0]
+        run = local_advert(has_sidecar=True, policy=policy)
         assert list(cap.advert.recipes) == list(RECIPES) == list(run.recipes)
         assert cap.advert == run
         for k in (*DRAFT_RANGE, 0):
@@ -91,8 +91,8 @@ def test_advertise_and_run_adverts_are_one_builder(pair, tmp_path):
                     route(k, policy=policy, adverts=[cap.advert])
     none = advertise(pair.trunk, None, cert_dir=tmp_path, probe=False)
     assert {none.advert.recipes[r] for r in MTP_RECIPES} == {Status.UNSUPPORTED}
-    tail = run_adverts(2, tail_has_sidecar=False, policy=BETA_POLICY)[1]
-    assert {tail.recipes[r] for r in MTP_RECIPES} == {Status.UNSUPPORTED}
+    bare = local_advert(has_sidecar=False, policy=BETA_POLICY)
+    assert {bare.recipes[r] for r in MTP_RECIPES} == {Status.UNSUPPORTED}
 
 
 def test_every_status_reaches_the_routing_decision():
@@ -102,7 +102,7 @@ def test_every_status_reaches_the_routing_decision():
     with pytest.raises(RouteRefused, match="'mtp.v4.draft3' is implemented, need certified"):
         route(3, policy=STRICT, certified=cert)
     with pytest.raises(RouteRefused, match="tail shard has no MTP sidecar"):
-        route(3, n_shards=2, has_sidecar=False)
+        route(3, has_sidecar=False)
     off = build_advert(0, pin=PIN, policy=ALPHA_POLICY, has_mtp_sidecar=True).advert
     with pytest.raises(RouteRefused, match="'mtp.v4.draft1' is disabled, need implemented"):
         route(1, policy=BETA_POLICY, adverts=[off])
@@ -117,7 +117,7 @@ def test_alpha_fails_closed_for_every_recipe():
     for k in DRAFT_RANGE:
         with pytest.raises(RouteRefused, match="policy 'alpha'"):
             route(k, policy="alpha")
-    advert = run_adverts(1, tail_has_sidecar=True, policy=ALPHA_POLICY)[0]
+    advert = local_advert(has_sidecar=True, policy=ALPHA_POLICY)
     assert {advert.recipes[r] for r in MTP_RECIPES} == {Status.DISABLED}
     assert route(0, policy="alpha").recipe_routed == MTP_OFF
 

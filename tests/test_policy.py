@@ -24,7 +24,7 @@ from mtplib.lab import bench_config as BC
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.records.lanes import LaneError, load_lane, run_lane
 from mtplib.runtime.capability import advertise
-from mtplib.runtime.routing import POLICY_ENV, resolve_policy, route, run_adverts
+from mtplib.runtime.routing import POLICY_ENV, local_advert, resolve_policy, route
 from mtplib.runtime.speculative import EngineOptions, MTPRuntime
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,20 +53,20 @@ def test_route_refuses_mtp_under_alpha_only():
         assert route(k, policy="beta").recipe_routed == f"mtp.v4.draft{k}"
     with pytest.raises(RouteRefused, match="policy 'beta': unknown recipe"):
         route(9, policy="beta")
-    with pytest.raises(RouteRefused, match="shard 1: tail shard has no MTP sidecar"):
-        route(1, policy="beta", n_shards=2, has_sidecar=False)
+    with pytest.raises(RouteRefused, match="shard 0: tail shard has no MTP sidecar"):
+        route(1, policy="beta", has_sidecar=False)
     assert isinstance(RouteRefused("x"), InputError)
 
 
-def test_run_adverts_disable_mtp_under_alpha():
-    beta = run_adverts(2, tail_has_sidecar=True, policy=BETA_POLICY)
-    alpha = run_adverts(2, tail_has_sidecar=True, policy=ALPHA_POLICY)
-    assert [a.has_mtp_sidecar for a in beta] == [False, True]
-    assert set(beta[1].recipes.values()) == {Status.IMPLEMENTED}
-    assert alpha[1].recipes["mtp.off"] == Status.IMPLEMENTED
-    assert {s for r, s in alpha[1].recipes.items() if r != "mtp.off"} == {Status.DISABLED}
+def test_local_advert_disables_mtp_under_alpha():
+    beta = local_advert(has_sidecar=True, policy=BETA_POLICY)
+    alpha = local_advert(has_sidecar=True, policy=ALPHA_POLICY)
+    assert beta.has_mtp_sidecar and alpha.has_mtp_sidecar
+    assert set(beta.recipes.values()) == {Status.IMPLEMENTED}
+    assert alpha.recipes["mtp.off"] == Status.IMPLEMENTED
+    assert {s for r, s in alpha.recipes.items() if r != "mtp.off"} == {Status.DISABLED}
     # even a policy allowing MTP does not route a recipe an advert says is disabled
-    assert not negotiate("mtp.v4.draft1", alpha, BETA_POLICY).mtp
+    assert not negotiate("mtp.v4.draft1", [alpha], BETA_POLICY).mtp
 
 
 def test_policy_default_is_beta_or_the_environment(monkeypatch):
@@ -156,7 +156,8 @@ def test_ranged_mtp_refuses_mtp_under_alpha_but_decodes_plainly(pair):
 
     with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
                    policy="alpha") as r:
-        assert r.mtp_on_tail  # the tail's advert: it holds the MTP block
+        # the MTP block sits next to the sampler (placement auto = the client), not on the tail
+        assert r.mtp_placed and not r.mtp_on_tail
         with pytest.raises(RouteRefused, match=f"^mtp.v4.draft1 {ALPHA_MSG}"):
             r.generate(PROMPT, 4, EngineOptions(k=1))
         toks, m = r.generate(PROMPT, 4, EngineOptions(k=0))

@@ -88,7 +88,8 @@ def ranged(request, pair):
     placement, plan = request.param
     with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
                    mtp_placement=placement, opts=_opts(TAIL)) as r:
-        assert r.rt.mtp_placement == placement and r.mtp_on_tail
+        assert r.rt.mtp_placement == placement and r.mtp_placed
+        assert r.mtp_on_tail == (placement == "tail")  # only where the tail runs the block
         r.generate(PA, 1, _opts(DEEP))  # builds and warms the replaying engine
         yield r
 

@@ -3,7 +3,12 @@ device.
 
 With ``--tls DIR`` upstream's server binds a free loopback port and the mutual-TLS gateway
 (mtplib.distributed.gateway) serves ENDPOINT; without it ENDPOINT must be loopback, unless
-``--insecure-plaintext`` exposes upstream's unauthenticated RPC there."""
+``--insecure-plaintext`` exposes upstream's unauthenticated RPC there.
+
+The shard reports its build (contract version, pin, stock/patched, patch set:
+`mtplib.distributed.shard_report.local_report`) to clients at probe time: in its
+gateway's ready line with ``--tls``, else in a report file on this host that it removes
+when it stops. Clients build the adverts they route MTP on from that report."""
 
 from __future__ import annotations
 
@@ -38,17 +43,23 @@ def serve(a: argparse.Namespace) -> int:
     host, port = parse_endpoint(a.endpoint, allow_remote=remote_ok)  # refuse before starting
     check_threads(a.threads, "--threads")
     shard_device(a.device)  # a GPU asked of a CPU build: refused here, not in the thread
-    rpc_endpoint, gateway = a.endpoint, None
+    from mtplib.distributed.shard_report import local_report
+
+    report = local_report()  # what this process loaded, told to every client
+    rpc_endpoint, gateway, report_file = a.endpoint, None, None
     if tls is not None:
         from mtplib.distributed.gateway import Gateway
         from mtplib.distributed.processes import _free_port
 
         rpc_endpoint = f"127.0.0.1:{_free_port()}"
         try:
-            gateway = Gateway((host, port), parse_endpoint(rpc_endpoint), tls)
+            gateway = Gateway((host, port), parse_endpoint(rpc_endpoint), tls,
+                              report=report.token())
         except OSError as e:
             return _cannot_serve(a, f"cannot bind {a.endpoint}: {e.strerror or e}")
-    elif a.insecure_plaintext and not host.startswith("127."):
+    else:
+        report_file = _write_report(a.endpoint, report)
+    if tls is None and a.insecure_plaintext and not host.startswith("127."):
         print(f"mtplib shard serve: WARNING: --insecure-plaintext: serving {a.endpoint} beyond "
               "loopback without TLS. Upstream's RPC protocol has NO authentication and NO "
               "encryption: anyone who can reach this port can read and write this process's "
@@ -73,6 +84,7 @@ def serve(a: argparse.Namespace) -> int:
     # keep the main thread free to act on Ctrl-C / SIGTERM (exit at once, no cleanup to do)
     def stop(signum, _frame) -> None:
         sys.stdout.flush()
+        _remove_report(report_file)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -85,6 +97,7 @@ def serve(a: argparse.Namespace) -> int:
               flush=True)
     while not done.wait(0.5):
         pass
+    _remove_report(report_file)
     if gateway is not None:
         gateway.close()
     if "error" in result:
@@ -92,6 +105,26 @@ def serve(a: argparse.Namespace) -> int:
     # start_server only returns when it could not serve (e.g. the port is taken)
     return _cannot_serve(a, f"upstream could not serve {rpc_endpoint} (port in use or not "
                          "bindable; see its message above)")
+
+
+def _write_report(endpoint: str, report):
+    """The plaintext channel of the report (a file on this host); a shard that cannot
+    write it still serves, and its clients refuse MTP naming the missing report."""
+    from mtplib.distributed.shard_report import ReportError, write_report_file
+
+    try:
+        return write_report_file(endpoint, report)
+    except (OSError, ReportError) as e:
+        print(f"mtplib shard serve: WARNING: cannot write the build report for {endpoint} "
+              f"({e}); clients will refuse MTP with this shard", file=sys.stderr)
+        return None
+
+
+def _remove_report(path) -> None:
+    if path is not None:
+        from mtplib.distributed.shard_report import remove_report_file
+
+        remove_report_file(path)
 
 
 def _cannot_serve(a: argparse.Namespace, msg: str) -> int:

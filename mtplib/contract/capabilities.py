@@ -155,7 +155,8 @@ class Capability:
 
 def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar: bool,
                  mtp_problem: str = "", build_problem: str = "",
-                 certified: Collection[str] = ()) -> Capability:
+                 certified: Collection[str] = (),
+                 contract_version: str = CONTRACT_VERSION) -> Capability:
     """The one advert builder: every recipe of the contract (mtp.off, mtp.v4.draft1..8)
     with its status and reason, from what the shard found out.
 
@@ -164,8 +165,10 @@ def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar:
     that does not belong together, a context upstream refused): unsupported. Otherwise a
     recipe is implemented, certified if in ``certified`` (a passing certification run for
     this exact pair), and DISABLED where ``policy`` disables MTP. `advertise()` and the
-    adverts every run routes on (`mtplib.runtime.routing`) are built here, so both offer
-    the same recipes with the same statuses."""
+    adverts every run routes on (`mtplib.runtime.routing`, and from the shards' own
+    reports `mtplib.distributed.shard_report`) are built here, so all offer the same
+    recipes with the same statuses. ``contract_version``: the one the shard reported
+    (default: this process's)."""
     status: dict[str, Status] = {}
     reasons: dict[str, str] = {}
     for r in RECIPES:
@@ -180,7 +183,7 @@ def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar:
     for r, st in status.items():
         if st == Status.DISABLED:
             reasons[r] = f"{policy.name} policy: MTP disabled"
-    advert = ShardAdvert(shard_index, CONTRACT_VERSION, pin, has_mtp_sidecar, status)
+    advert = ShardAdvert(shard_index, contract_version, pin, has_mtp_sidecar, status)
     return Capability(advert, reasons)
 
 
@@ -211,32 +214,40 @@ class RouteRefused(ContractError):
     policy and the first failing cause."""
 
 
-_Check = Callable[[str, ShardAdvert, int, str, Policy], str]
+@dataclass(frozen=True)
+class _PinRef:
+    """The pin every shard must advertise, and whose it is (shard 0's, or the client's)."""
+
+    pin: str
+    source: str
 
 
-def _version(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
+_Check = Callable[[str, ShardAdvert, int, _PinRef, Policy], str]
+
+
+def _version(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
     if a.contract_version == CONTRACT_VERSION:
         return ""
     return f"contract_version expected {CONTRACT_VERSION!r}, got {a.contract_version!r}"
 
 
-def _pin(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
+def _pin(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
     if not isinstance(a.pin, str) or not a.pin:
         return f"pin expected non-empty str, got {a.pin!r}"
-    return "" if a.pin == pin0 else f"pin expected {pin0!r} (as shard 0), got {a.pin!r}"
+    return "" if a.pin == ref.pin else f"pin expected {ref.pin!r} ({ref.source}), got {a.pin!r}"
 
 
-def _sidecar(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
+def _sidecar(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
     if a.shard_index != tail or a.has_mtp_sidecar is True:
         return ""
     return "tail shard has no MTP sidecar"
 
 
-def _advertised(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
+def _advertised(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
     return "" if recipe in a.recipes else f"recipe {recipe!r} not advertised"
 
 
-def _status(recipe: str, a: ShardAdvert, tail: int, pin0: str, policy: Policy) -> str:
+def _status(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
     status = a.recipes.get(recipe)
     if isinstance(status, Status) and status >= policy.min_status:
         return ""
@@ -248,8 +259,13 @@ CHECKS: tuple[_Check, ...] = (_version, _pin, _sidecar, _advertised, _status)
 """Causes in the order they are reported: the first failing cause names the decision."""
 
 
-def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) -> Decision:
-    """Route `requested` only if policy and every shard allow it; otherwise mtp.off."""
+def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy, *,
+              pin: str | None = None) -> Decision:
+    """Route `requested` only if policy and every shard allow it; otherwise mtp.off.
+
+    ``pin``: the build every shard must advertise (a ranged client gives its own, so a
+    shard that reports another build is refused even when all shards agree); None: shard
+    0's pin is the reference."""
     if not isinstance(policy, Policy):
         raise fail("policy", "a Policy", policy)
     if not policy.allow_mtp:
@@ -267,8 +283,9 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) ->
         reason = f"shard indices: expected 0..{len(adverts) - 1} each once, got {indices}"
         return Decision(requested, MTP_OFF, reason, ())
     ordered = sorted(adverts, key=lambda a: a.shard_index)
-    tail, pin0 = ordered[-1].shard_index, ordered[0].pin
-    found = [[check(requested, a, tail, pin0, policy) for check in CHECKS] for a in ordered]
+    tail = ordered[-1].shard_index
+    ref = _PinRef(ordered[0].pin, "as shard 0") if pin is None else _PinRef(pin, "as the client")
+    found = [[check(requested, a, tail, ref, policy) for check in CHECKS] for a in ordered]
     per_shard = tuple(
         ShardVerdict(
             a.shard_index,
@@ -288,10 +305,11 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) ->
     return Decision(requested, requested, reason, per_shard)
 
 
-def require_route(requested: str, adverts: Sequence[ShardAdvert], policy: Policy) -> Decision:
+def require_route(requested: str, adverts: Sequence[ShardAdvert], policy: Policy, *,
+                  pin: str | None = None) -> Decision:
     """`negotiate`, for a run that must get what it asked for: RouteRefused (naming the
     policy and the cause) unless `requested` is routed. mtp.off always is."""
-    d = negotiate(requested, adverts, policy)
+    d = negotiate(requested, adverts, policy, pin=pin)
     if d.recipe_routed != requested:
         raise RouteRefused(f"{requested} refused under policy {policy.name!r}: {d.reason} "
                            f"(plain decoding, {MTP_OFF}, is always allowed)")

@@ -666,11 +666,12 @@ class RangedRuntime:
     # -- contexts and calls -------------------------------------------------------------
     def context(self, cfg=None, *, mtp: bool = False, policy=None) -> RemoteContext:
         """A context on the trunk (or, ``mtp=True``, on the sidecar: an MTP context, which
-        ``policy`` must route: default $MTPLIB_POLICY, else beta)."""
+        ``policy`` must route with the shards' own reports: default $MTPLIB_POLICY, else
+        beta)."""
         from dataclasses import asdict
 
+        from mtplib.distributed.shard_report import require_shard_mtp
         from mtplib.runtime.model import ContextConfig
-        from mtplib.runtime.routing import require_mtp
 
         cfg = cfg or ContextConfig()
         if mtp and not cfg.mtp:
@@ -678,8 +679,8 @@ class RangedRuntime:
         if cfg.mtp and not self.sidecar:
             raise ShardError("no MTP sidecar was loaded (RangedRuntime(..., sidecar=...))")
         if cfg.mtp:
-            require_mtp("an MTP context on the shards", policy=policy,
-                        n_shards=len(self.endpoints))
+            require_shard_mtp("an MTP context on the shards", lambda: self.shard_info,
+                              policy=policy)
         with self.step("setup"):
             handle, info = self._request(("context", asdict(cfg.validate())))
         for c in info["caches"]:

@@ -17,7 +17,9 @@ loopback port and runs a `Gateway` on HOST:PORT in front of it:
 - **One client at a time** (upstream serves one): an authenticated client arriving while
   another is served gets the status line ``busy`` at once and is closed; the served one
   gets ``ready`` (both lines carry the gateway's random instance id, so a client that
-  reaches one shard under two addresses can tell). TCP keepalive drops a vanished client.
+  reaches one shard under two addresses can tell; ``ready`` also carries the shard's
+  ``report`` of its build, `mtplib.distributed.shard_report`, which only an authenticated
+  client sees). TCP keepalive drops a vanished client.
 - **Checked framing** (`RequestChecker`): every request header is parsed and checked before
   any byte of it is forwarded: HELLO first and only once, known commands, the exact size of
   every fixed-size request, and bounds on the two variable ones (SET_TENSOR: the largest
@@ -69,6 +71,8 @@ HANDSHAKE_S = 3.0
 #: a peer that sends no byte at all (no ClientHello) is closed after this long
 FIRST_BYTE_S = 2.0
 CHUNK = 1 << 20
+#: the longest report of its build a ready line carries (the status line stays < STATUS_MAX)
+REPORT_MAX = 400
 LOG_LINES, LOG_WINDOW_S = 20, 10.0
 
 
@@ -145,8 +149,12 @@ class Gateway:
                  handshake_timeout_s: float = HANDSHAKE_S, first_byte_s: float = FIRST_BYTE_S,
                  max_pending: int = 64, max_per_source: int = 8,
                  limits: RpcLimits = DEFAULT_LIMITS,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, report: str = "") -> None:
+        if len(report) > REPORT_MAX or not report.isascii() or len(report.split()) > 1:
+            raise ValueError(f"gateway report: one ASCII word of at most {REPORT_MAX} "
+                             f"characters, got {report[:80]!r}")
         self.upstream, self.limits = upstream, limits
+        self.report = report
         self.ctx = tls.server_context()
         self.ctx.num_tickets = 0  # no resumption: every session proves its certificate
         self.handshake_timeout_s, self.first_byte_s = handshake_timeout_s, first_byte_s
@@ -236,7 +244,8 @@ class Gateway:
         return victim
 
     def _status(self, stream: TlsStream, what: bytes) -> None:
-        stream.sendall(GATEWAY_MAGIC + what + b" " + self.instance.encode() + b"\n")
+        extra = b" " + self.report.encode() if what == GATEWAY_READY and self.report else b""
+        stream.sendall(GATEWAY_MAGIC + what + b" " + self.instance.encode() + extra + b"\n")
 
     def _handle(self, sock: socket.socket, peer: tuple, me: _Pending) -> None:
         who = f"{peer[0]}:{peer[1]}"

@@ -11,6 +11,11 @@ that builds 67 million devices. It also finds one shard given twice:
   probe of the same shard is not answered: a TLS gateway says ``busy`` with the instance id
   the first probe already saw (named at once), a plain RPC server stays silent (named
   after ``timeout_s``).
+
+Each answer comes back with the shard's report of its build (`ProbedShard`: from a TLS
+gateway's ready line, or a plaintext shard's report file on this host), which a ranged run
+builds its adverts from (`mtplib.distributed.shard_report`). A missing or unreadable
+report is not a probe failure: it refuses MTP later, by name.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import contextlib
 import socket
 from collections.abc import Sequence
 
-from mtplib.distributed.tls import TlsConfig, connect_ready
+from mtplib.distributed.shard_report import ProbedShard, with_report
+from mtplib.distributed.tls import TlsConfig, connect_ready_status
 from mtplib.ownership.plan import PlanError
-from mtplib.runtime.rpc import ShardError, ShardInfo, handshake, parse_endpoint
+from mtplib.runtime.rpc import ShardError, handshake, parse_endpoint
 
 
 def check_distinct(endpoints: Sequence[str], *, allow_remote: bool = False) -> None:
@@ -36,7 +42,7 @@ def check_distinct(endpoints: Sequence[str], *, allow_remote: bool = False) -> N
 
 
 def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
-                 timeout_s: float = 5.0, allow_remote: bool = False) -> list[ShardInfo]:
+                 timeout_s: float = 5.0, allow_remote: bool = False) -> list[ProbedShard]:
     """Handshake with every shard, holding each connection until all are done (see the
     module doc); returns what each answered. PlanError for a shard given twice,
     ShardError for one that is unreachable, busy, hung, or answers out of bounds."""
@@ -49,6 +55,7 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
     try:
         for ep in endpoints:
             addr = parse_endpoint(ep, allow_remote=allow)
+            token: str | None = None  # plaintext: the report file on this host
             if tls is None:
                 try:
                     s = socket.create_connection(addr, timeout=timeout_s)
@@ -62,12 +69,12 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
                                         f"same shard (gateway instance {instance}); every "
                                         "plan range needs its own shard")
 
-                s, instance = connect_ready(addr, tls, timeout_s=timeout_s, ctx=ctx,
-                                            on_busy=same)
+                s, status = connect_ready_status(addr, tls, timeout_s=timeout_s, ctx=ctx,
+                                                 on_busy=same)
                 held.append(s)
-                instances[instance] = ep
+                instances[status.instance], token = ep, status.report
             try:
-                out.append(handshake(s, ep, timeout_s=timeout_s))
+                out.append(with_report(handshake(s, ep, timeout_s=timeout_s), ep, token=token))
             except TimeoutError:
                 others = list(endpoints[:len(out)])
                 same = (f"; it may be {', '.join(others)} under another address (their "

@@ -31,11 +31,13 @@ from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
 from mtplib.contract.types import DEFAULT_DRAFT, DraftSpec
 from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.distributed.results import SEAM_KEYS, RangedGeneration, RangedMetrics
+from mtplib.distributed.shard_report import advert_summary, shard_adverts
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
 from mtplib.runtime.routing import (
+    PIN,
     certified_recipes,
     policy_gate,
     resolve_policy,
@@ -191,7 +193,9 @@ class RangedMTP:
     ``generate`` builds and warms its own engine then (also reported as setup).
 
     Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
-    beta) with the shards' adverts (the tail's says whether the MTP block was placed on it):
+    beta) with the shards' adverts, built from what each shard reported at probe time
+    (`shard_report.shard_adverts`: its contract version and pin must be this process's;
+    the tail's says whether the MTP block was placed where its placement says):
     MTP under alpha raises RouteRefused naming the policy; k = 0 always runs. A
     configuration that would move cache state across a seam raises CacheCrossingRefused
     unless ``allow_cache_crossing``.
@@ -443,13 +447,15 @@ class RangedMTP:
         """Route ``opts``, then build (and warm) the worker's engine for it unless it has
         one; returns the setup report, or None when it was already set up (labelled
         "setup" in the worker). The routing decision is negotiated once per configuration,
-        with the shards' real adverts (the tail's says whether the MTP block was placed
-        next to the sampler), and kept in ``_routed``; RouteRefused unless routed."""
+        with the shards' adverts (`shard_adverts`, from each shard's own report; the
+        tail's says whether the MTP block was placed next to the sampler) against this
+        process's pin, and kept in ``_routed``; RouteRefused unless routed."""
         key = _engine_key(opts)
         if key not in self._routed:
-            self._routed[key] = route(opts.draft, policy=self.policy,
-                                      n_shards=self.plan.n_shards,
-                                      has_sidecar=self.mtp_on_tail, certified=self._certified)
+            adverts = shard_adverts(self.rt.shard_info, mtp_placed=self.mtp_placed,
+                                    policy=self.policy, certified=self._certified)
+            self._routed[key] = route(opts.draft, policy=self.policy, adverts=adverts,
+                                      pin=PIN)
         return self.rt.call(_worker_engine, opts, self.warm)
 
     @property
@@ -549,7 +555,8 @@ class RangedMTP:
             if self.placement_record is not None:
                 routing["placement"] = self.placement_record
             result["metrics"] = RangedMetrics(
-                **{**metrics.fields_dict(), "routing": routing,
+                **{**metrics.fields_dict(),
+                   "routing": {**routing, "shards": advert_summary(rt.shard_info)},
                    "upstream": build_info(),
                    "setup": setup},  # None: set up for an earlier generation
                 **{key: seam[key] for key in SEAM_KEYS}, seam_report=rt.seam_report(),
@@ -564,15 +571,19 @@ class RangedMTP:
 
     @property
     def mtp_on_tail(self) -> bool:
-        """The advert of the party next to the sampler: the MTP block was loaded, and
-        upstream placed all of it on the tail shard (placement "tail") or it runs in this
-        client process (placement "client", on the client's CPU)."""
+        """The MTP block runs on the tail shard: placement "tail" and upstream placed all
+        of it there (False for placement "client", where it runs in this process)."""
         side = self.rt.sidecar
-        if not side:
-            return False
-        if self.rt.mtp_placement == Placement.CLIENT:
-            return True
-        return set(side["placement"].values()) == {self.rt.endpoints[-1]}
+        return bool(side) and self.rt.mtp_placement == Placement.TAIL \
+            and set(side["placement"].values()) == {self.rt.endpoints[-1]}
+
+    @property
+    def mtp_placed(self) -> bool:
+        """The advert of the party next to the sampler: the MTP block was loaded where its
+        placement says, in this client process (placement "client", on the client's CPU)
+        or all of it on the tail shard (`mtp_on_tail`)."""
+        side = self.rt.sidecar
+        return bool(side) and (self.rt.mtp_placement == Placement.CLIENT or self.mtp_on_tail)
 
     def close(self) -> None:
         """Stop the worker and the local shards (after a generation in progress)."""

@@ -20,7 +20,8 @@ object from two threads at once), so the TLS state is an `ssl.SSLObject` over me
 behind a lock, and the raw socket does the I/O.
 
 After the TLS handshake the gateway sends one status line (`GATEWAY_READY` or
-`GATEWAY_BUSY`, then the gateway's instance id), so that a client tells "busy" and "the
+`GATEWAY_BUSY`, then the gateway's instance id, and on a ready line the shard's report of
+its build: `mtplib.distributed.shard_report`), so that a client tells "busy" and "the
 same shard twice" apart from a broken shard before upstream's client sends a byte.
 """
 
@@ -45,7 +46,7 @@ CLIENT_CERT, CLIENT_KEY, CA_KEY = "client.pem", "client.key", "ca.key"
 #: the gateway's status line after the TLS handshake: b"mtplib-gateway 1 ready <id>\n"
 GATEWAY_MAGIC = b"mtplib-gateway 1 "
 GATEWAY_READY, GATEWAY_BUSY = b"ready", b"busy"
-STATUS_MAX = 128
+STATUS_MAX = 512
 RECV_CHUNK = 1 << 20
 #: a gateway still closing the previous session (e.g. a probe's) says busy for a moment
 BUSY_RETRY_S = 3.0
@@ -230,6 +231,8 @@ class TlsStream:
 class GatewayStatus:
     ready: bool
     instance: str
+    #: the shard's report of its build (`ShardReport.token`); "" where the line has none
+    report: str = ""
 
 
 def read_status(stream: TlsStream, endpoint: str, timeout_s: float) -> GatewayStatus:
@@ -258,10 +261,12 @@ def read_status(stream: TlsStream, endpoint: str, timeout_s: float) -> GatewaySt
         with contextlib.suppress(OSError):
             stream.settimeout(None)
     parts = buf[len(GATEWAY_MAGIC):].split()
-    if not buf.startswith(GATEWAY_MAGIC) or len(parts) != 2 \
+    if not buf.startswith(GATEWAY_MAGIC) or len(parts) not in (2, 3) \
             or parts[0] not in (GATEWAY_READY, GATEWAY_BUSY):
         raise ShardError(f"shard {endpoint}: unexpected gateway status {buf[:STATUS_MAX]!r}")
-    return GatewayStatus(parts[0] == GATEWAY_READY, parts[1].decode("ascii", "replace"))
+    report = parts[2].decode("ascii", "replace") if len(parts) == 3 else ""
+    return GatewayStatus(parts[0] == GATEWAY_READY, parts[1].decode("ascii", "replace"),
+                         report)
 
 
 def connect(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
@@ -304,12 +309,21 @@ def connect_ready(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5
     """`connect` until the gateway says ready (retrying "busy" for ``retry_s``); returns the
     stream and the gateway's instance id. ``on_busy(instance)`` may raise on a busy
     answer (e.g. when that instance is one the caller already holds)."""
+    stream, status = connect_ready_status(addr, tls, timeout_s=timeout_s, ctx=ctx,
+                                          retry_s=retry_s, on_busy=on_busy)
+    return stream, status.instance
+
+
+def connect_ready_status(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
+                         ctx: ssl.SSLContext | None = None, retry_s: float = BUSY_RETRY_S,
+                         on_busy=None) -> tuple[TlsStream, GatewayStatus]:
+    """`connect_ready`, returning the whole ready status (with the shard's report)."""
     end = time.monotonic() + retry_s
     endpoint = f"{addr[0]}:{addr[1]}"
     while True:
         stream, status = connect(addr, tls, timeout_s=timeout_s, ctx=ctx)
         if status.ready:
-            return stream, status.instance
+            return stream, status
         with contextlib.suppress(OSError):
             stream.close()
         if on_busy is not None:

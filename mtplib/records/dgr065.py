@@ -284,7 +284,8 @@ def _shard_bytes(r: Run) -> list[str]:
               str(s["duplicate_bytes"]), str(s["cache_bytes"])]
              for n in r.n_shards for s in own["flash_shards"][str(n)]]
     return [f"**Bytes held per shard** (even layer splits, n_ctx {own['flash_ctx']} for the "
-            "cache column; the last shard holds the tail and the MTP sidecar):", "",
+            "cache column; the last shard holds the tail, and the MTP sidecar when the MTP "
+            "block runs there, placement `tail`):", "",
             *table(["shards", "plan", "shard", "layers", "bytes", "GiB", "MTP sidecar bytes",
                     "replica bytes", "duplicate bytes", "cache bytes"], srows), "",
             "Largest shard, even plan against a byte-balanced plan "
@@ -360,8 +361,28 @@ def _seam(r: Run) -> list[str]:
             f"plan of {r.n_max} shards has {seam['n_seams']} seams):", "",
             *table(["value", *[f"{d} rows" for d in dts]],
                    [[f"`{v}`", *[str(seam["per_seam"][d][v]) for d in dts]] for v in vals]),
-            "", "MTP runs on the tail shard, so no MTP hidden row crosses a seam: "
-            "`mtp_hidden_remote` is what it would cost otherwise.", ""]
+            "", *_placements(r), ""]
+
+
+def _placements(r: Run) -> list[str]:
+    """What crosses for MTP in each placement of its block (`--mtp-placement`): the
+    client, the default, or the tail shard."""
+    per = r.seam["per_seam"]
+    row = " / ".join(f"{per[d]['mtp_hidden_remote']} bytes in {d}" for d in per)
+    return [
+        "What crosses for MTP depends on where its block runs (`--mtp-placement`; "
+        "`mtplib.contract.seam.SEAM_VALUES`):", "",
+        "- **In the client** (placement `client`, the default): the tail shard sends the "
+        "client its pre-head rows "
+        f"as `sampler_hidden`, one hc*n_embd row per verified position ({row}, the "
+        "`mtp_hidden_remote` row above), in the same wait as a plain step; the client's "
+        "output head (`--head auto` for ranged MTP) and the MTP block both read them "
+        "there, so drafting and feeding the drafter cost no round trip. Logits do not "
+        "cross.",
+        "- **On the tail shard** (placement `tail`): the MTP block reads the tail's rows "
+        "in place (`mtp_hidden`), so no hidden row crosses for it; each draft is a round "
+        "trip to the tail, whose contract minimum is `draft_step` (the draft id). The "
+        "tail still sends the client what its head needs, as in a plain step."]
 
 
 def criterion_3_flash(r: Run) -> list[str]:
@@ -473,7 +494,9 @@ def limitations(r: Run) -> list[str]:
            f"({r.cpu.get('logical_cores')} logical cores, possibly shared with other jobs); "
            "they are a check against the limit, not a benchmark.",
            "- `kv_unified=false` only (the C default); one MTP block only (upstream asserts "
-           "`n_layer_nextn == 1`); replicas assume MTP runs on the last shard.",
+           "`n_layer_nextn == 1`); the replicas are counted for the MTP block on the last "
+           "shard (placement `tail`); with the default placement (`client`) the client "
+           "process loads the sidecar and holds them instead.",
            "- The alpha-policy result above covers the fixtures' named line-ups; the general "
            "claim rests on the property test, which is not part of this run."]
     git = r.rec.get("git", {})
@@ -486,8 +509,10 @@ def limitations(r: Run) -> list[str]:
 def _handoff_memory(r: Run) -> list[str]:
     rep_b = [x for x in r.tail_replicas if x["kind"] == "replica"]
     dup_b = [x for x in r.tail_replicas if x["kind"] == "duplicate"]
-    return ["- **Tail shard memory:** besides its layers, the shard holding the MTP sidecar "
-            "carries " + "; ".join(f"the replica `{x['name']}` ({x['bytes']} bytes)"
+    holder = ("the shard holding the MTP sidecar (the tail, with placement `tail`; the "
+              "client process with the default placement `client`)")
+    return [f"- **Tail shard memory:** besides its layers, {holder} carries "
+            + "; ".join(f"the replica `{x['name']}` ({x['bytes']} bytes)"
                                    for x in rep_b)
             + ("; " if rep_b and dup_b else "")
             + "; ".join(f"the duplicate `{x['name']}` ({x['bytes']} bytes, "
@@ -518,9 +543,18 @@ def _handoff_seam(r: Run) -> list[str]:
         return []
     f32, bf16 = per["f32"], per["bf16"]
     return [f"- **Seam traffic per decode token** is `decode_token` only: "
-            f"{f32['decode_token']} bytes in f32 or {bf16['decode_token']} in bf16, per seam; "
-            f"MTP on the tail adds nothing (`mtp_hidden_remote` would be "
-            f"{f32['mtp_hidden_remote']} / {bf16['mtp_hidden_remote']} bytes)."]
+            f"{f32['decode_token']} bytes in f32 or {bf16['decode_token']} in bf16, per seam "
+            "between shards, in both placements of the MTP block.",
+            "- **What MTP adds, by placement** (`--mtp-placement`): with the MTP block in the "
+            "client (`client`, the default) the tail's connection to the client carries "
+            f"`sampler_hidden`, {f32['mtp_hidden_remote']} / {bf16['mtp_hidden_remote']} "
+            "bytes (f32 / bf16) per verified position, which the client's head and the MTP "
+            "block both read; drafts cost no round trip. With it on the tail shard (`tail`) "
+            "no hidden row crosses for MTP (it reads `mtp_hidden` in place) and each draft "
+            "costs a round trip to the tail (contract minimum `draft_step`, "
+            f"{f32['draft_step']} bytes). Ranged MTP routes only where each shard's own "
+            "report (contract version, pin) matches the client's "
+            "(`mtplib.distributed.shard_report`)."]
 
 
 def handoff(r: Run) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from mtplib.contract import labels
 from mtplib.errors import InputError
 from mtplib.lab.display import REFERENCES
+from mtplib.records.dgr066_correctness import section as correctness_section
 from mtplib.records.raw_metrics import BENCH_DIR, BENCH_JSON
 from mtplib.records.readme import (
     Links,
@@ -35,8 +36,9 @@ TRACE_RULE = (
     "A number in this README traces to the raw metrics when formatting some numeric value "
     "of `run_record.json`, of `tests-DGR-066.json` or of the summary sections of "
     "`bench/bench.json` (config, reference_s9, backend, wall_s, prompts, summary, sweep, "
-    "break_even, sampling; the per-run rows they are computed from are not cited) or a "
-    "numeric key there, with the "
+    "break_even, sampling; the per-run rows they are computed from are not cited), the "
+    "counts the correctness section takes from `correctness.json` "
+    "(`mtplib.records.dgr066_correctness.summary`), or a numeric key there, with the "
     "same number of decimals, gives the same text; a number written directly before `%` "
     "may also match the raw value times 100 (a fraction shown as a percentage). Not "
     "numbers, by rule: headings (lines starting with `#`), code spans in backticks "
@@ -57,6 +59,8 @@ class Run:
     bench: dict
     #: ``tests-DGR-066.json``: the criterion tests' results, None where they were not run
     tests: dict | None = None
+    #: notebook 03's counts (`dgr066_correctness.summary`), None where it did not run
+    correctness: dict | None = None
 
     @classmethod
     def from_raw(cls, run_dir: Path, raw: dict, link: Links) -> Run:
@@ -65,7 +69,8 @@ class Run:
         if "bench" not in raw:
             raise InputError(f"{run_dir}: no {BENCH_JSON}: the lane did not run the "
                              "benchmark (notebook 04_benchmark)")
-        return cls(run_dir, link, raw["run_record"], raw["bench"], raw.get("tests"))
+        return cls(run_dir, link, raw["run_record"], raw["bench"], raw.get("tests"),
+                   raw.get("correctness"))
 
     @property
     def cfg(self) -> dict:
@@ -125,6 +130,11 @@ def the_run(r: Run) -> list[str]:
     ]
     rows += model_rows(rec, "model")
     return ["## The run", "", *table(["", ""], rows), ""]
+
+
+def correctness(r: Run) -> list[str]:
+    """Notebook 03_correctness: MTP on emits MTP off's tokens (`dgr066_correctness`)."""
+    return correctness_section(r.correctness, r.link)
 
 
 # -- criterion 1: MTP off vs on ---------------------------------------------------------
@@ -329,8 +339,11 @@ FILES: tuple[tuple[str, str], ...] = (
     ("mtplib/runtime/drafters.py", "the drafters: MTP, synthetic (upstream's "
      "`--spec-synth-rates` semantics)"),
     ("mtplib/runtime/routing.py", "the deployment policy on every MTP path"),
-    ("mtplib/distributed/ranged_mtp.py", "ranged MTP: trunk layers on RPC shards, MTP on the "
-     "tail"),
+    ("mtplib/distributed/ranged_mtp.py", "ranged MTP: trunk layers on RPC shards, the MTP "
+     "block in the client (the default) or on the tail"),
+    ("mtplib/distributed/shard_report.py", "what each shard reports about its build, and the "
+     "adverts ranged MTP routes on"),
+    ("mtplib/records/dgr066_correctness.py", "this README's correctness section"),
     ("mtplib/lab/bench.py", "the MTP off vs on benchmark: its runs"),
     ("mtplib/lab/bench_config.py", "the benchmark's `bench:` section and what it requires"),
     ("mtplib/lab/bench_rows.py", "the benchmark's typed rows"),
@@ -357,7 +370,8 @@ FILES: tuple[tuple[str, str], ...] = (
 #: The test files that check each criterion (the "Tests" section).
 TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("MTP correctness (parts one and two)",
-     ("tests/test_speculative.py", "tests/test_ranged_mtp.py")),
+     ("tests/test_speculative.py", "tests/test_ranged_mtp.py", "tests/test_long_drafts.py")),
+    ("Adverts from the shards' own reports", ("tests/test_shard_report.py",)),
     ("Criterion one: MTP off vs on", ("tests/test_bench.py",)),
     ("Criterion two: sweep and break-even", ("tests/test_bench.py",)),
     ("Criterion three: lanes", ("tests/test_bench.py", "tests/test_lanes.py",
@@ -451,7 +465,7 @@ def tracing_rule(r: Run) -> list[str]:
 
 #: The README's sections in order.
 SECTIONS: tuple[Callable[[Run], list[str]], ...] = (
-    header, the_run, criterion_1_off_vs_on, criterion_2_sweep, criterion_3_lanes,
+    header, the_run, correctness, criterion_1_off_vs_on, criterion_2_sweep, criterion_3_lanes,
     criterion_4_evidence, criterion_5_tests, changed_files, tests, limitations,
     dependency_handoff, tracing_rule)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
 from mtplib.files import copy_atomic, write_text_atomic
-from mtplib.records import dgr065, dgr066, wan_evidence
+from mtplib.records import dgr065, dgr066, dgr066_correctness, wan_evidence
 from mtplib.records import pytest_results as pr
 from mtplib.records import raw_metrics as rm
 from mtplib.records.raw_metrics import BENCH_DIR
@@ -50,6 +50,7 @@ DGR065_RAW = dgr065.RAW
 #: `load_raw` returns -> (file in the run directory, its reader); read when present.
 STORY_RAW: dict[str, dict[str, tuple[str, Callable[[Path], dict]]]] = {
     "DGR-066": {"bench": (rm.BENCH_JSON, rm.read_bench),
+                "correctness": (rm.CORRECTNESS_JSON, dgr066_correctness.read_correctness),
                 "tests": (pr.results_file("DGR-066"), lambda d: pr.read_results(d, "DGR-066"))},
     "DGR-065": {"ownership": (rm.OWNERSHIP_JSON, rm.read_ownership),
                 "state": (rm.STATE_JSON, rm.read_state),

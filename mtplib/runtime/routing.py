@@ -6,14 +6,15 @@ path that runs MTP (MTPRuntime, ranged MTP, the CLI, the bench, lanes) asks it h
 it loads or runs anything MTP, so a policy that disables MTP (alpha) is refused the same
 way everywhere, with a message naming the policy. Plain decoding (mtp.off) always routes.
 
-The adverts are built by the contract's one builder (`build_advert`, as `advertise()`
-builds them) from what this process checked about the shards it is about to use: every
-shard runs every recipe of the contract (mtp.v4.draft1..8) once the pair check passed; the
-tail's MTP recipes are unsupported without the sidecar; DISABLED where the policy disables
-MTP; certified where the caller looked up a passing certification run (`certified`:
-`certified_recipes`, which MTPRuntime and RangedMTP do). The per-shard verdicts carry
-those statuses. Beta, the default, asks for `implemented`, so a run without certification
-records routes too.
+Where the adverts come from: a ranged run's come from its shards, each built from what
+that shard reported about itself at probe time (its contract version, llama-cpp-python /
+llama.cpp pin, build and patch set: `mtplib.distributed.shard_report`), and are
+negotiated against this process's own pin (`route(..., adverts=..., pin=PIN)`), so a
+shard running another contract or pin refuses MTP. A run in one process (MTPRuntime, the
+graph checks) is its own only shard: `local_advert` is what this process checked (the
+pair, the sidecar, the policy, certification records: `certified_recipes`). Both are built
+by the contract's one builder (`build_advert`, as `advertise()` builds them). Beta, the
+default, asks for `implemented`, so a run without certification records routes too.
 """
 
 from __future__ import annotations
@@ -89,26 +90,25 @@ def recipe_for(k: int) -> str:
     return DraftSpec(k).recipe
 
 
-def run_adverts(n_shards: int, *, tail_has_sidecar: bool, policy: Policy,
-                certified: Collection[str] = ()) -> list[ShardAdvert]:
-    """Adverts of the n shards of a run whose pair check passed (`build_advert`): every
-    recipe of the contract implemented (certified where ``certified`` says), DISABLED where
-    the policy disables MTP; only the tail holds the sidecar, and without it the tail's MTP
-    recipes are unsupported."""
-    tail = n_shards - 1
-    return [build_advert(i, pin=PIN, policy=policy,
-                         has_mtp_sidecar=tail_has_sidecar and i == tail,
-                         mtp_problem="" if tail_has_sidecar or i != tail else "no MTP sidecar",
-                         certified=certified).advert
-            for i in range(n_shards)]
+def local_advert(*, has_sidecar: bool, policy: Policy,
+                 certified: Collection[str] = ()) -> ShardAdvert:
+    """The advert of a run in this one process (its own only shard, on this process's
+    pin), whose pair check passed (`build_advert`): every recipe of the contract
+    implemented (certified where ``certified`` says), DISABLED where the policy disables
+    MTP, the MTP recipes unsupported without the sidecar. Never a ranged run's: its shards
+    report their own (`mtplib.distributed.shard_report.shard_adverts`)."""
+    return build_advert(0, pin=PIN, policy=policy, has_mtp_sidecar=has_sidecar,
+                        mtp_problem="" if has_sidecar else "no MTP sidecar",
+                        certified=certified).advert
 
 
-def route(k: int | DraftSpec, *, policy: Policy | str | None = None, n_shards: int = 1,
+def route(k: int | DraftSpec, *, policy: Policy | str | None = None,
           has_sidecar: bool = True, certified: Collection[str] = (),
-          adverts: Sequence[ShardAdvert] | None = None) -> Decision:
+          adverts: Sequence[ShardAdvert] | None = None, pin: str | None = None) -> Decision:
     """The decision for a run drafting k tokens per step (k = 0: plain decoding), negotiated
-    against ``adverts`` (default: `run_adverts` of this run); raises RouteRefused, naming
-    the policy, unless the requested recipe is routed."""
+    against ``adverts`` (default: this process's `local_advert`) and ``pin`` (the build
+    every advert must name; a ranged run gives `PIN`); raises RouteRefused, naming the
+    policy, unless the requested recipe is routed."""
     pol = resolve_policy(policy)
     try:
         spec = k if isinstance(k, DraftSpec) else DraftSpec(k)
@@ -117,9 +117,8 @@ def route(k: int | DraftSpec, *, policy: Policy | str | None = None, n_shards: i
                            f"recipe: {e} (plain decoding, {MTP_OFF}, is always allowed)"
                            ) from None
     if adverts is None:
-        adverts = run_adverts(n_shards, tail_has_sidecar=has_sidecar, policy=pol,
-                              certified=certified)
-    return require_route(spec.recipe, adverts, pol)
+        adverts = [local_advert(has_sidecar=has_sidecar, policy=pol, certified=certified)]
+    return require_route(spec.recipe, adverts, pol, pin=pin)
 
 
 def policy_gate(k: int | DraftSpec, policy: Policy | str | None = None) -> Policy:
@@ -135,7 +134,7 @@ def policy_gate(k: int | DraftSpec, policy: Policy | str | None = None) -> Polic
 
 
 def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | None = None,
-                n_shards: int = 1, has_sidecar: bool = True) -> Policy:
+                has_sidecar: bool = True) -> Policy:
     """The gate of a path that runs MTP outside MTPRuntime and RangedMTP (its own MTP
     context, upstream's C++ loop, a graph check): `route` every draft length it will run,
     before it loads or starts anything. Returns the resolved policy, for the path to hand
@@ -144,7 +143,7 @@ def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | N
     pol = resolve_policy(policy)
     for k in ks:
         try:
-            route(int(k), policy=pol, n_shards=n_shards, has_sidecar=has_sidecar)
+            route(int(k), policy=pol, has_sidecar=has_sidecar)
         except RouteRefused as e:
             raise RouteRefused(f"{what}: {e}") from None
     return pol
