@@ -25,7 +25,7 @@ import pytest
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.model.arch import sidecar_tensors, trunk_tensors
-from mtplib.model.fixture import _write
+from mtplib.model.fixture import _write, write_fixture
 from mtplib.model.presets import TINY
 from mtplib.runtime import PATCHED_DIR, build_info
 from mtplib.runtime.settings import DecodeSettings
@@ -183,7 +183,21 @@ f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_void_p
 name = ctypes.CDLL(str(lib_dir / "libggml-base.so")).ggml_backend_buft_name
 name.argtypes, name.restype = [ctypes.c_void_p], ctypes.c_char_p
 words = lambda addr, n: (ctypes.c_uint64 * n).from_address(addr)
-m = Model(sys.argv[1])
+trunk, plan = sys.argv[1], sys.argv[2]
+shards = None
+if plan:  # the trunk across local RPC shards; their buffer types named shard0, shard1, ...
+    from mtplib.distributed.processes import LocalShards
+    from mtplib.runtime.rpc import open_ranged
+    shards = LocalShards(plan.count(",") + 1).start()
+    m, _ = open_ranged(trunk, plan, shards.endpoints)
+else:
+    m = Model(trunk)
+def label(buft):
+    n = name(buft).decode()
+    for i, ep in enumerate(shards.endpoints if shards else []):
+        if ep in n:
+            return f"shard{i}"
+    return n
 with Context(m, ContextConfig(n_ctx=256, n_threads=1)) as ctx:
     rb = ctypes.create_string_buffer(64)
     f(ctypes.addressof(rb), ctx.ptr)
@@ -193,9 +207,12 @@ with Context(m, ContextConfig(n_ctx=256, n_threads=1)) as ctx:
         if not node:
             return 0
         w = words(node, 8)  # color, parent, left, right, buft, model, context, compute
-        out[name(w[4]).decode()] = {"model": w[5], "context": w[6], "compute": w[7]}
+        out[label(w[4])] = {"model": w[5], "context": w[6], "compute": w[7]}
         return 1 + visit(w[2]) + visit(w[3])
     assert visit(hdr[2]) == hdr[5] > 0, "unexpected std::map layout"
+m.close()
+if shards:
+    shards.close()
 print(json.dumps({"build": build_info()["build"], "breakdown": out}))
 """
 
@@ -203,20 +220,25 @@ print(json.dumps({"build": build_info()["build"], "breakdown": out}))
 @needs_patched
 @pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
                     reason="reads a std::map through the x86-64 Itanium ABI")
-def test_memory_breakdown_counts_the_k_rotation_copies(pair):
-    """The tiny trunk on the CPU: the indexer cache's rotation (128 x 128 F32, the only
-    cache with one) is a 64 KiB buffer 0003 adds beside the cache; memory_breakdown's
-    context bytes are stock's plus exactly that."""
+@pytest.mark.parametrize("preset,plan,grown", [
+    ("tiny", "", {"CPU"}),
+    # V4-Flash's layer pattern: CSA layers on both shards, one copy on each
+    ("v4-ratio-cpu", "0-21,22-42", {"shard0", "shard1"})])
+def test_memory_breakdown_counts_the_k_rotation_copies(tmp_path, preset, plan, grown):
+    """The indexer cache's rotation (128 x 128 F32, the only cache with one here) is one
+    64 KiB buffer per device holding indexer layers, beside the cache (0003):
+    memory_breakdown's context bytes are stock's plus exactly that on each such device
+    (one copy per device, however many layers it holds), the same elsewhere."""
+    trunk = write_fixture(tmp_path, preset=preset).trunk
     got = {}
     for build in ("stock", "patched"):
-        r = _run(MB_PROBE, build, str(pair.trunk))
+        r = _run(MB_PROBE, build, str(trunk), plan)
         assert r.returncode == 0, r.stderr[-2000:]
         got[build] = json.loads(r.stdout.strip().splitlines()[-1])
         assert got[build]["build"] == build
     stock, patched = got["stock"]["breakdown"], got["patched"]["breakdown"]
-    assert set(stock) == set(patched)
-    assert patched["CPU"]["context"] - stock["CPU"]["context"] == 128 * 128 * 4
+    assert set(stock) == set(patched) and grown <= set(stock)
     for buft in stock:
         assert patched[buft]["model"] == stock[buft]["model"]
-        if buft != "CPU":
-            assert patched[buft]["context"] == stock[buft]["context"]
+        grew = patched[buft]["context"] - stock[buft]["context"]
+        assert grew == (128 * 128 * 4 if buft in grown else 0), (buft, grew)
