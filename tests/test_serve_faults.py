@@ -122,16 +122,41 @@ def test_a_shard_fault_is_a_503_naming_it_then_degraded_until_reconnected(faulty
     h = c.get("/health")
     assert h.status_code == 503 and h.json()["status"] == "degraded"
     assert h.json()["shards"] == [SHARD] and h.json()["error"]["code"] == 503
-    # while degraded: refused at once, naming the shard (never queued behind the fault)
+    # while degraded: a request waits for an attempt made for it, and is answered 503
+    # naming the shard when that attempt fails; the tokenizer is refused at once
     for path, body in (("/v1/completions", req), ("/tokenize", {"content": "x"})):
+        n = be.reconnects
         r = c.post(path, json=body)
         assert r.status_code == 503 and EP in r.json()["error"]["message"], (path, r.text)
+        assert (be.reconnects > n) == (path == "/v1/completions"), (path, be.reconnects, n)
     _until(lambda: be.reconnects >= 3, 10, "no retries with backoff")
     assert c.get("/health").status_code == 503
     be.down = False  # the shard is back: the next attempt succeeds
     _until(lambda: c.get("/health").status_code == 200, 10, "not whole again")
     assert c.get("/health").json()["recoveries"] == 1
     assert c.post("/v1/completions", json=req).json()["tokens"] == want
+
+
+def test_the_first_request_after_the_shards_return_is_served_not_refused(faulty, monkeypatch):
+    """Between attempts (a long backoff here) a request does not get a 503 for a shard that
+    is back: it wakes an attempt at once and is answered by it."""
+    c, be, _worker = faulty
+    monkeypatch.setattr(serve_faults, "BACKOFF_S", 60)
+    monkeypatch.setattr(serve_faults, "MAX_BACKOFF_S", 60)
+    req = {"prompt": "hello", "max_tokens": 5, "return_tokens": True}
+    want = c.post("/v1/completions", json=req).json()["tokens"]
+    be.down, be.seen = True, [SHARD]
+    be.fail = ShardLostError(f"shard 1 ({EP}) of plan 0-1,2-3 lost during call", (1,))
+    assert c.post("/v1/completions", json=req).status_code == 503
+    _until(lambda: be.reconnects >= 1, 10, "no first attempt")
+    time.sleep(0.3)
+    assert be.reconnects == 1 and c.get("/health").status_code == 503  # in the backoff
+    be.down = False  # the shard is back
+    t0 = time.monotonic()
+    r = c.post("/v1/completions", json=req)
+    assert r.status_code == 200 and r.json()["tokens"] == want, r.text
+    assert time.monotonic() - t0 < 5 and be.reconnects == 2
+    assert c.get("/health").status_code == 200
 
 
 def test_a_fault_seen_between_requests_is_recovered_without_one(faulty):
@@ -289,11 +314,14 @@ def test_an_external_shard_killed_and_restarted_on_its_port(pair, pki, tls):
             assert body["degraded_s"] >= 2
             assert _ask(s.url).status_code == 503
             sh.restart(1)  # the operator brings it back on the same port
-            back = _whole_within(s.url, RECOVER_S)
-            r = _ask(s.url)
-            assert r.status_code == 200 and r.json()["tokens"] == want
-            print(f"tls={tls}: 503 after {took:.1f} s, whole {back:.1f} s after the "
-                  "shard's return")
+            t0 = time.monotonic()
+            r = _ask(s.url)  # the first request after its return: served, not refused
+            back = time.monotonic() - t0
+            assert r.status_code == 200 and r.json()["tokens"] == want, r.text
+            assert back < RECOVER_S
+            assert _ask(s.url).json()["tokens"] == want
+            print(f"tls={tls}: 503 after {took:.1f} s, the first request answered "
+                  f"{back:.1f} s after the shard's return")
             assert stop(s.proc) == 0, s.log()
         finally:
             stop(s.proc)

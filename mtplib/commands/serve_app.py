@@ -426,10 +426,10 @@ class GenerationWorker:
         with self._gate:
             if self.stopping.is_set():
                 raise shutting_down()
-            if self.health.fault is not None:
-                raise ApiError(503, self.health.refusal(), type="unavailable_error")
             try:
-                self.jobs.put_nowait(job)
+                self.jobs.put_nowait(job)  # degraded: it waits for a reconnect attempt
+                if self.health.fault is not None:
+                    self.health.wake.set()
             except queue.Full:
                 raise ApiError(503, f"the server is busy: {self.cfg.queue_max} requests "
                                "already wait for the running one; retry later",
@@ -460,6 +460,7 @@ class GenerationWorker:
         may finish until `cut`); how many were waiting."""
         with self._gate:
             self.stopping.set()
+            self.health.wake.set()  # a recovery's backoff ends too
             n = self._drain(shutting_down("the request was waiting"))
             with contextlib.suppress(queue.Full):
                 self.jobs.put_nowait(None)  # wakes the loop, which then ends
@@ -486,11 +487,14 @@ class GenerationWorker:
         return ApiError(503, shard[0], type="unavailable_error", extra=shard[1])
 
     def _recover(self) -> None:
-        """Degraded: the waiting requests get the 503 now; reconnect the shards (backoff)
-        until whole or stopping."""
-        with self._gate:
-            self._drain(ApiError(503, self.health.refusal(), type="unavailable_error"))
-        self.health.recover(self.stopping)
+        """Degraded: reconnect the shards (backoff, or at once for a waiting request) until
+        whole or stopping; the requests that waited for a failed attempt get the 503."""
+
+        def failed() -> None:  # the requests that waited for this attempt
+            with self._gate:
+                self._drain(ApiError(503, self.health.refusal(), type="unavailable_error"))
+
+        self.health.recover(self.stopping, failed)
 
     def cut(self) -> None:
         """The grace period is over: the running generation ends at its next step and its

@@ -4,11 +4,13 @@ A ranged backend (`RangedMTP`) says what it sees wrong without a round trip
 (`RangedMTP.faults`: a local shard gone or stopped, a shard that closed its connection, a
 failed session), so each /health call looks at it afresh; a hung remote shard shows at the
 running request instead, within the silence limit ($MTPLIB_SHARD_SILENCE_S). Once a fault is
-seen the service is degraded: /health answers 503 naming the shards, new requests get a
-503 at once, and the worker thread reconnects (`RangedMTP.reconnect`: local shards
-restarted, external ones probed) with doubling waits until the shards answer and their
-weights are loaded again; then it serves as before. A whole-model backend has no shards:
-it is always whole.
+seen the service is degraded: /health answers 503 naming the shards, and the worker thread
+reconnects (`RangedMTP.reconnect`: local shards restarted, external ones probed) with
+doubling waits until the shards answer and their weights are loaded again; then it serves
+as before. A request that arrives while degraded waits for an attempt made at once for it
+(`wake`): answered if that attempt makes the service whole (so the first request after a
+shard's return is served, not refused), a 503 naming the shards if it does not. A
+whole-model backend has no shards: it is always whole.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from mtplib.runtime.rpc import ShardError
 RECHECK_S = 1.0
 #: the first wait between reconnect attempts, doubled per failed attempt up to the second
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 5.0
+#: attempts are at least this far apart, however many requests wake them
+MIN_ATTEMPT_S = 0.5
 
 
 class BackendHealth:
@@ -41,6 +45,8 @@ class BackendHealth:
         self.fault: dict | None = None
         #: completed recoveries since the start (/health reports them)
         self.recoveries = 0
+        #: set by a request that waits while degraded: the next attempt starts now
+        self.wake = threading.Event()
 
     def check(self) -> dict | None:
         """The fault now: the one being recovered from, else what the backend sees."""
@@ -95,16 +101,24 @@ class BackendHealth:
                      "error": {"message": f["message"], "type": "unavailable_error",
                                "param": None, "code": 503}}
 
-    def recover(self, stopping: threading.Event) -> bool:
-        """In the worker thread: reconnect until whole (True) or ``stopping`` (False)."""
+    def recover(self, stopping: threading.Event,
+                failed: Callable[[], None] = lambda: None) -> bool:
+        """In the worker thread: reconnect until whole (True) or ``stopping`` (False).
+        After each failed attempt ``failed()`` answers the requests that waited for it;
+        the next attempt comes after the backoff, or at once when a request `wake`s it
+        (at most every `MIN_ATTEMPT_S`)."""
         wait = BACKOFF_S
         while not stopping.is_set():
+            self.wake.clear()
+            t0 = time.monotonic()
             try:
                 self.backend.reconnect()
             except (MtplibError, OSError) as e:
                 self.mark(f"reconnecting: {e}; next try in {wait:.1f} s", [])
-                if stopping.wait(wait):
+                failed()
+                if stopping.wait(max(0.0, MIN_ATTEMPT_S - (time.monotonic() - t0))):
                     break
+                self.wake.wait(wait)
                 wait = min(2 * wait, MAX_BACKOFF_S)
                 continue
             with self._lock:
