@@ -80,12 +80,12 @@ class RangedBatch:
     for ``owner``, a `RangedMTP`; every call holds its lock (one caller at a time on the
     worker pipe)."""
 
-    def __init__(self, owner: Any, opts: EngineOptions) -> None:
+    def __init__(self, owner: Any, opts: EngineOptions, *, warm: bool = True) -> None:
         self.owner, self.opts = owner, opts
         with owner._lock:
             owner._live()
             owner._build(opts)  # routed (policy) and warmed like a generation's engine
-            info = owner.rt.call(_worker_batch_open, opts, owner.warm)
+            info = owner.rt.call(_worker_batch_open, opts, warm)
         self.capacity, self.n_ctx = int(info["capacity"]), int(info["n_ctx"])
         self.setup = info["setup"]
         self.slots: dict[int, bool] = {}  # seq -> finished

@@ -342,16 +342,18 @@ class RangedMTP:
                 mtp_endpoints=sorted(set(rt.sidecar["placement"].values()))
                 if rt.sidecar else None)
 
-    def batch(self, opts: EngineOptions | None = None) -> RangedBatch:
+    def batch(self, opts: EngineOptions | None = None, *, warm: bool | None = None
+              ) -> RangedBatch:
         """Continuous batching in the worker (`mtplib.distributed.ranged_batch`): up to
-        ``n_seq_max`` slots stepped together, one shard step for all of them."""
+        ``n_seq_max`` slots stepped together, one shard step for all of them. ``warm``
+        (default: this object's): run every step shape once now."""
         from mtplib.distributed.ranged_batch import RangedBatch
 
         opts = self.opts if opts is None else opts
         if not self.has_sidecar:
             opts = replace(opts, k=0)
         policy_gate(opts.k, self.policy)
-        return RangedBatch(self, self._resolve(opts))
+        return RangedBatch(self, self._resolve(opts), warm=self.warm if warm is None else warm)
 
     @property
     def mtp_on_tail(self) -> bool:

@@ -194,6 +194,11 @@ class BatchRun:
     def capacity(self) -> int:
         return self.engine.target.n_seq_max
 
+    @property
+    def n_ctx(self) -> int:
+        """Positions one slot may use (its share of the context)."""
+        return self.engine.target.n_ctx
+
     def free(self) -> int:
         """Sequences no slot holds (and no other session of the engine)."""
         return self.capacity - len(set(self.slots) | set(self.engine.sessions))
