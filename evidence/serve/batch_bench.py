@@ -5,7 +5,10 @@ One `mtplib serve` process (the committed trained pair, MTP k=2, greedy), called
 round): first each prompt alone, one after another (one request's tokens/s: n / its wall
 time); then all N at once from N threads (aggregate tokens/s: N*n over the time from the
 first request sent to the last answer). Each concurrent response's tokens must equal the
-same prompt's tokens alone. Ratio = aggregate / the round's mean one-request tokens/s.
+same prompt's tokens alone. One client's tokens/s = N*n over the sum of the N requests'
+times alone; ratio = aggregate / that. One request before the rounds warms the service
+(a prompt of the same length, not measured); odd rounds run alone first, even rounds
+concurrent first, so a drift of this shared machine's load does not favour one side.
 
     PYTHONPATH=. .venv/bin/python evidence/serve/batch_bench.py [--rounds 4] [--n 64]
         [--parallel 4] [--plan 0-1,2-3 --wan 100] [--out FILE]
@@ -56,7 +59,8 @@ def main() -> int:
     if a.plan:
         engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
     cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0", "--json"]
-    prompts = trained_prompts(a.rounds * a.parallel, a.prompt_len)
+    prompts = trained_prompts(a.rounds * a.parallel + 1, a.prompt_len)
+    warm, prompts = prompts[-1], prompts[:-1]
     load0 = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
@@ -77,26 +81,34 @@ def main() -> int:
                 extra_body={"return_tokens": True, "ignore_eos": True})
             return r.model_extra["tokens"], t0, time.perf_counter(), r.model_extra["timings"]
 
+        ask(warm)
         for i in range(a.rounds):
             ps = prompts[i * a.parallel:(i + 1) * a.parallel]
-            alone = [ask(p) for p in ps]
             got: list = [None] * len(ps)
 
             def run(j: int, p: list[int], got: list = got) -> None:
                 got[j] = ask(p)
 
-            ts = [threading.Thread(target=run, args=(j, p)) for j, p in enumerate(ps)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+            def concurrent(ps: list = ps) -> None:
+                ts = [threading.Thread(target=run, args=(j, p)) for j, p in enumerate(ps)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+
+            if i % 2:
+                concurrent()
+            alone = [ask(p) for p in ps]
+            if not i % 2:
+                concurrent()
             one = [a.n / (x[2] - x[1]) for x in alone]
+            one_client = len(ps) * a.n / sum(x[2] - x[1] for x in alone)
             span = max(x[2] for x in got) - min(x[1] for x in got)
             agg = len(ps) * a.n / span
             rounds.append({
-                "round": i + 1, "one_request_tok_s": one,
-                "one_request_mean_tok_s": statistics.mean(one),
-                "aggregate_tok_s": agg, "ratio": agg / statistics.mean(one),
+                "round": i + 1, "order": "concurrent first" if i % 2 else "alone first",
+                "one_request_tok_s": one, "one_client_tok_s": one_client,
+                "aggregate_tok_s": agg, "ratio": agg / one_client,
                 "concurrent_wall_s": [x[2] - x[1] for x in got],
                 "tokens_identical": [g[0] == s[0] for g, s in zip(got, alone, strict=True)],
                 "draft_n_accepted_alone": [x[3].get("draft_n_accepted") for x in alone],
@@ -115,6 +127,7 @@ def main() -> int:
         "n_new": a.n, "draft": a.draft, "serve_exit": rc, "cpu": cpu_info(),
         "ratio": summary([r["ratio"] for r in rounds]),
         "aggregate_tok_s": summary([r["aggregate_tok_s"] for r in rounds]),
+        "one_client_tok_s": summary([r["one_client_tok_s"] for r in rounds]),
         "one_request_tok_s": summary([x for r in rounds for x in r["one_request_tok_s"]]),
         "all_tokens_identical": all(all(r["tokens_identical"]) for r in rounds),
         "loadavg_1min": {"start": load0, "end": os.getloadavg()[0]},

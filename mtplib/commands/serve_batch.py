@@ -122,7 +122,7 @@ class SlotStream:
 
 class _SlotBackend:
     """What a request's `GenerationWorker._run` streams from: its slot; text calls go to
-    the backend itself."""
+    the backend itself, but each token's text is asked once (`BatchWorker.piece`)."""
 
     def __init__(self, worker: BatchWorker) -> None:
         self.worker = worker
@@ -131,7 +131,7 @@ class _SlotBackend:
         return SlotStream(self.worker, list(tokens), n_new, sampler)
 
     def detokenize(self, tokens: list[int]) -> str:
-        return self.worker.backend.detokenize(tokens)
+        return "".join(self.worker.piece(t) for t in tokens)
 
     def tokenize(self, text: str) -> list[int]:
         return self.worker.backend.tokenize(text)
@@ -154,8 +154,18 @@ class BatchWorker(GenerationWorker):
         self._threads: dict[threading.Thread, int] = {}  # request thread -> slot index
         self._streams: dict[int, SlotStream] = {}  # seq -> its stream
         self._free = list(range(n_slots))
+        self._pieces: dict[int, str] = {}
         super().__init__(backend, cfg, log)
         self.stats = SlotStats(n_slots)
+
+    def piece(self, token: int) -> str:
+        """One token's text, asked of the backend once: the backends' detokenize is the
+        concatenation of each token's piece (`Model.detokenize`), and asking it takes the
+        lock a step holds, which a request thread would wait for at every step."""
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self.backend.detokenize([token])
+        return text
 
     # -- the HTTP side's view -------------------------------------------------------------
     def n_busy(self) -> int:
