@@ -187,3 +187,42 @@ def test_batch_refuses_what_it_cannot_split(pair, rt):
         plain.engine.drafter = synth
         with pytest.raises(RuntimeInputError, match="cannot be batched"):
             plain.batch()
+
+
+def test_prompts_prefilled_together_equal_alone(rt, alone):
+    """join_many: the four prompts in one prefill batch; each slot then equals alone."""
+    b = rt.batch()
+    joined = b.join_many([(seeded_prompt(seed), N_NEW, None) for seed in SEEDS])
+    assert [j[1] for j in joined] == [[alone[seed][0][0]] for seed in SEEDS]
+    while b.active():
+        b.step()
+    for seed, (q, _) in zip(SEEDS, joined, strict=True):
+        assert b.leave(q)[0] == alone[seed][0], seed
+    # a refused ask takes no slot and does not stop the others
+    ok, bad = b.join_many([(seeded_prompt(1), 4, None), ([], 4, None)])
+    assert isinstance(bad, RuntimeInputError) and ok[0] in b.slots and len(b.slots) == 1
+    b.close()
+
+
+def test_a_slot_that_leaves_between_others_fills_the_gap(rt, alone):
+    """fill_gaps (ranged's default): slot 1 leaves first, between slots 0 and 2; it keeps
+    decoding as a filler (one ubatch of consecutive seq ids) without changing the
+    others' tokens, and is closed once the gap closes."""
+    b = BatchRun(rt.engine, fill_gaps=True)
+    q11, _ = b.join(seeded_prompt(11), N_NEW)
+    q12, _ = b.join(seeded_prompt(12), 4)
+    q13, _ = b.join(seeded_prompt(13), N_NEW)
+    assert (q11, q12, q13) == (0, 1, 2)
+    seen_filler = False
+    while b.active():
+        b.step()
+        if q12 in b.slots and q12 not in b.active():
+            assert b.leave(q12)[0] == alone[12][0][:4]
+        seen_filler |= q12 in b.fillers
+        if seen_filler and q13 in b.slots and q13 not in b.active():
+            assert b.leave(q13)[0] == alone[13][0]
+    assert seen_filler
+    assert b.leave(q11)[0] == alone[11][0]
+    b.step()  # nothing live: nothing to fill
+    b.close()
+    assert not b.fillers and not rt.engine.sessions

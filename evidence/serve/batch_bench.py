@@ -53,7 +53,7 @@ def main() -> int:
     from mtplib.model.trained import trained_paths
 
     pair = trained_paths()
-    n_ctx = a.parallel * (a.prompt_len + a.n + 16)
+    n_ctx = a.parallel * (a.prompt_len + 2 * a.n + 16)  # room for a gap filler (batch.py)
     engine = ["-m", str(pair.trunk), "-md", str(pair.sidecar), "--draft", str(a.draft),
               "-c", str(n_ctx), "--parallel", str(a.parallel)]
     if a.plan:

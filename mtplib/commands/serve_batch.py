@@ -237,13 +237,14 @@ class BatchWorker(GenerationWorker):
             self.control(("exit", threading.current_thread()))
 
     def _handle_control(self) -> None:
+        joins: list[SlotStream] = []
         while True:
             try:
                 kind, obj = self._ctl.get_nowait()
             except queue.Empty:
-                return
+                break
             if kind == "join":
-                self._join(obj)
+                joins.append(obj)  # all waiting joins prefill in one batch, below
             elif kind == "leave":
                 if obj.seq is not None and self._streams.get(obj.seq) is obj:
                     del self._streams[obj.seq]
@@ -254,19 +255,29 @@ class BatchWorker(GenerationWorker):
                 self._free.sort()
                 if not self._threads:
                     self.busy.clear()
+        if joins:
+            self._join(joins)
 
-    def _join(self, st: SlotStream) -> None:
+    def _join(self, sts: list[SlotStream]) -> None:
+        """Join every waiting request: the prompts prefilled together."""
         try:
-            seq, first = self.batch.join(st.tokens, st.n_new, sampler=st.sampler)
-        except BaseException as e:  # noqa: BLE001 - the request's error, not the service's
-            st.q.put(("error", e))
+            got = self.batch.join_many([(st.tokens, st.n_new, st.sampler) for st in sts])
+        except BaseException as e:  # noqa: BLE001 - the requests' error, not the service's
+            for st in sts:
+                st.q.put(("error", e))
             return
-        st.seq = seq
-        self._streams[seq] = st
-        if first:
-            st.q.put(("tokens", first))
-        if seq not in self.batch.active():
-            self._finish(seq)
+        active = set(self.batch.active())
+        for st, g in zip(sts, got, strict=True):
+            if isinstance(g, BaseException):
+                st.q.put(("error", g))
+                continue
+            seq, first = g
+            st.seq = seq
+            self._streams[seq] = st
+            if first:
+                st.q.put(("tokens", first))
+            if seq not in active:
+                self._finish(seq)
 
     def _finish(self, seq: int) -> None:
         st = self._streams.pop(seq)

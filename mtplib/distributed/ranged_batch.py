@@ -52,9 +52,8 @@ def _batch(models):
     return b
 
 
-def _worker_batch_join(models, prompt: list[int], n_new: int, sampler: Sampler | None
-                       ) -> tuple[int, list[int]]:
-    return _batch(models).join(prompt, n_new, sampler=sampler)
+def _worker_batch_join(models, asks: list[tuple]) -> list:
+    return _batch(models).join_many(asks)
 
 
 def _worker_batch_step(models) -> tuple[dict[int, list[int]], list[int]]:
@@ -106,9 +105,20 @@ class RangedBatch:
 
     def join(self, prompt: Sequence[int], n_new: int, *, sampler: Sampler | None = None
              ) -> tuple[int, list[int]]:
-        seq, first = self._call(_worker_batch_join, list(prompt), n_new, sampler)
-        self.slots[seq] = n_new <= len(first)
-        return seq, first
+        got = self.join_many([(prompt, n_new, sampler)])[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def join_many(self, asks: Sequence[tuple]) -> list:
+        """`BatchRun.join_many` in the worker: the prompts prefilled in one batch (one
+        pass over the shards when they fit n_batch together)."""
+        out = self._call(_worker_batch_join, [(list(p), n, sm) for p, n, sm in asks])
+        for (_, n_new, _), got in zip(asks, out, strict=True):
+            if not isinstance(got, BaseException):
+                seq, first = got
+                self.slots[seq] = n_new <= len(first)
+        return out
 
     def step(self) -> dict[int, list[int]]:
         out, finished = self._call(_worker_batch_step)

@@ -23,7 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mtplib.contract.labels import StepKind
+from mtplib.contract.session import State
 from mtplib.runtime.engine import Engine, SpecSession, api_rows
 from mtplib.runtime.generation import empty_metrics, session_metrics
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
@@ -126,6 +129,38 @@ def batch_step(engine: Engine, sessions: Sequence[SpecSession],
     return emitted
 
 
+def batch_prefill(engine: Engine, sessions: Sequence[SpecSession],
+                  prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Prefill several just-opened sessions (``Engine.open(prefill=False)``) with their
+    prompts in one target batch (the prompt's last token of each flagged for logits);
+    each session's first token. Prompts that do not fit one n_batch together are
+    prefilled one by one."""
+    e = engine
+    if sum(len(p) for p in prompts) > e.target.n_batch or len(sessions) == 1:
+        return [s.prefill(p) for s, p in zip(sessions, prompts, strict=True)]
+    toks = [s.prefill_begin(p) for s, p in zip(sessions, prompts, strict=True)]
+    flat = [t for ts in toks for t in ts]
+    pos = [i for ts in toks for i in range(len(ts))]
+    seqs = [s.seq for s, ts in zip(sessions, toks, strict=True) for _ in ts]
+    ends = np.cumsum([len(ts) for ts in toks]) - 1  # batch index of each prompt's last
+    flags = [False] * len(flat)
+    for i in ends:
+        flags[int(i)] = e.head is None
+    with e.phase(StepKind.PREFILL, len(flat)):
+        e.target.decode(flat, pos, seq_id=seqs, logits=flags)
+        rows = e.rows(e.target, len(flat)) if e.needs_rows else None
+        if e.head is None:
+            logits = [e.target.logits(int(i)) for i in ends]
+        else:
+            logits = list(e.head(rows[ends]))
+    firsts, a = [], 0
+    for s, ts, lg in zip(sessions, toks, logits, strict=True):
+        b = a + len(ts)
+        firsts.append(s.prefill_end(lg, None if rows is None else rows[a:b], len(ts)))
+        a = b
+    return firsts
+
+
 def warm_batch(engine: Engine, n: int) -> dict:
     """Run each batch shape a step of up to ``n`` slots decodes once, on throwaway
     sequences: j sequences x a window of w tokens for j = 1..n, w = 1..k+1 (upstream's RPC
@@ -174,15 +209,26 @@ class BatchRun:
     (every unfinished slot once, together), `leave` (frees the sequence; its tokens and
     metrics when it finished). ``lock``: held around every call into upstream (the
     owner's, e.g. MTPRuntime's). ``memory``: a seq id -> memory report, as generations
-    report it. Not thread-safe by itself: one scheduler drives it."""
+    report it. Not thread-safe by itself: one scheduler drives it.
+
+    ``fill_gaps`` (default: when the trunk is on shards): upstream's split keeps a ubatch
+    to consecutive sequence ids (src/llama-batch.cpp ``split_equal``, sequential), so
+    slots 0, 1, 3 cost two passes over the shards per step. A slot that leaves between
+    others then keeps decoding (its tokens discarded) while it fills such a gap, until
+    the gap closes, its context ends, or a join needs its sequence id."""
 
     def __init__(self, engine: Engine, *, lock: contextlib.AbstractContextManager | None = None,
-                 memory: Callable[[int], dict] | None = None, warm: bool = False) -> None:
+                 memory: Callable[[int], dict] | None = None, warm: bool = False,
+                 fill_gaps: bool | None = None) -> None:
         check_batchable(engine)
         self.engine = engine
         self.lock = lock or contextlib.nullcontext()
         self.memory = memory
         self.slots: dict[int, Slot] = {}
+        #: sessions of slots that left, decoding on to fill a gap (seq -> session)
+        self.fillers: dict[int, SpecSession] = {}
+        self.fill_gaps = bool(engine.target.model.endpoints) if fill_gaps is None \
+            else fill_gaps
         self.closed = False
         #: `warm_batch`'s report when ``warm`` (every step shape run once, at open)
         self.setup: dict | None = None
@@ -211,7 +257,55 @@ class BatchRun:
              ) -> tuple[int, list[int]]:
         """A new slot for ``prompt``: its prefill runs now (alone); returns (slot id = its
         seq id, the first tokens: [first], or [] when n_new is 0)."""
+        return self.join_many([(prompt, n_new, sampler)])[0]
+
+    def join_many(self, asks: Sequence[tuple[Sequence[int], int, Sampler | None]]
+                  ) -> list[tuple[int, list[int]] | BaseException]:
+        """A slot for each (prompt, n_new, sampler), their prefills in one batch; per
+        ask, (slot id, first tokens) or the error that refused it (checked before any
+        decode: a refused ask takes no slot). With one ask, its error is raised."""
         self._live()
+        e = self.engine
+        free = [q for q in range(self.capacity)
+                if q not in self.slots and (q not in e.sessions or q in self.fillers)]
+        out: list = []
+        todo: list = []
+        for prompt, n_new, sampler in asks:
+            try:
+                prompt = self._check(prompt, n_new)
+                if not free:
+                    raise RuntimeInputError(f"all {self.capacity} slots are in use")
+            except RuntimeInputError as err:
+                if len(asks) == 1:
+                    raise
+                out.append(err)
+                continue
+            seq = free.pop(0)
+            if n_new == 0:
+                self.slots[seq] = Slot(seq, 0, len(prompt), None,
+                                       metrics=empty_metrics(e, len(prompt), self.memory, seq))
+                out.append((seq, []))
+                continue
+            out.append(seq)
+            todo.append((seq, prompt, n_new, sampler))
+        if todo:
+            with self.lock:
+                for q, *_ in todo:
+                    self._drop_filler(q)
+                ss = [e.open(p, seq_id=q, sampler=sm, stream=0, prefill=False)
+                      for q, p, _, sm in todo]
+                try:
+                    batch_prefill(e, ss, [p for _, p, _, _ in todo])
+                except BaseException:
+                    for s in ss:
+                        e.close(s)
+                    raise
+            for s, (q, p, n_new, _) in zip(ss, todo, strict=True):
+                slot = self.slots[q] = Slot(q, n_new, len(p), s, [s.last])
+                self._finish_if_done(slot)
+        return [(x, list(self.slots[x].tokens)) if isinstance(x, int) else x for x in out]
+
+    def _check(self, prompt: Sequence[int], n_new: int) -> list[int]:
         e = self.engine
         n_new = check_n_new(n_new)
         prompt = check_tokens(prompt, e.target.n_vocab)
@@ -221,20 +315,7 @@ class BatchRun:
             raise RuntimeInputError(
                 f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
                 f"of {e.target.n_ctx} tokens per slot; shorten the prompt or lower --n")
-        free = [q for q in range(self.capacity) if q not in self.slots and q not in e.sessions]
-        if not free:
-            raise RuntimeInputError(f"all {self.capacity} slots are in use")
-        seq = free[0]
-        with self.lock:
-            if n_new == 0:
-                slot = Slot(seq, 0, len(prompt), None,
-                            metrics=empty_metrics(e, len(prompt), self.memory, seq))
-                self.slots[seq] = slot
-                return seq, []
-            s = e.open(prompt, seq_id=seq, sampler=sampler, stream=0)
-        slot = self.slots[seq] = Slot(seq, n_new, len(prompt), s, [s.last])
-        self._finish_if_done(slot)
-        return seq, [s.last]
+        return prompt
 
     def _finish_if_done(self, slot: Slot) -> None:
         s = slot.session
@@ -262,7 +343,9 @@ class BatchRun:
         if not live:
             return {}
         with self.lock:
-            out = batch_step(self.engine, [sl.session for sl in live], [None] * len(live))
+            fill = self._fill(live)
+            out = batch_step(self.engine, [sl.session for sl in live] + fill,
+                             [None] * (len(live) + len(fill)))[:len(live)]
         got = {}
         for sl, toks in zip(live, out, strict=True):
             room = sl.n_new - len(sl.tokens)
@@ -277,13 +360,38 @@ class BatchRun:
         if slot is None:
             raise RuntimeInputError(f"no slot {seq}")
         if slot.session is not None and not self.closed:
-            with self.lock:
-                self.engine.close(slot.session)
+            if self.fill_gaps and slot.session.session.state is State.DECODING:
+                self.fillers[seq] = slot.session  # closed by `_fill` once not needed
+            else:
+                with self.lock:
+                    self.engine.close(slot.session)
         return (slot.tokens, slot.metrics) if slot.done else None
+
+    def _fill(self, live: list[Slot]) -> list[SpecSession]:
+        """The fillers this step needs (seq ids between two live slots, with room left in
+        their context); the others are closed."""
+        seqs = [sl.seq for sl in live]
+        lo, hi = min(seqs), max(seqs)
+        keep = []
+        for q in sorted(self.fillers):
+            s = self.fillers[q]
+            if lo < q < hi and s.draft_room() == self.engine.k:  # a full window still fits
+                keep.append(s)
+            else:
+                self._drop_filler(q)
+        return keep
+
+    def _drop_filler(self, seq: int) -> None:
+        s = self.fillers.pop(seq, None)
+        if s is not None:
+            self.engine.close(s)
 
     def close(self) -> None:
         """Free every slot; idempotent."""
         for q in list(self.slots):
             self.leave(q)
+        with self.lock:
+            for q in list(self.fillers):
+                self._drop_filler(q)
         self.closed = True
 

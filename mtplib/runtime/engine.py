@@ -119,11 +119,8 @@ class SpecSession:
     # -- lifecycle ----------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> int:
         """Decode the prompt (chunked), checkpoint it, emit the first token (TTFT)."""
-        e, m = self.engine, self.metrics
-        m.t_start = time.perf_counter()
-        self.session = self.session.prefill_start()
-        tokens = [int(t) for t in prompt]
-        m.n_prompt = len(tokens)
+        e = self.engine
+        tokens = self.prefill_begin(prompt)
         rows = []
         with e.phase(StepKind.PREFILL, len(tokens)):
             for a in range(0, len(tokens), e.target.n_batch):
@@ -134,11 +131,29 @@ class SpecSession:
                 if e.needs_rows:
                     rows.append(e.rows(e.target, len(chunk)))
             logits = e.target.logits(-1) if e.head is None else e.head(rows[-1][-1:])[0]
+        return self.prefill_end(logits, np.concatenate(rows) if rows else None,
+                                len(tokens) - a)
+
+    def prefill_begin(self, prompt: Sequence[int]) -> list[int]:
+        """Start the prefill's clock and state; the prompt's tokens, for the caller to
+        decode (`prefill`, or a batch of several sessions' prompts)."""
+        m = self.metrics
+        m.t_start = time.perf_counter()
+        self.session = self.session.prefill_start()
+        tokens = [int(t) for t in prompt]
+        m.n_prompt = len(tokens)
+        self.tokens = tokens  # committed so far: the prompt (nothing emitted yet)
+        return tokens
+
+    def prefill_end(self, logits: np.ndarray, all_rows: np.ndarray | None,
+                    last_decode_len: int) -> int:
+        """After the prompt was decoded (its last logits, every row): checkpoint, feed the
+        drafter, emit the first token."""
+        e, m = self.engine, self.metrics
+        tokens = self.tokens
         if self.margins is not None:
             self.margins[len(tokens)] = top2_margin(logits)
-        all_rows = np.concatenate(rows) if rows else None
-        self.n_cached, self.last_decode_len = len(tokens), len(tokens) - a
-        self.tokens = tokens
+        self.n_cached, self.last_decode_len = len(tokens), last_decode_len
         self._keep_rows(0, all_rows)
         m.t_prefill = time.perf_counter() - m.t_start
         if e.checkpoints == "state":
@@ -432,10 +447,11 @@ class Engine:
 
     def open(self, prompt: Sequence[int], *, seq_id: int | None = None,
              session_id: str | None = None, sampler: Sampler | None = None,
-             stream: int | None = None) -> SpecSession:
+             stream: int | None = None, prefill: bool = True) -> SpecSession:
         """A session on ``seq_id`` (default: the first free one), prefilled with
         ``prompt``; ``sampler``/``stream``: its own sampler and random stream id (default:
-        the engine's sampler, the seq id)."""
+        the engine's sampler, the seq id). ``prefill=False``: the caller prefills it
+        (`mtplib.runtime.batch.batch_prefill`, several prompts in one batch)."""
         if seq_id is None:
             free = [s for s in range(self.target.n_seq_max) if s not in self.sessions]
             if not free:
@@ -455,7 +471,8 @@ class Engine:
                                                      f"s{seq_id}.{n}"))
         s.own_sampler, s.stream = sampler, stream
         self.sessions[seq_id] = s
-        s.prefill(prompt)
+        if prefill:
+            s.prefill(prompt)
         return s
 
     def close(self, s: SpecSession) -> None:
