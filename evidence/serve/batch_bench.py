@@ -7,8 +7,12 @@ time); then all N at once from N threads (aggregate tokens/s: N*n over the time 
 first request sent to the last answer). Each concurrent response's tokens must equal the
 same prompt's tokens alone. One client's tokens/s = N*n over the sum of the N requests'
 times alone; ratio = aggregate / that. One request before the rounds warms the service
-(a prompt of the same length, not measured); odd rounds run alone first, even rounds
+and one set of N concurrent ones (prompts of the same length, not measured: the
+service's first-use shapes); odd rounds run alone first, even rounds
 concurrent first, so a drift of this shared machine's load does not favour one side.
+``tail_bound`` per round: the sum over the max of the N times alone, the ratio N requests
+stepped together could reach if a step of N cost what a step of one does and prefills
+were free (they end with the slowest).
 
     PYTHONPATH=. .venv/bin/python evidence/serve/batch_bench.py [--rounds 4] [--n 64]
         [--parallel 4] [--plan 0-1,2-3 --wan 100] [--out FILE]
@@ -59,8 +63,8 @@ def main() -> int:
     if a.plan:
         engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
     cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0", "--json"]
-    prompts = trained_prompts(a.rounds * a.parallel + 1, a.prompt_len)
-    warm, prompts = prompts[-1], prompts[:-1]
+    prompts = trained_prompts((a.rounds + 1) * a.parallel + 1, a.prompt_len)
+    warm, prompts = prompts[-(a.parallel + 1):], prompts[:-(a.parallel + 1)]
     load0 = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
@@ -81,7 +85,12 @@ def main() -> int:
                 extra_body={"return_tokens": True, "ignore_eos": True})
             return r.model_extra["tokens"], t0, time.perf_counter(), r.model_extra["timings"]
 
-        ask(warm)
+        ask(warm[0])
+        ws = [threading.Thread(target=ask, args=(p,)) for p in warm[1:]]
+        for t in ws:
+            t.start()
+        for t in ws:
+            t.join()
         for i in range(a.rounds):
             ps = prompts[i * a.parallel:(i + 1) * a.parallel]
             got: list = [None] * len(ps)
@@ -105,8 +114,12 @@ def main() -> int:
             one_client = len(ps) * a.n / sum(x[2] - x[1] for x in alone)
             span = max(x[2] for x in got) - min(x[1] for x in got)
             agg = len(ps) * a.n / span
+            walls = [x[2] - x[1] for x in alone]
             rounds.append({
                 "round": i + 1, "order": "concurrent first" if i % 2 else "alone first",
+                # N concurrent end with the slowest: the ratio if a step of N cost what a
+                # step of one does and the prefill were free (sum / max of times alone)
+                "tail_bound": sum(walls) / max(walls),
                 "one_request_tok_s": one, "one_client_tok_s": one_client,
                 "aggregate_tok_s": agg, "ratio": agg / one_client,
                 "concurrent_wall_s": [x[2] - x[1] for x in got],
@@ -126,6 +139,7 @@ def main() -> int:
                    f"{a.parallel} per round",
         "n_new": a.n, "draft": a.draft, "serve_exit": rc, "cpu": cpu_info(),
         "ratio": summary([r["ratio"] for r in rounds]),
+        "tail_bound": summary([r["tail_bound"] for r in rounds]),
         "aggregate_tok_s": summary([r["aggregate_tok_s"] for r in rounds]),
         "one_client_tok_s": summary([r["one_client_tok_s"] for r in rounds]),
         "one_request_tok_s": summary([x for r in rounds for x in r["one_request_tok_s"]]),

@@ -214,11 +214,12 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
         if a.parallel > 1:
             from dataclasses import replace
 
-            from mtplib.commands.serve_batch import BatchWorker
+            from mtplib.commands.serve_batch import GATHER_S, BatchWorker
 
             batch = backend.batch(warm=True)  # every step shape run once, at load
             cfg = replace(cfg, n_ctx=int(batch.n_ctx))  # each slot's share
-            worker = BatchWorker(backend, cfg, batch, a.parallel, log=log_line)
+            worker = BatchWorker(backend, cfg, batch, a.parallel, log=log_line,
+                                 gather_s=GATHER_S if a.plan else 0.0)
         else:
             worker = GenerationWorker(backend, cfg, log=log_line)
         stopped: list[bool] = []

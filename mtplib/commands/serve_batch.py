@@ -15,12 +15,17 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from mtplib.commands.serve_app import GenerationWorker, Job, ServeConfig, ServeStats
 from mtplib.errors import MtplibError
 from mtplib.runtime.model import RuntimeInputError
+
+#: a ranged service's join gathering window (`BatchWorker.gather_s`), seconds: small
+#: beside a prefill pass over shards (at least one round trip per shard)
+GATHER_S = 0.02
 
 
 class SlotStats(ServeStats):
@@ -141,14 +146,17 @@ class BatchWorker(GenerationWorker):
     """`GenerationWorker` with ``n_slots`` requests generating at once, stepped together.
 
     ``batch``: the backend's open batch (`BatchRun` or `RangedBatch`, capacity >= n_slots).
-    Requests wait in the same bounded queue (``cfg.queue_max``) until a slot is free."""
+    Requests wait in the same bounded queue (``cfg.queue_max``) until a slot is free.
+    ``gather_s``: when no slot is generating, how long the first join waits for others
+    to arrive (their prompts then prefill in one batch); serve gives ranged backends
+    GATHER_S, whole ones 0."""
 
     def __init__(self, backend: Any, cfg: ServeConfig, batch: Any, n_slots: int,
-                 log=lambda s: None) -> None:
+                 log=lambda s: None, gather_s: float = 0.0) -> None:
         if batch.capacity < n_slots:
             raise RuntimeInputError(f"the batch holds {batch.capacity} sequences, not "
                                     f"{n_slots}")
-        self.batch, self.n_slots = batch, n_slots
+        self.batch, self.n_slots, self.gather_s = batch, n_slots, gather_s
         self._ctl: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._threads: dict[threading.Thread, int] = {}  # request thread -> slot index
@@ -237,6 +245,17 @@ class BatchWorker(GenerationWorker):
             self.control(("exit", threading.current_thread()))
 
     def _handle_control(self) -> None:
+        joins = self._drain()
+        if joins and self.gather_s and not self.batch.active():
+            # idle: requests sent together arrive a few ms apart; wait for them, so their
+            # prompts share one prefill pass (over a WAN each pass costs round trips)
+            time.sleep(self.gather_s)
+            joins += self._drain()
+        if joins:
+            self._join(joins)
+
+    def _drain(self) -> list[SlotStream]:
+        """Handle the waiting control messages; the joins among them, for `_join`."""
         joins: list[SlotStream] = []
         while True:
             try:
@@ -255,8 +274,7 @@ class BatchWorker(GenerationWorker):
                 self._free.sort()
                 if not self._threads:
                     self.busy.clear()
-        if joins:
-            self._join(joins)
+        return joins
 
     def _join(self, sts: list[SlotStream]) -> None:
         """Join every waiting request: the prompts prefilled together."""

@@ -340,10 +340,10 @@ class BatchRun:
         shards; tokens drafted past a slot's n_new are verified and dropped."""
         self._live()
         live = [self.slots[q] for q in sorted(self.active())]
-        if not live:
-            return {}
         with self.lock:
             fill = self._fill(live)
+            if not live:
+                return {}
             out = batch_step(self.engine, [sl.session for sl in live] + fill,
                              [None] * (len(live) + len(fill)))[:len(live)]
         got = {}
@@ -360,18 +360,21 @@ class BatchRun:
         if slot is None:
             raise RuntimeInputError(f"no slot {seq}")
         if slot.session is not None and not self.closed:
-            if self.fill_gaps and slot.session.session.state is State.DECODING:
-                self.fillers[seq] = slot.session  # closed by `_fill` once not needed
-            else:
-                with self.lock:
+            live = self.active()
+            between = any(q < seq for q in live) and any(q > seq for q in live)
+            with self.lock:
+                if self.fill_gaps and between and slot.session.session.state is State.DECODING:
+                    self.fillers[seq] = slot.session  # closed by `_fill` once not needed
+                else:
                     self.engine.close(slot.session)
+                self._fill([self.slots[q] for q in live if q in self.slots])
         return (slot.tokens, slot.metrics) if slot.done else None
 
     def _fill(self, live: list[Slot]) -> list[SpecSession]:
         """The fillers this step needs (seq ids between two live slots, with room left in
         their context); the others are closed."""
-        seqs = [sl.seq for sl in live]
-        lo, hi = min(seqs), max(seqs)
+        seqs = [sl.seq for sl in live if not sl.done]
+        lo, hi = (min(seqs), max(seqs)) if seqs else (0, 0)
         keep = []
         for q in sorted(self.fillers):
             s = self.fillers[q]
