@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from mtplib.commands.serve_app import GenerationWorker, Job, ServeConfig, ServeStats
-from mtplib.errors import MtplibError
 from mtplib.runtime.model import RuntimeInputError
 
 #: a ranged service's join gathering window (`BatchWorker.gather_s`), seconds: small
@@ -267,8 +266,10 @@ class BatchWorker(GenerationWorker):
             elif kind == "leave":
                 if obj.seq is not None and self._streams.get(obj.seq) is obj:
                     del self._streams[obj.seq]
-                    with contextlib.suppress(MtplibError):
+                    try:
                         self.batch.leave(obj.seq)
+                    except Exception as e:  # noqa: BLE001 - logged; the service goes on
+                        self.log(f"leaving slot {obj.seq} failed: {type(e).__name__}: {e}")
             else:  # "exit": a request thread ended
                 self._free.append(self._threads.pop(obj))
                 self._free.sort()
@@ -299,7 +300,11 @@ class BatchWorker(GenerationWorker):
 
     def _finish(self, seq: int) -> None:
         st = self._streams.pop(seq)
-        res = self.batch.leave(seq)
+        try:
+            res = self.batch.leave(seq)
+        except Exception as e:  # noqa: BLE001 - the request's error, not the service's
+            st.q.put(("error", e))
+            return
         st.q.put(("end", None if res is None else res[1]))
 
     def _step(self) -> None:

@@ -64,7 +64,9 @@ def batch_step(engine: Engine, sessions: Sequence[SpecSession],
                ks: Sequence[int | None]) -> list[list[int]]:
     """One propose -> verify -> commit round for every session together; returns each
     session's emitted tokens (in order). ``ks``: each session's draft length (None: the
-    engine's k), clipped to its context as `SpecSession.step` does."""
+    engine's k), clipped to its context as `SpecSession.step` does. The batch holds the
+    windows in the sessions' order: give them by seq id, since upstream's split puts only
+    consecutive seq ids, in batch order, in one ubatch."""
     e = engine
     if len(ks) != len(sessions):
         raise RuntimeInputError(f"{len(sessions)} sessions but {len(ks)} draft lengths")
@@ -344,8 +346,11 @@ class BatchRun:
             fill = self._fill(live)
             if not live:
                 return {}
-            out = batch_step(self.engine, [sl.session for sl in live] + fill,
-                             [None] * (len(live) + len(fill)))[:len(live)]
+            # in seq id order: upstream's split takes consecutive ids in batch order
+            ss = sorted([sl.session for sl in live] + fill, key=lambda x: x.seq)
+            emitted = dict(zip([x.seq for x in ss],
+                               batch_step(self.engine, ss, [None] * len(ss)), strict=True))
+            out = [emitted[sl.seq] for sl in live]
         got = {}
         for sl, toks in zip(live, out, strict=True):
             room = sl.n_new - len(sl.tokens)
