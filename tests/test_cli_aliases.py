@@ -234,23 +234,21 @@ def test_n_gpu_layers_is_a_one_line_note(capsys):
     assert "takes a number >= -1, auto or all" in _refused(capsys, "-ngl", "lots")
 
 
-@pytest.mark.parametrize("value,ok", [("1", True), ("-1", True), ("2", False), ("4", False),
-                                      ("0", False)])
-def test_parallel_1_only_until_batching(capsys, value, ok):
+@pytest.mark.parametrize("value,want", [("1", 1), ("-1", 1), ("2", 2), ("4", 4),
+                                        ("256", 256), ("0", None), ("257", None),
+                                        ("-2", None)])
+def test_parallel_range(capsys, value, want):
     from mtplib.commands.serve import check_parallel
 
-    if ok:
+    if want is not None:
         a = _parse("serve", "-m", "T", "-np", value)
         check_parallel(a)
-        assert a.parallel == 1
+        assert a.parallel == want
         return
     assert main(["serve", "-m", "no-such.gguf", "--parallel", value]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
-    if value == "0":
-        assert "--parallel must be >= 1" in lines[0]
-    else:
-        assert f"--parallel {value}: continuous batching is not built yet" in lines[0]
+    assert "--parallel must be in 1..256 (or -1: auto)" in lines[0]
 
 
 def test_serve_help_lists_the_new_spellings():

@@ -381,7 +381,8 @@ def open_backend(a: argparse.Namespace, *, sampler=None, warm: bool = False) -> 
 
     # the one request object both paths take (validated here, routed once by the backend)
     opts = EngineOptions(k=draft_k(a), settings=settings(a), sampler=sampler,
-                         trace=bool(getattr(a, "trace", False)), head=a.head)
+                         trace=bool(getattr(a, "trace", False)), head=a.head,
+                         n_seq_max=int(getattr(a, "parallel", 1)))  # serve's slots
     if not a.plan:
         with MTPRuntime(a.model, a.mtp, opts=opts, policy=a.policy, warm=warm) as rt:
             yield rt

@@ -34,30 +34,29 @@ HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 10.0, 30.0
 #: the environment variable read for --api-key when the flag is not given (keeps the key
 #: out of the process list)
 API_KEY_ENV = "MTPLIB_API_KEY"
-#: the --parallel values the service runs: one request at a time until continuous batching
-#: (issue 30) is built; raise it here and in `check_parallel` when it is
-PARALLEL_BUILT = (1,)
+#: the most --parallel slots: upstream's LLAMA_MAX_SEQ (src/llama-cparams.h)
+PARALLEL_MAX = 256
+#: what --parallel -1 (llama-server's auto) runs: one slot, the default, until more is
+#: measured better on the hosts mtplib serves from
+PARALLEL_AUTO = 1
 
 
 def add_parallel_arg(s: argparse.ArgumentParser) -> None:
     """``--parallel N`` / llama-server's ``-np N``: the number of slots (sequences decoded
     together). The one definition; `check_parallel` says which values run."""
     add_option(s, "--parallel", type=int, default=1, metavar="N",
-               help="slots decoded together (llama-server's -np); only 1 is built: "
-               "requests run one at a time, up to --queue wait")
+               help="slots decoded together, continuous batching (llama-server's -np); "
+               "each slot gets --ctx / N positions, as llama-server's; default 1")
 
 
 def check_parallel(a: argparse.Namespace) -> None:
-    """Refuse a --parallel this build does not run, in one line; -1 (llama-server's auto)
-    is the one value built."""
+    """Refuse a --parallel outside 1..PARALLEL_MAX in one line; -1 (llama-server's auto)
+    is PARALLEL_AUTO."""
     if a.parallel == -1:
-        a.parallel = PARALLEL_BUILT[-1]
-    if a.parallel < 1:
-        raise InputError(f"--parallel must be >= 1 (or -1: auto), got {a.parallel}")
-    if a.parallel not in PARALLEL_BUILT:
-        raise InputError(f"--parallel {a.parallel}: continuous batching is not built yet; "
-                         "mtplib serve runs one request at a time (--parallel 1), and up to "
-                         "--queue requests wait for it")
+        a.parallel = PARALLEL_AUTO
+    if not 1 <= a.parallel <= PARALLEL_MAX:
+        raise InputError(f"--parallel must be in 1..{PARALLEL_MAX} (or -1: auto), got "
+                         f"{a.parallel}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -212,7 +211,17 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
 
     with sock, open_backend(a, sampler=sampler, warm=True) as backend:
         cfg = _config(a, backend)
-        worker = GenerationWorker(backend, cfg, log=log_line)
+        if a.parallel > 1:
+            from dataclasses import replace
+
+            from mtplib.commands.serve_batch import GATHER_S, BatchWorker
+
+            batch = backend.batch(warm=True)  # every step shape run once, at load
+            cfg = replace(cfg, n_ctx=int(batch.n_ctx))  # each slot's share
+            worker = BatchWorker(backend, cfg, batch, a.parallel, log=log_line,
+                                 gather_s=GATHER_S if a.plan else 0.0)
+        else:
+            worker = GenerationWorker(backend, cfg, log=log_line)
         stopped: list[bool] = []
 
         def on_shutdown() -> None:
@@ -238,11 +247,12 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
         port = sock.getsockname()[1]
         url = f"http://{a.host if ':' not in a.host else f'[{a.host}]'}:{port}"
         ready = {"listening": url, "host": a.host, "port": port, "model": cfg.model_id,
-                 "n_ctx": cfg.n_ctx, "draft": cfg.k, "plan": a.plan,
+                 "n_ctx": cfg.n_ctx, "parallel": a.parallel, "draft": cfg.k, "plan": a.plan,
                  "upstream": cfg.meta["upstream"]}
         if a.json:
             print(json.dumps(ready), flush=True)
-        log_line(f"listening on {url} (model {cfg.model_id}, n_ctx {cfg.n_ctx}, "
+        log_line(f"listening on {url} (model {cfg.model_id}, n_ctx {cfg.n_ctx}"
+                 + (f" per slot, {a.parallel} slots" if a.parallel > 1 else "") + ", "
                  f"draft {cfg.k}{', plan ' + a.plan if a.plan else ''}); SIGTERM or Ctrl-C "
                  "stops it")
         server.run(sockets=[sock])
@@ -301,8 +311,9 @@ def register(sub) -> None:
         description="Load the model once (the same options as generate: whole, or ranged "
         "on shards with --plan [--endpoints]) and serve OpenAI's API on HOST:PORT: "
         "POST /v1/completions and /v1/chat/completions (stream: true gives server-sent "
-        "events), GET /v1/models and /health. Requests run one at a time in arrival order; "
-        "up to --queue wait, more get 503. Each response carries llama-server's timings "
+        "events), GET /v1/models and /health. Requests run one at a time in arrival order "
+        "(--parallel N: N at once, stepped together in one batch); up to --queue wait, "
+        "more get 503. Each response carries llama-server's timings "
         "(prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, draft_n, "
         "draft_n_accepted). Bad requests get a 4xx JSON error and the service keeps "
         "serving. Each connection must send its headers within --header-timeout and its body "

@@ -436,7 +436,15 @@ class GenerationWorker:
                                type="unavailable_error") from None
 
     def pending(self) -> int:
-        return self.jobs.qsize() + int(self.busy.is_set())
+        return self.jobs.qsize() + self.n_busy()
+
+    def n_busy(self) -> int:
+        """Slots running a generation (`serve_batch.BatchWorker`: of --parallel)."""
+        return int(self.busy.is_set())
+
+    def slot_states(self) -> list[dict | None]:
+        """Each slot's running request as /slots shows it (None: idle); here one slot."""
+        return [self.stats.running]
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(backend)`` in a thread (the backend serializes it with a running
@@ -524,15 +532,21 @@ class GenerationWorker:
                 continue
             self.busy.set()
             try:
-                self._run(job)
-            except BaseException as e:  # noqa: BLE001 - reported to the request, never fatal
-                if not isinstance(e, MtplibError | ApiError):
-                    self.log(f"generation failed: {type(e).__name__}: {e}")
-                self.stats.failed()
-                job.post("error", self._error(e))
+                self._serve_one(job)
             finally:
                 self.busy.clear()
-                self.served += 1
+
+    def _serve_one(self, job: Job, backend: Any = None) -> None:
+        """Run one request; any failure is answered to it, never fatal to the worker."""
+        try:
+            self._run(job, backend)
+        except BaseException as e:  # noqa: BLE001 - reported to the request, never fatal
+            if not isinstance(e, MtplibError | ApiError):
+                self.log(f"generation failed: {type(e).__name__}: {e}")
+            self.stats.failed()
+            job.post("error", self._error(e))  # a shard fault: a 503 naming the shards
+        finally:
+            self.served += 1
 
     def _tokens(self, prompt: str | list[int | str]) -> list[int]:
         """Token ids of text, of ids, or of llama-server's mix of ids and strings."""
@@ -567,8 +581,10 @@ class GenerationWorker:
             return room, True
         return n_new, False
 
-    def _run(self, job: Job) -> None:
-        be = self.backend
+    def _run(self, job: Job, backend: Any = None) -> None:
+        """One request, start to end; ``backend``: what it streams from (default the
+        worker's; `serve_batch` gives each request its slot)."""
+        be = backend or self.backend
         toks = self._tokens(job.prompt)
         n_new, at_end = self._budget(toks, job.n_new)
         job.post("start", len(toks), be.detokenize(toks) if job.want_prompt_text else None)
@@ -1000,18 +1016,21 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     @app.get("/props")
     async def get_props() -> dict:
-        return props(cfg, defaults(), worker.stats.running)
+        states = worker.slot_states()
+        return props(cfg, defaults(), next((r for r in states if r), None),
+                     total_slots=len(states))
 
     @app.get("/slots")
     async def get_slots(fail_on_no_slot: int = 0) -> list:
-        running = worker.stats.running
-        if fail_on_no_slot and worker.pending():
+        states = worker.slot_states()
+        if fail_on_no_slot and worker.pending() >= len(states):
             raise ApiError(503, "no available slots", type="unavailable_error")
-        return [slot(cfg, defaults(), running)]
+        return [slot(cfg, defaults(), r, i) for i, r in enumerate(states)]
 
     @app.get("/metrics")
     async def get_metrics() -> Response:
-        return Response(metrics_text(worker.stats, worker.jobs.qsize(), worker.busy.is_set()),
+        return Response(metrics_text(worker.stats, worker.jobs.qsize(), worker.n_busy(),
+                                     len(worker.slot_states())),
                         media_type="text/plain; version=0.0.4")
 
     return app

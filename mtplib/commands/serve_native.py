@@ -38,11 +38,11 @@ def generation_settings(cfg: Any, sampler: Any, *, n_predict: int, stop: list[st
     }
 
 
-def slot(cfg: Any, defaults: dict, running: dict | None) -> dict:
-    """The one slot (id 0) in /slots' and /props' shape."""
+def slot(cfg: Any, defaults: dict, running: dict | None, id_slot: int = 0) -> dict:
+    """Slot ``id_slot`` in /slots' and /props' shape."""
     r = running or {}
     n_new = r.get("n_new", -1)
-    return {"id": 0, "id_task": r.get("id_task", -1), "n_ctx": cfg.n_ctx,
+    return {"id": id_slot, "id_task": r.get("id_task", -1), "n_ctx": cfg.n_ctx,
             "speculative": cfg.k > 0, "is_processing": running is not None,
             "params": r.get("params") or defaults,
             "next_token": {"has_next_token": running is not None, "has_new_line": False,
@@ -50,10 +50,10 @@ def slot(cfg: Any, defaults: dict, running: dict | None) -> dict:
                            "n_decoded": r.get("n_decoded", 0), "stopping_word": ""}}
 
 
-def props(cfg: Any, defaults: dict, running: dict | None) -> dict:
+def props(cfg: Any, defaults: dict, running: dict | None, total_slots: int = 1) -> dict:
     """GET /props."""
     return {"default_generation_settings": {**slot(cfg, defaults, None), "prompt": ""},
-            "total_slots": 1, "model_path": cfg.model_path or cfg.model_id,
+            "total_slots": total_slots, "model_path": cfg.model_path or cfg.model_id,
             "model_alias": cfg.model_id,
             "chat_template": cfg.chat_template if cfg.chat_template is not None
             else "chatml (the model has no template)",
@@ -63,7 +63,7 @@ def props(cfg: Any, defaults: dict, running: dict | None) -> dict:
             "is_processing": running is not None}
 
 
-def metrics_text(stats: Any, queued: int, busy: bool) -> str:
+def metrics_text(stats: Any, queued: int, busy: int, n_slots: int = 1) -> str:
     """GET /metrics: llama-server's llamacpp:* names, and mtplib's own (requests by
     outcome, waits on the shard connections per step kind)."""
     with stats.lock:
@@ -85,8 +85,8 @@ def metrics_text(stats: Any, queued: int, busy: bool) -> str:
              stats.n_tokens_max),
             ("n_decode_total", "counter", "Total number of target decode steps.",
              stats.decode_steps),
-            ("n_busy_slots_per_decode", "gauge", "Busy slots per decode (one slot).",
-             1.0 if stats.decode_steps else 0.0),
+            ("n_busy_slots_per_decode", "gauge", "Busy slots per decode.",
+             getattr(stats, "slots_per_decode", None) or (1.0 if stats.decode_steps else 0.0)),
             ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens generated.",
              stats.drafted),
             ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
@@ -102,7 +102,7 @@ def metrics_text(stats: Any, queued: int, busy: bool) -> str:
                   "# TYPE mtplib:requests_total counter"]
         lines += [f'mtplib:requests_total{{outcome="{k}"}} {v}'
                   for k, v in stats.requests.items()]
-        lines += ["# HELP mtplib:slots_busy Slots running a generation (of 1).",
+        lines += [f"# HELP mtplib:slots_busy Slots running a generation (of {n_slots}).",
                   "# TYPE mtplib:slots_busy gauge", f"mtplib:slots_busy {int(busy)}",
                   "# HELP mtplib:waits_per_step Waits on the shard connections per step "
                   "(the last ranged request), by step kind.",

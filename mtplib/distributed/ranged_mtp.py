@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from mtplib.contract.capabilities import Decision, Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
@@ -33,6 +33,12 @@ from mtplib.distributed.relay import WanLink, parse_wan
 from mtplib.distributed.results import SEAM_KEYS, RangedGeneration, RangedMetrics
 from mtplib.distributed.shard_report import advert_summary, shard_adverts
 from mtplib.distributed.tls import TlsConfig
+from mtplib.distributed.worker_engine import (  # noqa: F401 - MAX_ENGINES: its old home
+    MAX_ENGINES,
+    _engine_key,
+    _worker_engine,
+    _worker_memory,
+)
 from mtplib.errors import InputError
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
@@ -47,8 +53,9 @@ from mtplib.runtime.routing import (
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.speculative import EngineOptions, Generation
 
-#: engines a worker keeps warm at once (one per distinct engine configuration)
-MAX_ENGINES = 4
+if TYPE_CHECKING:
+    from mtplib.distributed.ranged_batch import RangedBatch
+
 
 
 class CacheCrossingRefused(InputError):
@@ -86,56 +93,7 @@ def check_cache_locality(opts: EngineOptions, n_shards: int, *, allow: bool) -> 
         "(allow_cache_crossing=True)")
 
 
-def _engine_key(opts: EngineOptions) -> tuple:
-    """What makes two generations need different engines (sampler and trace do not)."""
-    d = asdict(replace(opts, sampler=None, trace=False))
-    return tuple(sorted((k, repr(v)) for k, v in d.items()))
-
-
 # -- the worker side (run through RangedRuntime.call) -----------------------------------
-def _worker_engine(models, opts: EngineOptions, warm: bool) -> dict | None:
-    """The worker's engine for ``opts`` (built and warmed once; at most MAX_ENGINES kept);
-    returns the setup report when it was built by this call."""
-    from mtplib.distributed.worker import worker_step
-    from mtplib.runtime.speculative import build_engine, no_phase, warm_up
-
-    cache: OrderedDict = models.__dict__.setdefault("engines", OrderedDict())
-    key = _engine_key(opts)
-    if key in cache:
-        cache.move_to_end(key)
-        return None
-    while len(cache) >= MAX_ENGINES:
-        _, (_, owned, _) = cache.popitem(last=False)
-        for c in reversed(owned):
-            c.close()
-    with worker_step("setup"):
-        engine, owned = build_engine(models.trunk, models.sidecar if opts.k else None, opts,
-                                     phase=no_phase)
-        try:
-            report = warm_up(engine) if warm else {"setup_s": 0.0, "widths": []}
-        except BaseException:
-            for c in reversed(owned):
-                c.close()
-            raise
-    engine.phase = worker_step
-    cache[key] = (engine, owned, report)
-    return report
-
-
-def _worker_memory(models, engine, owned):
-    llama = models.trunk.llama
-
-    def memory(seq: int) -> dict:
-        mem = {"trunk_weights_bytes": models.trunk.size_bytes,
-               "target_seq_state_bytes": int(llama.llama_state_seq_get_size(
-                   engine.target.ptr, seq))}
-        if len(owned) > 1:
-            mem["mtp_weights_bytes"] = models.sidecar.size_bytes
-        return mem
-
-    return memory
-
-
 def _worker_begin(models, opts: EngineOptions, warm: bool, prompt: list[int], n_new: int
                   ) -> tuple[dict | None, list[int] | None]:
     """Start a generation (the engine for ``opts``, built if needed); returns (setup report
@@ -568,6 +526,19 @@ class RangedMTP:
                 mtp_placement=rt.mtp_placement if rt.sidecar else None,
                 mtp_endpoints=sorted(set(rt.sidecar["placement"].values()))
                 if rt.sidecar else None)
+
+    def batch(self, opts: EngineOptions | None = None, *, warm: bool | None = None
+              ) -> RangedBatch:
+        """Continuous batching in the worker (`mtplib.distributed.ranged_batch`): up to
+        ``n_seq_max`` slots stepped together, one shard step for all of them. ``warm``
+        (default: this object's): run every step shape once now."""
+        from mtplib.distributed.ranged_batch import RangedBatch
+
+        opts = self.opts if opts is None else opts
+        if not self.has_sidecar:
+            opts = replace(opts, k=0)
+        policy_gate(opts.k, self.policy)
+        return RangedBatch(self, self._resolve(opts), warm=self.warm if warm is None else warm)
 
     @property
     def mtp_on_tail(self) -> bool:

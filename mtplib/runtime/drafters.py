@@ -7,6 +7,9 @@ The speculative loop calls, per sequence:
   ``commit(seq, base, tokens, rows)`` the target accepted ``tokens`` at base.. and these are
                                     its rows for them (rows[i] = h after tokens[i])
   ``truncate(seq, keep, last_row)`` tokens at positions >= keep are gone
+and, for several sequences at once (a batch step; the default loops over the one-sequence
+calls): ``propose_many([(seq, last, base, k), ...])`` and ``commit_many([(seq, base,
+tokens, rows), ...])``.
 Only `MTPDrafter` touches a model; the others exist to prove the accounting exact.
 """
 
@@ -35,6 +38,15 @@ class Drafter:
 
     def truncate(self, seq: int, keep: int, last_row: np.ndarray | None) -> None:
         pass
+
+    def propose_many(self, asks: Sequence[tuple[int, int, int, int]]) -> list[list[int]]:
+        """`propose` for each (seq, last, base, k), in order."""
+        return [self.propose(*a) for a in asks]
+
+    def commit_many(self, feeds: Sequence[tuple]) -> None:
+        """`commit` for each (seq, base, tokens, rows), in order."""
+        for f in feeds:
+            self.commit(*f)
 
 
 class MTPDrafter(Drafter):
@@ -90,14 +102,59 @@ class MTPDrafter(Drafter):
         return drafts
 
     def commit(self, seq: int, base: int, tokens: Sequence[int], rows: np.ndarray | None) -> None:
-        assert rows is not None and len(rows) == len(tokens)
-        start = self.n_fed[seq]  # base (plain step) or base+1 (after a draft)
-        positions = list(range(start, base + len(tokens)))
-        if positions:
-            prev = [self.pending[seq] if p == base else rows[p - base - 1] for p in positions]
-            self._feed(seq, [tokens[p - base] for p in positions], positions, np.stack(prev))
-        self.pending[seq] = rows[-1].copy()
-        self.n_fed[seq] = base + len(tokens)
+        self.commit_many([(seq, base, tokens, rows)])
+
+    def propose_many(self, asks: Sequence[tuple[int, int, int, int]]) -> list[list[int]]:
+        """Every sequence's chain in one MTP decode per draft depth: depth i decodes one
+        token of each sequence still drafting (k > i), as `propose` would alone."""
+        out: list[list[int]] = [[] for _ in asks]
+        cur: dict[int, tuple[int, np.ndarray]] = {}
+        for j, (seq, last, base, k) in enumerate(asks):
+            if k > 0 and self.n_fed[seq] != base:
+                raise RuntimeInputError(f"MTP seq {seq} fed up to {self.n_fed[seq]}, draft at "
+                                        f"{base}")
+            cur[j] = (last, self.pending[seq])
+        depth = max((a[3] for a in asks), default=0)
+        for i in range(depth):
+            live = [j for j, a in enumerate(asks) if a[3] > i]
+            self.ctx.decode([cur[j][0] for j in live], [asks[j][2] + i for j in live],
+                            seq_id=[asks[j][0] for j in live], logits=True,
+                            rows=np.stack([cur[j][1] for j in live]))
+            toks = np.argmax(self.ctx.logits_all(len(live)), axis=1)
+            more = [n for n, j in enumerate(live) if i + 1 < asks[j][3]]
+            nxt = self.ctx.nextn_rows(len(live)) if more else None
+            for n, j in enumerate(live):
+                out[j].append(int(toks[n]))
+                if nxt is not None and i + 1 < asks[j][3]:
+                    cur[j] = (int(toks[n]), nxt[n])
+        for seq, _last, base, k in asks:
+            if k > 0:  # entry `base` = (last, h_{base-1}) is committed data: drop the chain
+                self.ctx.seq_rm(seq, base + 1, -1)
+                self.n_fed[seq] = base + 1
+        return out
+
+    def commit_many(self, feeds: Sequence[tuple]) -> None:
+        """Feed every sequence's accepted entries in one MTP decode (chunked by n_batch)."""
+        toks: list[int] = []
+        poss: list[int] = []
+        seqs: list[int] = []
+        prevs: list[np.ndarray] = []
+        for seq, base, tokens, rows in feeds:
+            assert rows is not None and len(rows) == len(tokens)
+            start = self.n_fed[seq]  # base (plain step) or base+1 (after a draft)
+            for p in range(start, base + len(tokens)):
+                toks.append(tokens[p - base])
+                poss.append(p)
+                seqs.append(seq)
+                prevs.append(self.pending[seq] if p == base else rows[p - base - 1])
+        if toks:
+            rows_in = np.stack(prevs)
+            for a in range(0, len(toks), self.ctx.n_batch):
+                b = a + self.ctx.n_batch
+                self.ctx.decode(toks[a:b], poss[a:b], seq_id=seqs[a:b], rows=rows_in[a:b])
+        for seq, base, tokens, rows in feeds:
+            self.pending[seq] = rows[-1].copy()
+            self.n_fed[seq] = base + len(tokens)
 
     def truncate(self, seq: int, keep: int, last_row: np.ndarray | None) -> None:
         # keep-1 is the new undecoded last token: its entry needs h_{keep-2} = last_row

@@ -71,11 +71,26 @@ class SpecSession:
         self.margins: dict[int, float] | None = {} if engine.trace else None
         self.n_cached = 0  # target cache holds positions [0, n_cached)
         self.last_decode_len = 0
+        #: this session's sampler (None: the engine's) and its random stream id (None: the
+        #: seq id); a batch slot sets both, so a request samples as it would alone
+        self.own_sampler: Sampler | None = None
+        self.stream: int | None = None
+        #: a drafter feed `commit` left to the caller (`commit(defer_feed=True)`): the
+        #: batch step feeds every session's in one drafter decode
+        self.pending_feed: tuple | None = None
 
     # -- helpers ------------------------------------------------------------------------
     @property
     def id(self) -> str:
         return self.session.session_id
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.own_sampler or self.engine.sampler
+
+    @property
+    def sample_stream(self) -> int:
+        return self.seq if self.stream is None else self.stream
 
     @property
     def last(self) -> int:
@@ -104,11 +119,8 @@ class SpecSession:
     # -- lifecycle ----------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> int:
         """Decode the prompt (chunked), checkpoint it, emit the first token (TTFT)."""
-        e, m = self.engine, self.metrics
-        m.t_start = time.perf_counter()
-        self.session = self.session.prefill_start()
-        tokens = [int(t) for t in prompt]
-        m.n_prompt = len(tokens)
+        e = self.engine
+        tokens = self.prefill_begin(prompt)
         rows = []
         with e.phase(StepKind.PREFILL, len(tokens)):
             for a in range(0, len(tokens), e.target.n_batch):
@@ -119,11 +131,29 @@ class SpecSession:
                 if e.needs_rows:
                     rows.append(e.rows(e.target, len(chunk)))
             logits = e.target.logits(-1) if e.head is None else e.head(rows[-1][-1:])[0]
+        return self.prefill_end(logits, np.concatenate(rows) if rows else None,
+                                len(tokens) - a)
+
+    def prefill_begin(self, prompt: Sequence[int]) -> list[int]:
+        """Start the prefill's clock and state; the prompt's tokens, for the caller to
+        decode (`prefill`, or a batch of several sessions' prompts)."""
+        m = self.metrics
+        m.t_start = time.perf_counter()
+        self.session = self.session.prefill_start()
+        tokens = [int(t) for t in prompt]
+        m.n_prompt = len(tokens)
+        self.tokens = tokens  # committed so far: the prompt (nothing emitted yet)
+        return tokens
+
+    def prefill_end(self, logits: np.ndarray, all_rows: np.ndarray | None,
+                    last_decode_len: int) -> int:
+        """After the prompt was decoded (its last logits, every row): checkpoint, feed the
+        drafter, emit the first token."""
+        e, m = self.engine, self.metrics
+        tokens = self.tokens
         if self.margins is not None:
             self.margins[len(tokens)] = top2_margin(logits)
-        all_rows = np.concatenate(rows) if rows else None
-        self.n_cached, self.last_decode_len = len(tokens), len(tokens) - a
-        self.tokens = tokens
+        self.n_cached, self.last_decode_len = len(tokens), last_decode_len
         self._keep_rows(0, all_rows)
         m.t_prefill = time.perf_counter() - m.t_start
         if e.checkpoints == "state":
@@ -134,8 +164,9 @@ class SpecSession:
             e.drafter.prefill(self.seq, tokens, all_rows if e.drafter.needs_rows else None)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
-        first = e.sampler.pick(logits, stream=self.seq, position=len(tokens),
-                               history=tokens if e.sampler.penalized else None)
+        sampler = self.sampler
+        first = sampler.pick(logits, stream=self.sample_stream, position=len(tokens),
+                             history=tokens if sampler.penalized else None)
         self._emit([first])
         self.session = self.session.decode(1)
         return first
@@ -143,8 +174,7 @@ class SpecSession:
     def propose(self, k: int | None = None) -> DraftProposal | None:
         """Draft up to k tokens after the last one; None when none fit (a plain step)."""
         e = self.engine
-        k = e.k if k is None else k
-        k = max(0, min(k, e.target.n_ctx - 1 - self.base))
+        k = self.draft_room(k)
         if k == 0:
             return None
         self.session = self.session.draft()
@@ -152,8 +182,19 @@ class SpecSession:
         with e.phase(StepKind.DRAFT, k):
             drafts = e.drafter.propose(self.seq, self.last, self.base, k)
         self.metrics.t_draft += time.perf_counter() - t0
+        return self.proposal(drafts, k)
+
+    def draft_room(self, k: int | None = None) -> int:
+        """The draft length a step may use: k (default the engine's) within the context."""
+        e = self.engine
+        k = e.k if k is None else k
+        return max(0, min(k, e.target.n_ctx - 1 - self.base))
+
+    def proposal(self, drafts: Sequence[int], k: int) -> DraftProposal:
+        """The contract message of ``drafts`` (drafted by the caller after draft())."""
         if len(drafts) != k:
-            raise RuntimeInputError(f"drafter {e.drafter.name} returned {len(drafts)} of {k}")
+            raise RuntimeInputError(f"drafter {self.engine.drafter.name} returned "
+                                    f"{len(drafts)} of {k}")
         return DraftProposal(self.id, self.session.epoch, self.base, tuple(drafts), 0,
                              DraftSpec(k).recipe)
 
@@ -163,6 +204,23 @@ class SpecSession:
         Refuses a proposal from another session or a stale epoch. Returns None for a
         plain step (no proposal); the picks and rows wait in the session for commit().
         """
+        e = self.engine
+        window = self.verify_window(proposal)
+        k = len(window) - 1
+        t0 = time.perf_counter()
+        with e.phase(StepKind.VERIFY if k else StepKind.DECODE, k + 1):
+            e.target.decode(window, range(self.base, self.base + k + 1), seq_id=self.seq,
+                            logits=e.head is None)
+            rows = e.rows(e.target, k + 1) if e.needs_rows else None
+            # one copy of the k+1 rows: upstream's logits, or the head run on the rows here
+            lg_all = e.target.logits_all(k + 1) if e.head is None else e.head(rows)
+            result = self.verified(proposal, lg_all, rows)
+        self.metrics.t_verify += time.perf_counter() - t0
+        return result
+
+    def verify_window(self, proposal: DraftProposal | None) -> list[int]:
+        """Check ``proposal`` and checkpoint if its rollback may pass n_rs_seq; the tokens
+        the target decodes at base.. for it: [last, *drafts]."""
         e, m = self.engine, self.metrics
         if proposal is not None:
             self.session.check_message(proposal.session_id, proposal.epoch)
@@ -179,25 +237,26 @@ class SpecSession:
             with e.phase(StepKind.ROLLBACK, 0):
                 self._checkpoint(base)
             m.t_rollback += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with e.phase(StepKind.VERIFY if k else StepKind.DECODE, k + 1):
-            e.target.decode([self.last, *drafts], range(base, base + k + 1), seq_id=self.seq,
-                            logits=e.head is None)
-            self._rows = e.rows(e.target, k + 1) if e.needs_rows else None
-            picks = []
-            # one copy of the k+1 rows: upstream's logits, or the head run on the rows here
-            lg_all = e.target.logits_all(k + 1) if e.head is None else e.head(self._rows)
-            # a penalized pick's history: the committed tokens, then the drafts before it
-            # (its history exactly when this pick is the one emitted there)
-            hist = self.tokens + drafts if e.sampler.penalized else None
-            for i in range(k + 1):
-                lg = lg_all[i]
-                picks.append(e.sampler.pick(lg, stream=self.seq, position=base + 1 + i,
-                                            history=None if hist is None
-                                            else hist[:base + 1 + i]))
-                if self.margins is not None:
-                    self.margins[base + 1 + i] = top2_margin(lg)
-        m.t_verify += time.perf_counter() - t0
+        return [self.last, *drafts]
+
+    def verified(self, proposal: DraftProposal | None, lg_all: np.ndarray,
+                 rows: np.ndarray | None) -> VerifyResult | None:
+        """The picks and acceptance of a decoded window (its k+1 logits and rows)."""
+        e = self.engine
+        drafts = list(proposal.drafts) if proposal else []
+        k, base = len(drafts), self.base
+        self._rows = rows
+        picks = []
+        sampler, stream = self.sampler, self.sample_stream
+        # a penalized pick's history: the committed tokens, then the drafts before it
+        # (its history exactly when this pick is the one emitted there)
+        hist = self.tokens + drafts if sampler.penalized else None
+        for i in range(k + 1):
+            lg = lg_all[i]
+            picks.append(sampler.pick(lg, stream=stream, position=base + 1 + i,
+                                      history=None if hist is None else hist[:base + 1 + i]))
+            if self.margins is not None:
+                self.margins[base + 1 + i] = top2_margin(lg)
         self.n_cached, self.last_decode_len = base + k + 1, k + 1
         self._picks, self._drafts = picks, drafts
         if proposal is None:
@@ -258,11 +317,13 @@ class SpecSession:
         for p in [p for p in self.checkpoints if p > ckpt]:
             del self.checkpoints[p]
 
-    def commit(self, result: VerifyResult | None) -> list[int]:
+    def commit(self, result: VerifyResult | None, *, defer_feed: bool = False) -> list[int]:
         """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit.
 
         Refuses, before anything changes, a result of another session, epoch or base, or
-        one with no verify of this session pending (e.g. the same result twice)."""
+        one with no verify of this session pending (e.g. the same result twice).
+        ``defer_feed``: leave the drafter's feed in ``pending_feed`` (seq, base, tokens,
+        rows) for the caller, who feeds several sessions in one drafter decode."""
         e, m = self.engine, self.metrics
         self._check_commit(result)
         base, rows = self.base, self._rows
@@ -284,10 +345,14 @@ class SpecSession:
         if rows is not None:
             rows = rows[: n_acc + 1]
             self._keep_rows(base, rows)
-        t0 = time.perf_counter()
-        with e.feed_phase(n_acc + 1):
-            e.drafter.commit(self.seq, base, [last, *emitted[:n_acc]], rows)
-        m.t_feed += time.perf_counter() - t0
+        feed = (self.seq, base, [last, *emitted[:n_acc]], rows)
+        if defer_feed:
+            self.pending_feed = feed
+        else:
+            t0 = time.perf_counter()
+            with e.feed_phase(n_acc + 1):
+                e.drafter.commit(*feed)
+            m.t_feed += time.perf_counter() - t0
         self.session = self.session.accept(n_acc, k) if k else self.session.decode(1)
         if self.trace is not None:
             self.trace.append({"pos": base, "drafts": list(self._drafts), "accepted": n_acc})
@@ -381,7 +446,12 @@ class Engine:
         return contextlib.nullcontext()
 
     def open(self, prompt: Sequence[int], *, seq_id: int | None = None,
-             session_id: str | None = None) -> SpecSession:
+             session_id: str | None = None, sampler: Sampler | None = None,
+             stream: int | None = None, prefill: bool = True) -> SpecSession:
+        """A session on ``seq_id`` (default: the first free one), prefilled with
+        ``prompt``; ``sampler``/``stream``: its own sampler and random stream id (default:
+        the engine's sampler, the seq id). ``prefill=False``: the caller prefills it
+        (`mtplib.runtime.batch.batch_prefill`, several prompts in one batch)."""
         if seq_id is None:
             free = [s for s in range(self.target.n_seq_max) if s not in self.sessions]
             if not free:
@@ -399,8 +469,10 @@ class Engine:
         n = self._opened[seq_id]
         s = SpecSession(self, seq_id, session_id or (f"s{seq_id}" if n == 1 else
                                                      f"s{seq_id}.{n}"))
+        s.own_sampler, s.stream = sampler, stream
         self.sessions[seq_id] = s
-        s.prefill(prompt)
+        if prefill:
+            s.prefill(prompt)
         return s
 
     def close(self, s: SpecSession) -> None:

@@ -36,11 +36,7 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
             f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
-        m = Metrics(k=engine.k)
-        m.n_prompt = len(prompt)
-        metrics = m.result(hidden_rows=engine.hidden_rows,
-                           memory=None if memory is None else
-                           memory(0 if seq_id is None else seq_id))
+        metrics = empty_metrics(engine, len(prompt), memory, 0 if seq_id is None else seq_id)
         if result is not None:
             result["tokens"], result["metrics"] = [], metrics
         return
@@ -49,21 +45,37 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
         yield [s.last]
         while s.metrics.n_generated < n_new:
             yield s.step(min(engine.k, n_new - s.metrics.n_generated - 1))
-        s.metrics.t_end = time.perf_counter()
-        traced = s.trace is not None
-        metrics = s.metrics.result(
-            hidden_rows=engine.hidden_rows,
-            # forced acceptance: the speed counts, the tokens do not
-            synthetic=bool(getattr(engine.drafter, "synthetic", False)),
-            memory=None if memory is None else memory(s.seq),
-            steps=s.trace if traced else None,
-            margins={str(p): m for p, m in sorted(s.margins.items()) if p >= len(prompt)}
-            if traced else None)
+        metrics = session_metrics(engine, s, memory)
         if result is not None:
             result["tokens"] = s.tokens[s.metrics.n_prompt:]
             result["metrics"] = metrics
     finally:
         engine.close(s)
+
+
+def session_metrics(engine: Engine, s, memory: Callable[[int], dict] | None = None
+                    ) -> GenerationMetrics:
+    """A finished session's metrics (ends its clock), as a generation reports them."""
+    s.metrics.t_end = time.perf_counter()
+    traced = s.trace is not None
+    n_prompt = s.metrics.n_prompt
+    return s.metrics.result(
+        hidden_rows=engine.hidden_rows,
+        # forced acceptance: the speed counts, the tokens do not
+        synthetic=bool(getattr(engine.drafter, "synthetic", False)),
+        memory=None if memory is None else memory(s.seq),
+        steps=s.trace if traced else None,
+        margins={str(p): m for p, m in sorted(s.margins.items()) if p >= n_prompt}
+        if traced else None)
+
+
+def empty_metrics(engine: Engine, n_prompt: int, memory: Callable[[int], dict] | None = None,
+                  seq: int = 0) -> GenerationMetrics:
+    """The metrics of a generation of 0 tokens (nothing decoded)."""
+    m = Metrics(k=engine.k)
+    m.n_prompt = n_prompt
+    return m.result(hidden_rows=engine.hidden_rows,
+                    memory=None if memory is None else memory(seq))
 
 
 def run_generation(engine: Engine, prompt: Sequence[int], n_new: int, *,

@@ -449,9 +449,12 @@ class Context:
         return int(seq_id)
 
     # -- decoding -----------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], *, seq_id: int = 0,
-               logits: Sequence[bool] | bool = False, rows: np.ndarray | None = None) -> None:
-        """Decode one batch for one sequence; ``logits`` marks the rows to output."""
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], *,
+               seq_id: int | Sequence[int] = 0, logits: Sequence[bool] | bool = False,
+               rows: np.ndarray | None = None) -> None:
+        """Decode one batch; ``logits`` marks the rows to output. ``seq_id``: the one
+        sequence of every token, or one id per token (several sequences in one batch,
+        each token in one sequence; positions increase within each)."""
         self._live()
         n = len(tokens)
         if n == 0:
@@ -461,7 +464,12 @@ class Context:
                 f"batch of {n} tokens exceeds n_batch {self.n_batch}; split it (prefill chunks)")
         if len(positions) != n:
             raise RuntimeInputError(f"{n} tokens but {len(positions)} positions")
-        seq_id = self._seq(seq_id)
+        if _is_int(seq_id):
+            seqs = [self._seq(seq_id)] * n
+        else:
+            seqs = [self._seq(q) for q in seq_id]
+            if len(seqs) != n:
+                raise RuntimeInputError(f"{n} tokens but {len(seqs)} sequence ids")
         # plain Python on the (small) per-step batches: cheaper than numpy round trips
         if not all(_is_int(t) for t in tokens):  # int(1.5) would silently decode id 1
             bad = next(t for t in tokens if not _is_int(t))
@@ -475,6 +483,13 @@ class Context:
             raise RuntimeInputError(
                 f"positions {min(pos)}..{max(pos)} outside the context "
                 f"[0, {self.n_ctx}); the prompt plus generated tokens exceed n_ctx")
+        if len(set(seqs)) > 1:  # upstream's batch allocator aborts on positions that skip
+            last: dict[int, int] = {}
+            for q, p in zip(seqs, pos, strict=True):
+                if q in last and p != last[q] + 1:
+                    raise RuntimeInputError(f"sequence {q}'s positions in the batch are not "
+                                            f"consecutive ({last[q]} then {p})")
+                last[q] = p
         flags = [bool(logits)] * n if isinstance(logits, bool) else [bool(x) for x in logits]
         if len(flags) != n:
             raise RuntimeInputError(f"{n} tokens but {len(flags)} logits flags")
@@ -496,7 +511,7 @@ class Context:
             b_tok[i] = toks[i]
             b_pos[i] = pos[i]
             b_nseq[i] = 1
-            b_seq[i][0] = seq_id
+            b_seq[i][0] = seqs[i]
             b_lg[i] = flags[i]
         b.n_tokens = n
         self.last_n_outputs = self.last_decode_len = 0  # nothing to read if it fails

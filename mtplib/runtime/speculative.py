@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from mtplib.contract.capabilities import Policy
 from mtplib.contract.types import DraftSpec
@@ -49,6 +50,9 @@ from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import RowSource
 from mtplib.runtime.spec_metrics import DraftCounts, Metrics
+
+if TYPE_CHECKING:
+    from mtplib.runtime.batch import BatchRun
 
 __all__ = [
     "CHECKPOINTS", "HEADS", "DraftCounts", "Engine", "EngineOptions", "Generation", "HeadFn",
@@ -235,6 +239,16 @@ class MTPRuntime:
             result["metrics"] = replace(
                 result["metrics"], routing=dict(self.routing), upstream=build_info(),
                 setup=None if self.setup is None else dict(self.setup))
+
+    def batch(self, *, warm: bool = False) -> BatchRun:
+        """Continuous batching over this runtime's engine (`mtplib.runtime.batch`): slots
+        join and leave between steps, every step decodes all of them together (up to
+        ``n_seq_max`` slots); each call holds this runtime's lock. ``warm``: run every
+        step shape once now (`warm_batch`)."""
+        from mtplib.runtime.batch import BatchRun
+
+        self._live()
+        return BatchRun(self.engine, lock=self._lock, memory=self.memory, warm=warm)
 
     def generate(self, prompt: Sequence[int], n_new: int, *, seq_id: int | None = None,
                  sampler: Sampler | None = None) -> tuple[list[int], GenerationMetrics]:

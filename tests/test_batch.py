@@ -1,0 +1,231 @@
+"""Continuous batching (issue 30 item 1) on the tiny V4 fixture: several sessions stepped in
+one target batch each step, isolated as the DGR-066 rules require: each session's tokens
+equal the same session run alone; no session sees another's tokens, epochs or state; a
+rollback in one leaves the others' logits bit-identical; sessions join and leave between
+steps (a reused sequence id starts clean)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtplib.contract.session import ForeignSessionError
+from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.quality import NOISE_BOUND
+from mtplib.runtime.batch import BatchRun, batch_step
+from mtplib.runtime.drafters import SyntheticDrafter
+from mtplib.runtime.model import RuntimeInputError
+from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.speculative import MTPRuntime
+
+N_NEW = 24
+SEEDS = (11, 12, 13, 14)
+
+
+def _observed(seen: dict) -> Sampler:
+    """A greedy sampler recording the last target logits it picked from, by position."""
+    return Sampler(observe=lambda pos, lg: seen.__setitem__(pos, lg.copy()))
+
+
+@pytest.fixture(scope="module")
+def rt(pair):
+    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2, n_seq_max=4, n_ctx=512,
+                    trace=True) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def alone(rt):
+    """Each prompt run alone (the one-session path): tokens, logits by position, steps."""
+    out = {}
+    for seed in SEEDS:
+        seen: dict = {}
+        toks, m = rt.generate(seeded_prompt(seed), N_NEW, sampler=_observed(seen))
+        out[seed] = (toks, seen, m)
+    return out
+
+
+def _run(b: BatchRun, n_new: dict[int, int]) -> dict:
+    """Join every seed (n_new[seed] tokens each), step until every slot finished; each
+    seed's (tokens, logits by position, metrics)."""
+    seen = {seed: {} for seed in n_new}
+    slot_of, res = {}, {}
+    for seed, n in n_new.items():
+        slot_of[seed], _ = b.join(seeded_prompt(seed), n, sampler=_observed(seen[seed]))
+    while len(res) < len(n_new):
+        b.step()
+        for seed, q in slot_of.items():
+            if seed not in res and q not in b.active():
+                res[seed] = (*b.leave(q), seen[seed])
+    return {seed: (toks, seen[seed], m) for seed, (toks, m, _) in res.items()}
+
+
+def test_batched_sessions_equal_alone(rt, alone):
+    b = rt.batch()
+    got = _run(b, {seed: N_NEW for seed in SEEDS})
+    for seed in SEEDS:
+        toks, seen, m = got[seed]
+        a_toks, a_seen, a_m = alone[seed]
+        assert toks == a_toks, seed
+        # the same draft-and-accept history (a batch slot also drafts in its last step)
+        n = len(a_m.steps)
+        assert m.drafted > 0 and [x["accepted"] for x in m.steps[:n]] == \
+            [x["accepted"] for x in a_m.steps]
+        for pos, lg in a_seen.items():  # batch shapes differ from alone: float noise only
+            assert np.abs(seen[pos] - lg).max() < NOISE_BOUND, (seed, pos)
+    b.close()
+
+
+def test_rollback_in_one_leaves_the_others_bit_identical(rt):
+    """Session A beside B, then beside another B' (other prompt, other accepts and
+    rollbacks; both outlast A, so every step of A has the same batch shape): A's logits,
+    drafts and tokens are bit-identical in both runs."""
+    runs = []
+    for other in (21, 22):
+        b = rt.batch()
+        runs.append(_run(b, {5: N_NEW, other: 3 * N_NEW}))
+        b.close()
+    (t1, s1, m1), (t2, s2, m2) = runs[0][5], runs[1][5]
+    assert t1 == t2 and m1.steps == m2.steps  # the same drafts and accepts per step
+    assert s1.keys() == s2.keys()
+    assert all(np.array_equal(s1[p], s2[p]) for p in s1)
+    b1, b2 = runs[0][21][2], runs[1][22][2]
+    assert b1.steps != b2.steps  # the neighbours really did differ
+    assert sum(b1.rollbacks.values()) + sum(b2.rollbacks.values()) > 0
+
+
+def test_sessions_join_and_leave_mid_run(rt, alone):
+    """A starts alone; B joins at step 3, C at step 5; D joins after B left, on B's
+    sequence id: every one's tokens equal its run alone."""
+    b = rt.batch()
+    s11, _ = b.join(seeded_prompt(11), N_NEW)
+    for _ in range(3):
+        b.step()
+    s12, _ = b.join(seeded_prompt(12), 6)  # a short one: it leaves early
+    b.step()
+    b.step()
+    s13, _ = b.join(seeded_prompt(13), N_NEW)
+    while s12 in b.active():
+        b.step()
+    toks12, _m = b.leave(s12)
+    assert toks12 == alone[12][0][:6]
+    s14, _ = b.join(seeded_prompt(14), N_NEW)
+    assert s14 == s12  # the freed sequence, reused: it must start clean
+    while b.active():
+        b.step()
+    for seed, q in ((11, s11), (13, s13), (14, s14)):
+        toks, _m = b.leave(q)
+        assert toks == alone[seed][0], seed
+    b.close()
+
+
+def test_no_session_takes_another_sessions_messages(rt):
+    e = rt.engine
+    a = e.open(seeded_prompt(1), seq_id=0)
+    c = e.open(seeded_prompt(2), seq_id=1)
+    try:
+        p = a.propose()
+        before = (list(c.tokens), c.session)
+        with pytest.raises(ForeignSessionError):
+            c.verify(p)  # another session's proposal (its id), refused
+        assert (c.tokens, c.session) == before  # and nothing of C changed
+    finally:
+        e.close(a)
+        e.close(c)
+    # a step holds each sequence once, and only open sessions
+    s = e.open(seeded_prompt(3), seq_id=2)
+    with pytest.raises(RuntimeInputError, match="each sequence once"):
+        batch_step(e, [s, s], [None, None])
+    e.close(s)
+    with pytest.raises(RuntimeInputError, match="not open"):
+        batch_step(e, [s], [None])
+
+
+def test_truncate_one_session_leaves_the_others(rt, alone):
+    """A truncation (a new epoch) in one session between steps: the other continues as
+    alone, and the truncated one continues as if it had only the kept tokens."""
+    e = rt.engine
+    x = e.open(seeded_prompt(11), seq_id=0)
+    y = e.open(seeded_prompt(12), seq_id=1)
+    try:
+        for _ in range(3):
+            batch_step(e, [x, y], [None, None])
+        ex, ey = x.session.epoch, y.session.epoch
+        y.truncate(len(y.tokens) - 2)
+        assert y.session.epoch == ey + 1 and x.session.epoch == ex
+        while x.metrics.n_generated < N_NEW:
+            batch_step(e, [x, y], [None, None])
+        assert x.tokens[x.metrics.n_prompt:][:N_NEW] == alone[11][0]
+        got = y.tokens[len(seeded_prompt(12)):]
+        assert got[:N_NEW] == alone[12][0][:len(got)]
+    finally:
+        e.close(x)
+        e.close(y)
+
+
+def test_decode_validates_per_token_sequence_ids(rt):
+    t = rt.target
+    with pytest.raises(RuntimeInputError, match="2 tokens but 1 sequence ids"):
+        t.decode([1, 2], [0, 1], seq_id=[0])
+    with pytest.raises(RuntimeInputError, match="outside"):
+        t.decode([1, 2], [0, 0], seq_id=[0, 9])
+    with pytest.raises(RuntimeInputError, match="not consecutive"):
+        t.decode([1, 2, 3], [0, 0, 2], seq_id=[0, 1, 0])
+
+
+def test_batch_refuses_what_it_cannot_split(pair, rt):
+    b = rt.batch()
+    for _ in range(4):
+        b.join(seeded_prompt(1), 2)
+    with pytest.raises(RuntimeInputError, match="all 4 slots are in use"):
+        b.join(seeded_prompt(1), 2)
+    with pytest.raises(RuntimeInputError, match="per slot"):
+        BatchRun(rt.engine).join(seeded_prompt(1), 10_000)
+    b.close()
+    synth = SyntheticDrafter([], 1, [1.0], n_vocab=256)
+    with MTPRuntime(str(pair.trunk), None, k=0, n_seq_max=2) as plain:
+        plain.engine.drafter = synth
+        with pytest.raises(RuntimeInputError, match="cannot be batched"):
+            plain.batch()
+
+
+def test_prompts_prefilled_together_equal_alone(rt, alone):
+    """join_many: the four prompts in one prefill batch; each slot then equals alone."""
+    b = rt.batch()
+    joined = b.join_many([(seeded_prompt(seed), N_NEW, None) for seed in SEEDS])
+    assert [j[1] for j in joined] == [[alone[seed][0][0]] for seed in SEEDS]
+    while b.active():
+        b.step()
+    for seed, (q, _) in zip(SEEDS, joined, strict=True):
+        assert b.leave(q)[0] == alone[seed][0], seed
+    # a refused ask takes no slot and does not stop the others
+    ok, bad = b.join_many([(seeded_prompt(1), 4, None), ([], 4, None)])
+    assert isinstance(bad, RuntimeInputError) and ok[0] in b.slots and len(b.slots) == 1
+    b.close()
+
+
+def test_a_slot_that_leaves_between_others_fills_the_gap(rt, alone):
+    """fill_gaps (ranged's default): slot 1 leaves first, between slots 0 and 2; it keeps
+    decoding as a filler (one ubatch of consecutive seq ids) without changing the
+    others' tokens, and is closed once the gap closes."""
+    b = BatchRun(rt.engine, fill_gaps=True)
+    q11, _ = b.join(seeded_prompt(11), N_NEW)
+    q12, _ = b.join(seeded_prompt(12), 4)
+    q13, _ = b.join(seeded_prompt(13), N_NEW)
+    assert (q11, q12, q13) == (0, 1, 2)
+    seen_filler = False
+    while b.active():
+        b.step()
+        if q12 in b.slots and q12 not in b.active():
+            assert b.leave(q12)[0] == alone[12][0][:4]
+        seen_filler |= q12 in b.fillers
+        if seen_filler and q13 in b.slots and q13 not in b.active():
+            assert b.leave(q13)[0] == alone[13][0]
+    assert seen_filler and not b.fillers  # closed once no gap is left
+    assert b.leave(q11)[0] == alone[11][0]
+    # a slot leaving with nothing live on both sides is closed at once
+    q, _ = b.join(seeded_prompt(12), 2)
+    b.step()
+    b.leave(q)
+    assert not b.fillers and not rt.engine.sessions
+    b.close()

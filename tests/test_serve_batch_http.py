@@ -1,0 +1,172 @@
+"""`serve --parallel`'s scheduler (`serve_batch.BatchWorker`) over a fake batch (no model,
+milliseconds): more requests than slots all come back right, at most N generate at once
+and more than one do; /slots lists N; a failing step answers each of its requests with a
+JSON error and the service serves on; shutdown ends the scheduler."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+from fastapi.testclient import TestClient  # noqa: E402
+from test_serve_http import FakeBackend, FakeGeneration, _cfg, _expected  # noqa: E402
+
+from mtplib.commands.serve_app import create_app  # noqa: E402
+from mtplib.commands.serve_batch import BatchWorker  # noqa: E402
+from mtplib.errors import MtplibError  # noqa: E402
+
+
+class FakeBatch:
+    """`BatchRun`'s interface, one token per slot per step (FakeBackend's tokens)."""
+
+    capacity = 4
+    n_ctx = FakeBackend.n_ctx
+
+    def __init__(self, be: FakeBackend) -> None:
+        self.be = be
+        self.slots: dict[int, list] = {}  # seq -> [prompt, n_new, tokens, seed]
+        self.max_live = 0
+        self.fail_next: BaseException | None = None
+
+    def join_many(self, asks):
+        out = []
+        for prompt, n, sampler in asks:
+            q = min(set(range(self.capacity)) - set(self.slots))
+            first = [self.be.next_token(list(prompt), 0, sampler.seed)] if n else []
+            self.slots[q] = [list(prompt), n, first, sampler.seed]
+            out.append((q, list(first)))
+        return out
+
+    def active(self) -> list[int]:
+        return [q for q, (_, n, toks, _) in self.slots.items() if len(toks) < n]
+
+    def step(self) -> dict[int, list[int]]:
+        if self.fail_next is not None:
+            e, self.fail_next = self.fail_next, None
+            raise e
+        live = self.active()
+        self.max_live = max(self.max_live, len(live))
+        time.sleep(0.005)
+        out = {}
+        for q in live:
+            prompt, _, toks, seed = self.slots[q]
+            toks.append(self.be.next_token(prompt, len(toks), seed))
+            out[q] = toks[-1:]
+        return out
+
+    def leave(self, q: int):
+        prompt, n, toks, _ = self.slots.pop(q)
+        if len(toks) < n:
+            return None
+        gen = FakeGeneration(self.be, prompt, n, None)
+        gen.sampler = type("S", (), {"seed": 0, "observe": None})()
+        list(gen)  # its metrics (the same counts the one-slot fake reports)
+        return toks, gen.metrics
+
+    def close(self) -> None:
+        self.slots.clear()
+
+
+@pytest.fixture
+def served_batch():
+    be = FakeBackend()
+    batch = FakeBatch(be)
+    worker = BatchWorker(be, _cfg(queue_max=4), batch, 4)
+    with TestClient(create_app(worker, on_shutdown=lambda: worker.stop(5))) as c:
+        yield c, be, batch, worker
+    assert not worker.thread.is_alive()
+
+
+def _ask(c, prompt: str, n: int) -> dict:
+    r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": n,
+                                         "return_tokens": True, "ignore_eos": True})
+    return {"status": r.status_code, **r.json()}
+
+
+def test_more_requests_than_slots_all_come_back_right(served_batch):
+    c, be, batch, worker = served_batch
+    prompts = [f"prompt {i}" for i in range(6)]
+    got: dict[str, dict] = {}
+
+    def run(p: str) -> None:
+        got[p] = _ask(c, p, 12)
+
+    ts = [threading.Thread(target=run, args=(p,)) for p in prompts]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    for p in prompts:
+        assert got[p]["status"] == 200, got[p]
+        assert got[p]["tokens"] == _expected(be, p, 12)
+    assert 2 <= batch.max_live <= 4  # stepped together, never more than the slots
+    slots = c.get("/slots").json()
+    assert [s["id"] for s in slots] == [0, 1, 2, 3]
+    assert not any(s["is_processing"] for s in slots)
+    assert c.get("/props").json()["total_slots"] == 4
+    assert "(of 4)" in c.get("/metrics").text
+
+
+def test_a_failing_step_answers_its_requests_and_the_service_goes_on(served_batch):
+    c, be, batch, worker = served_batch
+    batch.fail_next = MtplibError("shard 1 lost")
+    r = _ask(c, "abc", 8)
+    assert r["status"] >= 400 and "shard 1 lost" in r["error"]["message"]
+    assert not batch.slots  # its slot was freed
+    r = _ask(c, "abc", 8)
+    assert r["status"] == 200 and r["tokens"] == _expected(be, "abc", 8)
+
+
+def test_a_stop_string_frees_the_slot_early(served_batch):
+    c, be, batch, worker = served_batch
+    full = _ask(c, "hello", 20)
+    word = full["choices"][0]["text"][4:6]
+    r = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 20, "stop": [word],
+                                         "ignore_eos": True}).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    deadline = time.monotonic() + 5
+    while batch.slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not batch.slots
+
+
+def test_a_shard_fault_under_parallel_slots_is_recovered_with_a_new_batch(monkeypatch):
+    """--parallel N on a ranged backend: a step that loses a shard answers its requests
+    with the 503 naming it, the service reconnects and opens a new batch on the new
+    session, and serves the same tokens again."""
+    from test_serve_faults import EP, SHARD, FaultyBackend
+
+    from mtplib.commands import serve_faults
+    from mtplib.distributed.client import ShardLostError
+
+    monkeypatch.setattr(serve_faults, "BACKOFF_S", 0.02)
+    monkeypatch.setattr(serve_faults, "MAX_BACKOFF_S", 0.05)
+    be = FaultyBackend()
+    batches: list[FakeBatch] = []
+
+    def batch(warm: bool = True) -> FakeBatch:
+        batches.append(FakeBatch(be))
+        return batches[-1]
+
+    be.batch = batch
+    worker = BatchWorker(be, _cfg(queue_max=4), batch(), 4)
+    req = {"prompt": "hello", "max_tokens": 5, "return_tokens": True}
+    with TestClient(create_app(worker, on_shutdown=lambda: worker.stop(5))) as c:
+        want = c.post("/v1/completions", json=req).json()["tokens"]
+        be.down, be.seen = True, [SHARD]
+        batches[-1].fail_next = ShardLostError(f"shard 1 ({EP}) lost during call", (1,))
+        r = c.post("/v1/completions", json=req)
+        assert r.status_code == 503 and EP in r.json()["error"]["message"], r.text
+        assert c.get("/health").status_code == 503
+        be.down = False
+        t0 = time.monotonic()
+        while c.get("/health").status_code != 200:
+            assert time.monotonic() - t0 < 10, "not whole again"
+            time.sleep(0.02)
+        assert len(batches) == 2  # a new batch on the new session
+        got = [c.post("/v1/completions", json=req).json()["tokens"] for _ in range(3)]
+        assert got == [want] * 3
