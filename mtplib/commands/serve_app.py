@@ -55,6 +55,7 @@ from mtplib.commands.serve_native import (
     slot,
 )
 from mtplib.errors import InputError, MtplibError
+from mtplib.runtime.backend import Backend
 
 #: ChatML, llama-server's template for a model whose GGUF has none (the trained pair)
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
@@ -403,7 +404,7 @@ class ServeStats:
 class GenerationWorker:
     """The one thread that touches the backend: a bounded FIFO of jobs, one at a time."""
 
-    def __init__(self, backend: Any, cfg: ServeConfig,
+    def __init__(self, backend: Backend, cfg: ServeConfig,
                  log: Callable[[str], None] = lambda s: None) -> None:
         self.backend, self.cfg, self.log = backend, cfg, log
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=cfg.queue_max)

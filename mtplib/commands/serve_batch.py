@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mtplib.commands.serve_app import GenerationWorker, Job, ServeConfig, ServeStats
+from mtplib.runtime.backend import Backend
 from mtplib.runtime.model import RuntimeInputError
 
 #: a ranged service's join gathering window (`BatchWorker.gather_s`), seconds: small
@@ -150,7 +151,7 @@ class BatchWorker(GenerationWorker):
     to arrive (their prompts then prefill in one batch); serve gives ranged backends
     GATHER_S, whole ones 0."""
 
-    def __init__(self, backend: Any, cfg: ServeConfig, batch: Any, n_slots: int,
+    def __init__(self, backend: Backend, cfg: ServeConfig, batch: Any, n_slots: int,
                  log=lambda s: None, gather_s: float = 0.0) -> None:
         if batch.capacity < n_slots:
             raise RuntimeInputError(f"the batch holds {batch.capacity} sequences, not "

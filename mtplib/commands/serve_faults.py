@@ -18,9 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from mtplib.errors import MtplibError
+from mtplib.runtime.backend import Backend
 from mtplib.runtime.rpc import ShardError
 
 #: the worker looks at an idle backend this often (a fault seen between requests starts the
@@ -37,7 +37,8 @@ class BackendHealth:
     requests report (message, shards at fault, since when). Read by the event loop,
     written by the worker thread and by `check`."""
 
-    def __init__(self, backend: Any, log: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(self, backend: Backend, log: Callable[[str], None] = lambda s: None
+                 ) -> None:
         self.backend, self.log = backend, log
         self.recoverable = callable(getattr(backend, "faults", None)) and \
             callable(getattr(backend, "reconnect", None))
