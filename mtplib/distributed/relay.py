@@ -83,6 +83,10 @@ CATEGORIES = ("data", "graph", "control", "unparsed")
 COUNTERS = ("up", "down", "waits", "graph_sends", *CATEGORIES)
 
 
+#: the largest emulated RTT, ms: the one bound the CLI, lanes and the lab check against
+MAX_RTT_MS = 10_000
+
+
 @dataclass(frozen=True)
 class WanLink:
     """One shard connection's emulated WAN: ``rtt_ms`` round trip (half of it each way)
@@ -93,8 +97,8 @@ class WanLink:
     mbit: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rtt_ms) and 0 <= self.rtt_ms <= 10_000):
-            raise InputError(f"WAN RTT must be in 0..10000 ms, got {self.rtt_ms}")
+        if not (math.isfinite(self.rtt_ms) and 0 <= self.rtt_ms <= MAX_RTT_MS):
+            raise InputError(f"WAN RTT must be in 0..{MAX_RTT_MS} ms, got {self.rtt_ms}")
         if self.mbit is not None and not (math.isfinite(self.mbit) and self.mbit > 0):
             raise InputError(f"WAN bandwidth must be > 0 Mbit/s, got {self.mbit}")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS
 from mtplib.contract.types import MAX_DRAFT, draft_problem
+from mtplib.distributed.relay import MAX_RTT_MS
 from mtplib.errors import InputError
 
 TOPOLOGIES = ("remote", "tail_local")
@@ -78,8 +79,8 @@ class WanConfig:
         if any(draft_problem("k", k) for k in [*self.ks, *self.cold_ks]):
             raise InputError(f"wan: ks and cold_ks must be in 0..{MAX_DRAFT}, got {self.ks}, "
                              f"{self.cold_ks}")
-        if any(not 0 <= r <= 10_000 for r in [*self.rtts_ms, *self.cold_rtts_ms]):
-            raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..10000, got "
+        if any(not 0 <= r <= MAX_RTT_MS for r in [*self.rtts_ms, *self.cold_rtts_ms]):
+            raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..{MAX_RTT_MS}, got "
                              f"{self.rtts_ms}, {self.cold_rtts_ms}")
         if self.warmup < 0:
             raise InputError(f"wan: warmup must be >= 0, got {self.warmup}")
