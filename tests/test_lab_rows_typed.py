@@ -19,11 +19,12 @@ from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import DecodeSettings
 
 REPO = Path(__file__).resolve().parent.parent
-#: every JSON of these kinds under evidence/ (side-by-side runs and sweeps; no TLS-overhead
-#: result is committed: README's numbers name the command that makes one)
+#: every JSON of these kinds under evidence/ (side-by-side runs and sweeps; the TLS results
+#: in evidence/tls are mtplib.lab.tls_overhead's, another kind)
 COMMITTED = sorted(
     p for p in (REPO / "evidence").rglob("*.json")
-    if any(w in str(p.relative_to(REPO)).lower() for w in ("side", "tls", "sweep")))
+    if any(w in str(p.relative_to(REPO)).lower() for w in ("side", "sweep"))
+    and p.name != "run_record.json")
 
 
 def _kind(p: Path) -> str | None:

@@ -80,7 +80,8 @@ LAYER_COST = REPO / "evidence" / "layer-cost"
 
 def computes(folder: Path = LAYER_COST) -> list[P.ComputeInputs]:
     """The assumption, then every committed measurement (sorted by file name)."""
-    return [P.ASSUMED_COMPUTE] + [P.load_compute(p) for p in sorted(folder.glob("*.json"))]
+    return [P.ASSUMED_COMPUTE] + [P.load_compute(p) for p in sorted(folder.glob("*.json"))
+                                  if p.name != "run_record.json"]  # what ran: no result
 
 
 def main_compute(cs: list[P.ComputeInputs]) -> P.ComputeInputs:
