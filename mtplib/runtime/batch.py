@@ -402,4 +402,3 @@ class BatchRun:
             for q in list(self.fillers):
                 self._drop_filler(q)
         self.closed = True
-
