@@ -220,10 +220,8 @@ class RangedMTP:
         self.placement_record: dict | None = None
         #: what `generate` runs without options (routed and checked per generation)
         self.opts = opts or EngineOptions(k=DraftSpec.requested(None, mtp=self.has_sidecar).k)
-        load = self.opts
-        if not (self.has_sidecar and self.policy.allow_mtp):
-            # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
-            load = replace(load, k=0)
+        # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
+        load = self.opts.for_sidecar(self.has_sidecar and self.policy.allow_mtp)
         load = self._resolve(load)  # refuses a cache-moving default before any shard starts
         placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
         self._load = load
@@ -284,8 +282,8 @@ class RangedMTP:
         self._place_inputs = inp
         self.placement_record = ap.record(inp, timings, pc, hc, moved=moved, requested={
             "mtp_placement": requested, "head": self.opts.head})
-        again = self._resolve(self.opts if self.has_sidecar and self.policy.allow_mtp
-                              else replace(self.opts, k=0))
+        again = self._resolve(self.opts.for_sidecar(self.has_sidecar
+                                                    and self.policy.allow_mtp))
         if moved or _engine_key(again) != _engine_key(load):
             first, self._setup = self._setup, self._build(again)
             if first and self._setup:  # both engines were set up at load
@@ -389,7 +387,7 @@ class RangedMTP:
         """The options a ranged generation really runs with, checked before anything runs:
         MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
         a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
-        opts = replace(opts, k=opts.k if self.has_sidecar else 0, checkpoints="replay")
+        opts = replace(opts.for_sidecar(self.has_sidecar), checkpoints="replay")
         if (opts.head == "auto" and self._place_inputs is not None  # measured at load
                 and self.rt is not None):  # (no session: the generation refuses later)
             from mtplib.distributed.auto_placement import with_k
@@ -468,9 +466,7 @@ class RangedMTP:
         n_new = check_n_new(n_new)
         if not isinstance(prompt, str):
             prompt = check_tokens(prompt, self.n_vocab)
-        opts = self.opts if opts is None else opts
-        if not self.has_sidecar:
-            opts = replace(opts, k=0)
+        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
         # the policy first (its refusal names it), then what the options would move; the
         # routing decision itself is the configuration's, negotiated once (`_build`)
         policy_gate(opts.k, self.policy)
@@ -534,9 +530,7 @@ class RangedMTP:
         (default: this object's): run every step shape once now."""
         from mtplib.distributed.ranged_batch import RangedBatch
 
-        opts = self.opts if opts is None else opts
-        if not self.has_sidecar:
-            opts = replace(opts, k=0)
+        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
         policy_gate(opts.k, self.policy)
         return RangedBatch(self, self._resolve(opts), warm=self.warm if warm is None else warm)
 
