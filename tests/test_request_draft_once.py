@@ -74,3 +74,72 @@ def test_no_sidecar_means_mtp_off_in_one_rule(draft_checks):
     with pytest.raises(types.ContractError, match="draft length k must be in 1..8"):
         draft_with(9, has_sidecar=True)
     assert DraftSpec.requested(4, mtp=False) == DraftSpec(0)
+
+
+@pytest.fixture
+def plan_and_headers(monkeypatch, pair):
+    """Plan parses, endpoint-count checks and trunk-header reads in this process, and what
+    the ranged worker is sent to open."""
+    import mtplib.distributed.client as client
+    import mtplib.model.gguf_header as gguf_header
+    import mtplib.ownership.plan as plan
+    import mtplib.runtime.rpc as rpc
+
+    seen = {"parse": 0, "endpoints": 0, "read_header": 0, "read_header_fast": 0,
+            "sent": []}
+    real_parse, real_check = plan.parse_plan, plan.check_endpoints
+    real_read, real_fast = gguf_header.read_header, gguf_header.read_header_fast
+    real_request = client.RangedRuntime._request
+
+    def parse(text, n_layer):
+        seen["parse"] += 1
+        return real_parse(text, n_layer)
+
+    def check(p, eps):
+        seen["endpoints"] += 1
+        return real_check(p, eps)
+
+    def reader(real):
+        def read(path, *a, **kw):
+            seen[real.__name__] += str(path) == str(pair.trunk)
+            return real(path, *a, **kw)
+        return read
+
+    def request(self, msg, *a, **kw):
+        if msg[0] == "open":
+            seen["sent"].append(msg[1])
+        return real_request(self, msg, *a, **kw)
+
+    monkeypatch.setattr(plan, "parse_plan", parse)
+    for mod in (client, rpc):
+        monkeypatch.setattr(mod, "check_endpoints", check)
+    monkeypatch.setattr(gguf_header, "read_header", reader(real_read))
+    monkeypatch.setattr(gguf_header, "read_header_fast", reader(real_fast))
+    monkeypatch.setattr(client.RangedRuntime, "_request", request)
+    monkeypatch.delenv("MTPLIB_POLICY", raising=False)
+    return seen
+
+
+@pytest.mark.parametrize("mtp", [True, False], ids=["mtp", "plain"])
+def test_a_ranged_run_parses_its_plan_and_reads_its_header_once(pair, plan_and_headers,
+                                                                capsys, mtp):
+    from mtplib.ownership.plan import ShardPlan
+
+    extra = ("--mtp", str(pair.sidecar), "--draft", "2") if mtp else ()
+    assert _generate(pair, "--plan", "0-1,2-3", *extra) == 0
+    capsys.readouterr()
+    seen = plan_and_headers
+    assert (seen["parse"], seen["endpoints"]) == (1, 1)
+    # the trunk's header: read once by the backend (validated there) and sent to the
+    # worker, which reads none; the CLI's --ctx default reads context_length's keys
+    # (read_header_fast: no token list, milliseconds) before, not the header again
+    assert (seen["read_header"], seen["read_header_fast"]) == (1, 1)
+    (sent,) = seen["sent"]  # the worker gets the parsed plan and the headers as objects
+    assert isinstance(sent["plan"], ShardPlan) and str(sent["plan"]) == "0-1,2-3"
+    assert str(sent["header"].path) == str(pair.trunk)
+    assert (sent["sidecar_header"] is not None) == mtp
+
+
+def test_a_wrong_endpoint_count_keeps_its_message(pair, capsys):
+    assert _generate(pair, "--plan", "0-1,2-3", "--endpoints", "127.0.0.1:1") == 2
+    assert "plan 0-1,2-3 has 2 shards but 1 endpoints were given" in capsys.readouterr().out

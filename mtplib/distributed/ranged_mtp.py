@@ -188,7 +188,7 @@ class RangedMTP:
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header, require_deepseek4
         from mtplib.model.validate import validate_header
-        from mtplib.ownership.plan import PlanError, ShardPlan
+        from mtplib.ownership.plan import ShardPlan
         from mtplib.runtime.model import check_pair
 
         self._lock = threading.RLock()  # one generation at a time: counters are per runtime
@@ -197,8 +197,9 @@ class RangedMTP:
         # validated once, before anything reads a key or upstream loads the file (the pair
         # check validates both files)
         h = read_header(trunk)
-        if sidecar is not None:
-            check_pair(h, read_header(sidecar))
+        sh = read_header(sidecar) if sidecar is not None else None
+        if sh is not None:
+            check_pair(h, sh)
         else:
             require_deepseek4(h)
             validate_header(h)
@@ -207,10 +208,11 @@ class RangedMTP:
         #: shards' adverts (they do not change while this object lives)
         self._routed: dict[tuple, Decision] = {}
         self._certified = certified_recipes(trunk, sidecar) if sidecar else frozenset()
-        self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
-        if endpoints is not None and len(endpoints) != self.plan.n_shards:
-            raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
-                            f"{len(endpoints)} endpoints were given")
+        #: parsed once: the object goes on to RangedRuntime and, pickled, to the worker;
+        #: the endpoints are checked against it there (`check_endpoints`), before any
+        #: connection (given endpoints start no local shards)
+        self.plan = plan if isinstance(plan, ShardPlan) else ShardPlan.parse(
+            plan, int(h.kv["deepseek4.block_count"]))
         links = wan if wan is None or not isinstance(wan, str) else parse_wan(wan,
                                                                              self.plan.n_shards)
         self.has_sidecar = sidecar is not None
@@ -237,7 +239,8 @@ class RangedMTP:
             self._open_rt = lambda: RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards,
                 insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
-                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls)
+                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls,
+                headers=(h, sh))  # read once per run, here: the worker reads none
             #: what `auto` placement asked (decided again by each session: `_open`)
             self._placement_request = (mtp_placement, placement_costs)
             self._stack.callback(self._close_rt)
