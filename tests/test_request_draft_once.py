@@ -143,3 +143,11 @@ def test_a_ranged_run_parses_its_plan_and_reads_its_header_once(pair, plan_and_h
 def test_a_wrong_endpoint_count_keeps_its_message(pair, capsys):
     assert _generate(pair, "--plan", "0-1,2-3", "--endpoints", "127.0.0.1:1") == 2
     assert "plan 0-1,2-3 has 2 shards but 1 endpoints were given" in capsys.readouterr().out
+
+
+def test_a_whole_model_run_reads_its_trunk_header_once(pair, plan_and_headers, capsys):
+    assert _generate(pair, "--mtp", str(pair.sidecar), "--draft", "2") == 0
+    capsys.readouterr()
+    # MTPRuntime reads it (the pair check), the Model takes that header; --ctx's default
+    # read the keys first (read_header_fast)
+    assert (plan_and_headers["read_header"], plan_and_headers["read_header_fast"]) == (1, 1)
