@@ -25,7 +25,7 @@ from mtplib.commands.common import (
     tls_from_args,
 )
 from mtplib.contract.labels import PLACEMENT_CHOICES
-from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE, DraftSpec
+from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, ContractError, DraftSpec
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError, MtplibError
 from mtplib.runtime.results import GenerationMetrics
@@ -86,8 +86,10 @@ def _print_result(a: argparse.Namespace, tokens: list[int], text: str | None,
 
 def draft_spec(a: argparse.Namespace) -> DraftSpec:
     """The drafting the (checked) arguments ask for: MTP off without --mtp, else --draft
-    (default DEFAULT_DRAFT)."""
-    return DraftSpec.requested(a.draft, mtp=bool(a.mtp))
+    (default DEFAULT_DRAFT). Checked arguments carry it (`check_engine_args` builds it,
+    the run's one draft-length check); others are asked here."""
+    spec = getattr(a, "draft_spec", None)
+    return spec if spec is not None else DraftSpec.requested(a.draft, mtp=bool(a.mtp))
 
 
 def draft_k(a: argparse.Namespace) -> int:
@@ -119,8 +121,13 @@ def check_engine_args(a: argparse.Namespace) -> None:
 
     if a.draft is not None and a.mtp is None:
         raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
-    if a.draft is not None and a.draft not in DRAFT_RANGE:
+    try:  # the run's one draft-length check: everything after carries the checked spec
+        spec = DraftSpec.requested(a.draft, mtp=bool(a.mtp))
+    except ContractError:
+        spec = None
+    if a.draft is not None and (spec is None or a.draft == 0):  # --mtp and --draft 0: no
         raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}")
+    a.draft_spec = spec
     if a.n < 0:
         raise InputError(f"--n must be >= 0, got {a.n}")
     for opt, v in (("--ctx", a.ctx), ("--batch", a.batch), ("--ubatch", a.ubatch)):

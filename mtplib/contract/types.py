@@ -101,6 +101,35 @@ def draft_problem(name: str, k: object) -> str | None:
     return None
 
 
+class DraftLength(int):
+    """A draft length `checked_draft` accepted (0 = MTP off). Why a type: the bound is
+    checked once, where a run's request is built, and every floor after it (options, spec,
+    routing, engine, the pickled worker options) carries the checked value instead of
+    checking it again; a plain int entering at any floor is still checked there."""
+
+    __slots__ = ()
+
+
+NO_DRAFT = DraftLength(0)
+"""MTP off: the draft length of a run without a sidecar (`draft_with`)."""
+
+
+def checked_draft(k: object, name: str = "draft length k") -> DraftLength:
+    """``k`` as a checked `DraftLength`: the one place a draft length is validated
+    (`draft_problem`); ContractError naming ``name`` otherwise. Already checked: as is."""
+    if isinstance(k, DraftLength):
+        return k
+    if problem := draft_problem(name, k):
+        raise ContractError(problem)
+    return DraftLength(k)
+
+
+def draft_with(k: object, *, has_sidecar: bool) -> DraftLength:
+    """The one rule "no sidecar means k=0": ``k`` (checked) where the MTP block is there to
+    draft, else `NO_DRAFT`. Every runtime and the CLI decide it here."""
+    return checked_draft(k) if has_sidecar else NO_DRAFT
+
+
 @dataclass(frozen=True)
 class DraftSpec:
     """The one description of a run's drafting: k drafts per step, 0 = MTP off.
@@ -111,17 +140,13 @@ class DraftSpec:
     k: int = 0
 
     def __post_init__(self) -> None:
-        problem = draft_problem("draft length k", self.k)
-        if problem:
-            raise ContractError(problem)
+        object.__setattr__(self, "k", checked_draft(self.k))
 
     @classmethod
     def requested(cls, draft: int | None, *, mtp: bool) -> DraftSpec:
-        """What a user's options ask for: MTP off without a sidecar, else ``draft``
-        (DEFAULT_DRAFT when not given)."""
-        if not mtp:
-            return cls(0)
-        return cls(DEFAULT_DRAFT if draft is None else draft)
+        """What a user's options ask for: MTP off without a sidecar (`draft_with`), else
+        ``draft`` (DEFAULT_DRAFT when not given)."""
+        return cls(draft_with(DEFAULT_DRAFT if draft is None else draft, has_sidecar=mtp))
 
     @classmethod
     def from_recipe(cls, recipe: object) -> DraftSpec:

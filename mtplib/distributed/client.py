@@ -51,7 +51,7 @@ from mtplib.distributed.relay import WanLink
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
-from mtplib.ownership.plan import PlanError, ShardPlan
+from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
 from mtplib.runtime.rpc import ShardError, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
@@ -185,7 +185,10 @@ class RangedRuntime:
     ``tls`` (a `TlsConfig`): the relays speak mutual TLS to the shards' gateways
     (`mtplib shard serve --tls`); any address is allowed then. Without it endpoints are
     loopback only, unless ``insecure_plaintext`` (upstream's RPC in the clear). Every shard
-    is probed first (`probe_shards`: answers checked, a shard given twice named)."""
+    is probed first (`probe_shards`: answers checked, a shard given twice named).
+
+    ``plan`` goes to the worker as the object (a string is parsed here, once); ``headers``
+    (trunk, sidecar GGUFHeader): as the caller read them, so the worker reads none."""
 
     def __init__(self, trunk: str | Path, plan: ShardPlan | str,
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
@@ -194,7 +197,7 @@ class RangedRuntime:
                  call_timeout_s: float | None = None, load_timeout_s: float = 600.0,
                  probe_timeout_s: float = 5.0, insecure_plaintext: bool = False,
                  wan: Sequence[WanLink] | None = None, mtp_placement: str = Placement.TAIL,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, headers: tuple | None = None) -> None:
         if mtp_placement not in MTP_PLACEMENTS:
             raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
                             f"got {mtp_placement!r}")
@@ -223,9 +226,7 @@ class RangedRuntime:
             raise PlanError(f"{len(wan)} WAN links for {plan.n_shards} shards")
         if not relay and any(w.active for w in wan):
             raise PlanError("WAN emulation needs the relays (relay=True)")
-        if len(self.endpoints) != self.plan.n_shards:
-            raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
-                            f"{len(self.endpoints)} endpoints were given")
+        check_endpoints(self.plan, self.endpoints)  # the run's one check (RangedMTP's too)
         # a clear error naming the shard, before anything starts
         self.shard_info = probe_shards(self.endpoints, tls=tls, timeout_s=probe_timeout_s,
                                        allow_remote=allow_remote)
@@ -257,9 +258,12 @@ class RangedRuntime:
             self._start_worker()
             with self.step("load"):
                 info = self._request(("open", dict(
-                    trunk=str(trunk), plan=str(self.plan), endpoints=client_eps,
+                    trunk=str(trunk), plan=self.plan, endpoints=client_eps,  # parsed: not again
                     sidecar=str(sidecar) if sidecar is not None else None,
-                    allow_remote=allow_remote and not relay, mtp_placement=mtp_placement)),
+                    allow_remote=allow_remote and not relay, mtp_placement=mtp_placement,
+                    # read once per run by the caller (RangedMTP): the worker reads no header
+                    header=(headers or (None, None))[0],
+                    sidecar_header=(headers or (None, None))[1])),
                     timeout_s=load_timeout_s)
             back = dict(zip(client_eps, self.endpoints, strict=True))
             for m in (info["trunk"], info["sidecar"]):

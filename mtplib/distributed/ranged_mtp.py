@@ -188,7 +188,7 @@ class RangedMTP:
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header, require_deepseek4
         from mtplib.model.validate import validate_header
-        from mtplib.ownership.plan import PlanError, ShardPlan
+        from mtplib.ownership.plan import ShardPlan
         from mtplib.runtime.model import check_pair
 
         self._lock = threading.RLock()  # one generation at a time: counters are per runtime
@@ -197,8 +197,9 @@ class RangedMTP:
         # validated once, before anything reads a key or upstream loads the file (the pair
         # check validates both files)
         h = read_header(trunk)
-        if sidecar is not None:
-            check_pair(h, read_header(sidecar))
+        sh = read_header(sidecar) if sidecar is not None else None
+        if sh is not None:
+            check_pair(h, sh)
         else:
             require_deepseek4(h)
             validate_header(h)
@@ -207,10 +208,11 @@ class RangedMTP:
         #: shards' adverts (they do not change while this object lives)
         self._routed: dict[tuple, Decision] = {}
         self._certified = certified_recipes(trunk, sidecar) if sidecar else frozenset()
-        self.plan = ShardPlan.parse(plan, int(h.kv["deepseek4.block_count"]))
-        if endpoints is not None and len(endpoints) != self.plan.n_shards:
-            raise PlanError(f"plan {self.plan} has {self.plan.n_shards} shards but "
-                            f"{len(endpoints)} endpoints were given")
+        #: parsed once: the object goes on to RangedRuntime and, pickled, to the worker;
+        #: the endpoints are checked against it there (`check_endpoints`), before any
+        #: connection (given endpoints start no local shards)
+        self.plan = plan if isinstance(plan, ShardPlan) else ShardPlan.parse(
+            plan, int(h.kv["deepseek4.block_count"]))
         links = wan if wan is None or not isinstance(wan, str) else parse_wan(wan,
                                                                              self.plan.n_shards)
         self.has_sidecar = sidecar is not None
@@ -220,10 +222,8 @@ class RangedMTP:
         self.placement_record: dict | None = None
         #: what `generate` runs without options (routed and checked per generation)
         self.opts = opts or EngineOptions(k=DraftSpec.requested(None, mtp=self.has_sidecar).k)
-        load = self.opts
-        if not (self.has_sidecar and self.policy.allow_mtp):
-            # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
-            load = replace(load, k=0)
+        # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
+        load = self.opts.for_sidecar(self.has_sidecar and self.policy.allow_mtp)
         load = self._resolve(load)  # refuses a cache-moving default before any shard starts
         placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
         self._load = load
@@ -239,7 +239,8 @@ class RangedMTP:
             self._open_rt = lambda: RangedRuntime(
                 trunk, self.plan, endpoints, shards=self.shards,
                 insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
-                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls)
+                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls,
+                headers=(h, sh))  # read once per run, here: the worker reads none
             #: what `auto` placement asked (decided again by each session: `_open`)
             self._placement_request = (mtp_placement, placement_costs)
             self._stack.callback(self._close_rt)
@@ -284,8 +285,8 @@ class RangedMTP:
         self._place_inputs = inp
         self.placement_record = ap.record(inp, timings, pc, hc, moved=moved, requested={
             "mtp_placement": requested, "head": self.opts.head})
-        again = self._resolve(self.opts if self.has_sidecar and self.policy.allow_mtp
-                              else replace(self.opts, k=0))
+        again = self._resolve(self.opts.for_sidecar(self.has_sidecar
+                                                    and self.policy.allow_mtp))
         if moved or _engine_key(again) != _engine_key(load):
             first, self._setup = self._setup, self._build(again)
             if first and self._setup:  # both engines were set up at load
@@ -389,7 +390,7 @@ class RangedMTP:
         """The options a ranged generation really runs with, checked before anything runs:
         MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
         a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
-        opts = replace(opts, k=opts.k if self.has_sidecar else 0, checkpoints="replay")
+        opts = replace(opts.for_sidecar(self.has_sidecar), checkpoints="replay")
         if (opts.head == "auto" and self._place_inputs is not None  # measured at load
                 and self.rt is not None):  # (no session: the generation refuses later)
             from mtplib.distributed.auto_placement import with_k
@@ -468,9 +469,7 @@ class RangedMTP:
         n_new = check_n_new(n_new)
         if not isinstance(prompt, str):
             prompt = check_tokens(prompt, self.n_vocab)
-        opts = self.opts if opts is None else opts
-        if not self.has_sidecar:
-            opts = replace(opts, k=0)
+        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
         # the policy first (its refusal names it), then what the options would move; the
         # routing decision itself is the configuration's, negotiated once (`_build`)
         policy_gate(opts.k, self.policy)
@@ -534,9 +533,7 @@ class RangedMTP:
         (default: this object's): run every step shape once now."""
         from mtplib.distributed.ranged_batch import RangedBatch
 
-        opts = self.opts if opts is None else opts
-        if not self.has_sidecar:
-            opts = replace(opts, k=0)
+        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
         policy_gate(opts.k, self.policy)
         return RangedBatch(self, self._resolve(opts), warm=self.warm if warm is None else warm)
 

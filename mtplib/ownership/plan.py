@@ -70,6 +70,16 @@ class ShardPlan:
         return ",".join(f"{a}-{b}" for a, b in self.ranges)
 
 
+def check_endpoints(plan: ShardPlan, endpoints: Sequence[str]) -> list[str]:
+    """``endpoints`` as a list, one per shard of ``plan`` (PlanError otherwise): the one
+    place the shard count is checked against the endpoints given."""
+    endpoints = list(endpoints)
+    if len(endpoints) != plan.n_shards:
+        raise PlanError(f"plan {plan} has {plan.n_shards} shards but {len(endpoints)} "
+                        "endpoints were given")
+    return endpoints
+
+
 def check_plan(ranges: Sequence[tuple[int, int]], n_layer: int) -> None:
     """Raise PlanError naming the first problem: empty, reversed, gap, overlap, range."""
     if n_layer < 1:

@@ -19,10 +19,12 @@ import numpy as np
 from mtplib.contract.labels import StepKind
 from mtplib.contract.session import Event, IllegalTransition, Session, State
 from mtplib.contract.types import (
+    ContractError,
+    DraftLength,
     DraftProposal,
     DraftSpec,
     VerifyResult,
-    draft_problem,
+    checked_draft,
     plan_rollback,
 )
 from mtplib.runtime.drafters import Drafter
@@ -188,7 +190,12 @@ class SpecSession:
         """The draft length a step may use: k (default the engine's) within the context."""
         e = self.engine
         k = e.k if k is None else k
-        return max(0, min(k, e.target.n_ctx - 1 - self.base))
+        room = max(0, min(k, e.target.n_ctx - 1 - self.base))
+        # a length within the engine's checked one (cut to the context, or to the tokens
+        # left) is in bounds: carried as checked, not checked again at every step
+        if isinstance(room, int) and (isinstance(k, DraftLength) or room <= e.k):
+            return DraftLength(room)
+        return room
 
     def proposal(self, drafts: Sequence[int], k: int) -> DraftProposal:
         """The contract message of ``drafts`` (drafted by the caller after draft())."""
@@ -405,8 +412,10 @@ class Engine:
                  sampler: Sampler | None = None, rows: RowFn = api_rows,
                  trace: bool = False, phase: PhaseFn = no_phase,
                  head: HeadFn | None = None, checkpoints: str = "state") -> None:
-        if problem := draft_problem("draft length k", k):
-            raise RuntimeInputError(problem)
+        try:  # checked once per run: a k from EngineOptions is a DraftLength already
+            k = checked_draft(k)
+        except ContractError as e:
+            raise RuntimeInputError(str(e)) from None
         if k + 1 > target.n_batch:
             raise RuntimeInputError(f"k+1={k + 1} exceeds the target's n_batch {target.n_batch}")
         if (drafter.needs_rows or head is not None) and target.cfg.nextn_rows != "all":

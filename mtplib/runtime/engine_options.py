@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from mtplib.contract.types import DEFAULT_DRAFT, DraftSpec, draft_problem
+from mtplib.contract.types import (
+    DEFAULT_DRAFT,
+    ContractError,
+    DraftSpec,
+    checked_draft,
+    draft_with,
+)
 from mtplib.runtime.engine import CHECKPOINTS
 from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.sampling import Sampler
@@ -63,13 +69,21 @@ class EngineOptions:
         """The contract's draft spec of these options (k, recipe, MTP on)."""
         return DraftSpec(self.k)
 
+    def for_sidecar(self, has_sidecar: bool) -> EngineOptions:
+        """These options as a backend runs them with (True) or without (False) the MTP
+        block: k as `draft_with` decides ("no sidecar means k=0", decided there)."""
+        k = draft_with(self.k, has_sidecar=has_sidecar)
+        return self if k == self.k else replace(self, k=k)
+
     def resolved(self, *, ranged: bool) -> EngineOptions:
         """These options with ``head="auto"`` made concrete (`resolve_head`)."""
         return replace(self, head=resolve_head(self.head, ranged=ranged, mtp=self.draft.mtp))
 
     def __post_init__(self) -> None:
-        if problem := draft_problem("draft length k", self.k):
-            raise RuntimeInputError(problem)
+        try:  # a k carried from the run's request is already checked (`DraftLength`)
+            self.k = checked_draft(self.k)
+        except ContractError as e:
+            raise RuntimeInputError(str(e)) from None
         if self.head not in HEADS:
             raise RuntimeInputError(f"head must be one of {HEADS}, got {self.head!r}")
         if self.checkpoints not in CHECKPOINTS:

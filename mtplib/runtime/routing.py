@@ -34,7 +34,7 @@ from mtplib.contract.capabilities import (
     policy_named,
     require_route,
 )
-from mtplib.contract.types import MTP_OFF, ContractError, DraftSpec
+from mtplib.contract.types import MTP_OFF, ContractError, DraftLength, DraftSpec
 from mtplib.stamps import sha256_file
 
 PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
@@ -143,7 +143,8 @@ def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | N
     pol = resolve_policy(policy)
     for k in ks:
         try:
-            route(int(k), policy=pol, has_sidecar=has_sidecar)
+            route(k if isinstance(k, DraftLength) else int(k), policy=pol,
+                  has_sidecar=has_sidecar)
         except RouteRefused as e:
             raise RouteRefused(f"{what}: {e}") from None
     return pol

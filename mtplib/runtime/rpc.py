@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtplib.contract.labels import Placement
-from mtplib.ownership.plan import PlanError, ShardPlan
+from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
 from mtplib.runtime import PATCHED_DIR, selected_upstream
 from mtplib.runtime.lib import LOG_TAIL, UpstreamError, load
 from mtplib.runtime.model import RuntimeInputError, check_threads
@@ -463,7 +463,8 @@ def endpoint_of_buffer(name: str) -> str | None:
 # -- opening a ranged model -------------------------------------------------------------
 def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[str], *,
                 sidecar: str | Path | None = None, allow_remote: bool = False,
-                verify: bool = True, mtp_placement: str = Placement.TAIL):
+                verify: bool = True, mtp_placement: str = Placement.TAIL,
+                header=None, sidecar_header=None):
     """Load ``trunk`` across RPC shards (one endpoint per plan range, in order) and the
     MTP ``sidecar`` (if given) on the tail shard only (``mtp_placement="tail"``) or on this
     process's CPU (``"client"``: next to the sampler, so drafting costs no shard traffic).
@@ -471,12 +472,15 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
     ``.endpoints`` and ``.placement`` (layer -> endpoint, read back from upstream's own
     load log).
 
+    ``header``/``sidecar_header``: the files' headers as the caller already read them
+    (`RangedMTP` reads each once per run and its worker gets them pickled), else read here.
+
     In-process: a shard lost later aborts THIS process (upstream's client); use
     mtplib.distributed.client.RangedRuntime to contain that."""
     from mtplib.model.gguf_header import read_header
     from mtplib.runtime.model import Model, check_pair
 
-    th = read_header(trunk)
+    th = header or read_header(trunk)
     if th.is_mtp_only:
         raise PlanError(f"{trunk} is an MTP sidecar, not a trunk")
     n_layer = int(th.kv["deepseek4.block_count"])
@@ -487,13 +491,10 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
                         f"{n_layer} (0-{n_layer - 1})")
     if plan.n_shards > MAX_RPC_SERVERS:
         raise PlanError(f"upstream's RPC client supports at most {MAX_RPC_SERVERS} servers")
-    endpoints = list(endpoints)
-    if len(endpoints) != plan.n_shards:
-        raise PlanError(f"plan {plan} has {plan.n_shards} shards but {len(endpoints)} "
-                        "endpoints were given")
+    endpoints = check_endpoints(plan, endpoints)
     if len(set(endpoints)) != len(endpoints):
         raise PlanError("every shard needs its own endpoint (a server serves one range)")
-    sh = read_header(sidecar) if sidecar is not None else None
+    sh = None if sidecar is None else sidecar_header or read_header(sidecar)
     if sh is not None:
         check_pair(th, sh)
     devices = []

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mtplib.contract.capabilities import Policy
-from mtplib.contract.types import DraftSpec
+from mtplib.contract.types import NO_DRAFT, DraftSpec, draft_with
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.engine import (
@@ -69,7 +69,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     from mtplib.runtime.drafters import MTPDrafter
     from mtplib.runtime.model import ContextConfig, context_threads
 
-    use_mtp = sidecar is not None and opts.draft.mtp and drafter is None
+    use_mtp = draft_with(opts.k, has_sidecar=sidecar is not None) > 0 and drafter is None
     if opts.head == "auto":
         raise RuntimeInputError("head='auto' must be resolved by the entry point "
                                 "(EngineOptions.resolved) before the engine is built")
@@ -106,7 +106,7 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
                 n_threads=context_threads(sidecar, s.n_threads)))
             owned.append(mtp_ctx)
             drafter = MTPDrafter(mtp_ctx)
-        engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else 0,
+        engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else NO_DRAFT,
                         sampler=opts.sampler, rows=rows or api_rows, trace=opts.trace,
                         phase=phase, head=head, checkpoints=opts.checkpoints)
         engine.hidden_rows = mode if needs_rows else "off"
@@ -179,7 +179,7 @@ class MTPRuntime:
         self._lock = threading.RLock()  # serializes every call into upstream (class doc)
         self.closed = False
         self.setup: dict | None = None
-        spec = DraftSpec(opts.k if sidecar is not None else 0)  # what is negotiated
+        spec = DraftSpec(draft_with(opts.k, has_sidecar=sidecar is not None))  # negotiated
         use_mtp = spec.mtp and drafter is None
         # each header is read and validated once: the pair check validates both, and the
         # Model takes the checked header
