@@ -153,7 +153,8 @@ class BatchWorker(GenerationWorker):
     ``batch``: the backend's open batch (`BatchRun` or `RangedBatch`, capacity >= n_slots).
     Requests wait in the same bounded queue (``cfg.queue_max``) until a slot is free.
     ``gather_s``: when no slot is generating, how long the first join waits for others
-    to arrive (their prompts then prefill in one batch); serve gives ranged backends
+    to arrive (their prompts then prefill in one batch; on, up to GATHER_MAX_S, while
+    requests the service holds have not joined: `_gather`); serve gives ranged backends
     GATHER_S, whole ones 0."""
 
     def __init__(self, backend: Backend, cfg: ServeConfig, batch: Any, n_slots: int,
