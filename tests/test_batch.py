@@ -94,6 +94,43 @@ def test_rollback_in_one_leaves_the_others_bit_identical(rt):
     assert sum(b1.rollbacks.values()) + sum(b2.rollbacks.values()) > 0
 
 
+def test_a_step_holds_one_rollback_phase_however_many_slots_roll_back(rt):
+    """A phase is a labelled step (ranged: two pipe round trips to the parent): a batch
+    step enters the rollback phase once, also when several of its slots roll back."""
+    import contextlib
+
+    from mtplib.contract.labels import StepKind
+
+    b = rt.batch()
+    e = b.engine
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(label, n):
+        entered.append(label)
+        yield
+
+    ids = [b.join(seeded_prompt(s), N_NEW)[0] for s in SEEDS]
+    old, e.phase = e.phase, phase
+    most = 0
+    try:
+        while b.active():
+            live = [b.slots[q].session for q in b.active()]
+            before = [sum(s.metrics.rollbacks.values()) for s in live]
+            entered.clear()
+            b.step()
+            rolled = sum(sum(s.metrics.rollbacks.values()) > n
+                         for s, n in zip(live, before, strict=True))
+            assert entered.count(StepKind.ROLLBACK) == (1 if rolled else 0), entered
+            most = max(most, rolled)
+    finally:
+        e.phase = old
+        for q in ids:
+            b.leave(q)
+        b.close()
+    assert most >= 2  # a step where several slots rolled back did occur
+
+
 def test_sessions_join_and_leave_mid_run(rt, alone):
     """A starts alone; B joins at step 3, C at step 5; D joins after B left, on B's
     sequence id: every one's tokens equal its run alone."""

@@ -170,3 +170,38 @@ def test_a_shard_fault_under_parallel_slots_is_recovered_with_a_new_batch(monkey
         assert len(batches) == 2  # a new batch on the new session
         got = [c.post("/v1/completions", json=req).json()["tokens"] for _ in range(3)]
         assert got == [want] * 3
+
+
+def test_requests_held_by_the_service_join_in_one_prefill():
+    """A gathering join (ranged: ``gather_s``) waits for requests already admitted that
+    have not joined yet: four whose prompts take 50-170 ms each to tokenize (so they
+    reach the scheduler further apart than ``gather_s``) share one prefill batch."""
+
+    class SlowTokens(FakeBackend):
+        def tokenize(self, text: str) -> list[int]:
+            time.sleep(0.05 + 0.04 * int(text[-1]))
+            return super().tokenize(text)
+
+    class Joins(FakeBatch):
+        sizes: list[int] = []
+
+        def join_many(self, asks):
+            self.sizes.append(len(asks))
+            return super().join_many(asks)
+
+    be = SlowTokens()
+    batch = Joins(be)
+    batch.sizes = []
+    worker = BatchWorker(be, _cfg(queue_max=4), batch, 4, gather_s=0.02)
+    got: dict[str, dict] = {}
+    with TestClient(create_app(worker, on_shutdown=lambda: worker.stop(5))) as c:
+        def run(p: str) -> None:
+            got[p] = _ask(c, p, 6)
+
+        ts = [threading.Thread(target=run, args=(f"p{i}",)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+    assert all(got[f"p{i}"]["status"] == 200 for i in range(4)), got
+    assert batch.sizes == [4]

@@ -15,7 +15,10 @@ stepped together could reach if a step of N cost what a step of one does and pre
 were free (they end with the slowest).
 
     PYTHONPATH=. .venv/bin/python evidence/serve/batch_bench.py [--rounds 4] [--n 64]
-        [--parallel 4] [--plan 0-1,2-3 --wan 100] [--out FILE]
+        [--parallel 4] [--plan 0-1,2-3 --wan 100] [--out FILE] [--step-log FILE]
+
+``--step-log FILE``: serve through `serve_steplog.py`, its joins and steps (sizes, seconds)
+written to FILE.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
     ap.add_argument("--plan", help="ranged on local shards, e.g. 0-1,2-3")
     ap.add_argument("--wan", help="with --plan: emulated WAN RTT in ms, e.g. 100")
     ap.add_argument("--out", default=str(HERE / "batch-whole.json"))
+    ap.add_argument("--step-log", help="log the scheduler's joins and steps to this file")
     a = ap.parse_args()
 
     import openai
@@ -63,6 +67,8 @@ def main() -> int:
     if a.plan:
         engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
     cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0", "--json"]
+    if a.step_log:
+        cmd[1:3] = [str(HERE / "serve_steplog.py")]
     prompts = trained_prompts((a.rounds + 1) * a.parallel + 1, a.prompt_len)
     warm, prompts = prompts[-(a.parallel + 1):], prompts[:-(a.parallel + 1)]
     load0 = os.getloadavg()[0]
@@ -134,7 +140,7 @@ def main() -> int:
         "what": f"mtplib serve --parallel {a.parallel}: {a.parallel} concurrent requests vs "
                 "one at a time (same service), greedy, ignore_eos",
         "command": " ".join(["evidence/serve/batch_bench.py", *sys.argv[1:]]),
-        "serve_command": " ".join(["mtplib", *cmd[3:]]),
+        "serve_command": " ".join(["mtplib", "serve", *engine, "--port", "0", "--json"]),
         "prompts": f"trained_prompts({a.rounds * a.parallel}, {a.prompt_len}) (held-out), "
                    f"{a.parallel} per round",
         "n_new": a.n, "draft": a.draft, "serve_exit": rc, "cpu": cpu_info(),
@@ -147,6 +153,8 @@ def main() -> int:
         "loadavg_1min": {"start": load0, "end": os.getloadavg()[0]},
         "rounds": rounds,
     }
+    if a.step_log:
+        Path(a.step_log).write_text("".join(x for x in err if x.startswith("STEPLOG")))
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out[k] for k in ("ratio", "aggregate_tok_s", "all_tokens_identical")}))
     return 0

@@ -26,6 +26,11 @@ from mtplib.runtime.model import RuntimeInputError
 #: a ranged service's join gathering window (`BatchWorker.gather_s`), seconds: small
 #: beside a prefill pass over shards (at least one round trip per shard)
 GATHER_S = 0.02
+#: the longest a gathering join waits, seconds, for requests the service already holds
+#: (queued with a slot free, or admitted and not joined yet): measured, four requests sent
+#: together often reached the scheduler more than GATHER_S apart and joined as 2 + 2 (two
+#: prefill passes, and a 2-prompt prefill shape the warm-up had not decoded)
+GATHER_MAX_S = 0.25
 
 
 class SlotStats(ServeStats):
@@ -148,7 +153,8 @@ class BatchWorker(GenerationWorker):
     ``batch``: the backend's open batch (`BatchRun` or `RangedBatch`, capacity >= n_slots).
     Requests wait in the same bounded queue (``cfg.queue_max``) until a slot is free.
     ``gather_s``: when no slot is generating, how long the first join waits for others
-    to arrive (their prompts then prefill in one batch); serve gives ranged backends
+    to arrive (their prompts then prefill in one batch; on, up to GATHER_MAX_S, while
+    requests the service holds have not joined: `_gather`); serve gives ranged backends
     GATHER_S, whole ones 0."""
 
     def __init__(self, backend: Backend, cfg: ServeConfig, batch: Any, n_slots: int,
@@ -163,6 +169,7 @@ class BatchWorker(GenerationWorker):
         self._streams: dict[int, SlotStream] = {}  # seq -> its stream
         self._free = list(range(n_slots))
         self._pieces: dict[int, str] = {}
+        self._end_seen = False  # `_gather` admitted the queue's end (the service stops)
         super().__init__(backend, cfg, log)
         self.stats = SlotStats(n_slots)
 
@@ -205,7 +212,7 @@ class BatchWorker(GenerationWorker):
                 self._wake.clear()
                 self._handle_control()
                 if not draining and (self.health.fault is None or self.stopping.is_set()):
-                    draining = self._admit()  # (degraded: requests wait for the recovery)
+                    draining = self._end_seen or self._admit()  # (degraded: they wait)
                 if (draining or self.stopping.is_set()) and not self._threads:
                     return
                 if self.batch.active():
@@ -263,12 +270,26 @@ class BatchWorker(GenerationWorker):
     def _handle_control(self) -> None:
         joins = self._drain_control()
         if joins and self.gather_s and not self.batch.active():
-            # idle: requests sent together arrive a few ms apart; wait for them, so their
-            # prompts share one prefill pass (over a WAN each pass costs round trips)
-            time.sleep(self.gather_s)
-            joins += self._drain_control()
+            joins = self._gather(joins)
         if joins:
             self._join(joins)
+
+    def _gather(self, joins: list[SlotStream]) -> list[SlotStream]:
+        """Idle: requests sent together arrive some ms apart; wait ``gather_s`` for them,
+        and on (up to GATHER_MAX_S) while the service holds requests that will join (queued
+        with a slot free: admitted here; admitted and not joined yet), so their prompts
+        share one prefill pass (over a WAN each pass costs round trips)."""
+        t0 = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if not self._end_seen and self._free and not self.jobs.empty() \
+                    and self.health.fault is None:
+                self._end_seen = self._admit()
+            joins += self._drain_control()
+            pending = len(self._threads) - len(self._streams) - len(joins)
+            if now - t0 >= GATHER_MAX_S or (now - t0 >= self.gather_s and pending <= 0):
+                return joins
+            time.sleep(0.002)
 
     def _drain_control(self) -> list[SlotStream]:
         """Handle the waiting control messages; the joins among them, for `_join`."""

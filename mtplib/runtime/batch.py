@@ -27,7 +27,7 @@ import numpy as np
 
 from mtplib.contract.labels import StepKind
 from mtplib.contract.session import State
-from mtplib.runtime.engine import Engine, SpecSession, api_rows
+from mtplib.runtime.engine import Engine, SpecSession, api_rows, no_phase
 from mtplib.runtime.generation import empty_metrics, session_metrics
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
 from mtplib.runtime.results import GenerationMetrics
@@ -117,7 +117,7 @@ def batch_step(engine: Engine, sessions: Sequence[SpecSession],
         for i in group:
             sessions[i].metrics.t_verify += dt
     # 3. commit: each session's rollback alone, the drafter's feeds in one decode
-    emitted = [s.commit(r, defer_feed=True) for s, r in zip(sessions, results, strict=True)]
+    emitted = _commit_all(e, sessions, results)
     feeds = []
     for s in sessions:
         feeds.append(s.pending_feed)
@@ -129,6 +129,25 @@ def batch_step(engine: Engine, sessions: Sequence[SpecSession],
     for s in sessions:
         s.metrics.t_feed += dt
     return emitted
+
+
+def _commit_all(e: Engine, sessions: Sequence[SpecSession], results: list) -> list[list[int]]:
+    """Every session's commit (feeds deferred), their rollbacks under ONE rollback phase:
+    a phase is a labelled step (in the ranged worker two pipe round trips to the parent,
+    which switches the relays' label), so one phase per rolling-back session made a step
+    of N slots pay up to N of them; each rollback is still timed per session."""
+    rolls = any(s.n_cached > s.base + (r.n_accepted if r is not None else 0) + 1
+                for s, r in zip(sessions, results, strict=True))
+    if not rolls:
+        return [s.commit(r, defer_feed=True) for s, r in zip(sessions, results, strict=True)]
+    phase = e.phase
+    with phase(StepKind.ROLLBACK, 0):
+        e.phase = no_phase  # the sessions' own rollback phases are this one
+        try:
+            return [s.commit(r, defer_feed=True)
+                    for s, r in zip(sessions, results, strict=True)]
+        finally:
+            e.phase = phase
 
 
 def batch_prefill(engine: Engine, sessions: Sequence[SpecSession],
