@@ -93,7 +93,7 @@ def test_more_requests_than_slots_all_come_back_right(served_batch):
     got: dict[str, dict] = {}
 
     def run(p: str) -> None:
-        got[p] = _ask(c, p, 12)
+        got[p] = _ask(c, p, 40)  # 40 steps of 5 ms: the requests overlap even on a busy host
 
     ts = [threading.Thread(target=run, args=(p,)) for p in prompts]
     for t in ts:
@@ -102,11 +102,13 @@ def test_more_requests_than_slots_all_come_back_right(served_batch):
         t.join(30)
     for p in prompts:
         assert got[p]["status"] == 200, got[p]
-        assert got[p]["tokens"] == _expected(be, p, 12)
+        assert got[p]["tokens"] == _expected(be, p, 40)
     assert 2 <= batch.max_live <= 4  # stepped together, never more than the slots
-    slots = c.get("/slots").json()
-    assert [s["id"] for s in slots] == [0, 1, 2, 3]
-    assert not any(s["is_processing"] for s in slots)
+    t0 = time.monotonic()  # a slot is freed when its request thread's exit is handled
+    while any(s["is_processing"] for s in c.get("/slots").json()):
+        assert time.monotonic() - t0 < 5, c.get("/slots").json()
+        time.sleep(0.02)
+    assert [s["id"] for s in c.get("/slots").json()] == [0, 1, 2, 3]
     assert c.get("/props").json()["total_slots"] == 4
     assert "(of 4)" in c.get("/metrics").text
 
