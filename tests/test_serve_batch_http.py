@@ -75,7 +75,8 @@ class FakeBatch:
 def served_batch():
     be = FakeBackend()
     batch = FakeBatch(be)
-    worker = BatchWorker(be, _cfg(queue_max=4), batch, 4)
+    # queue 8: 6 requests may all wait before the scheduler admits any (a busy host)
+    worker = BatchWorker(be, _cfg(queue_max=8), batch, 4)
     with TestClient(create_app(worker, on_shutdown=lambda: worker.stop(5))) as c:
         yield c, be, batch, worker
     assert not worker.thread.is_alive()
