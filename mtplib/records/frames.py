@@ -78,6 +78,7 @@ LAYOUTS = {
     "tls/tls_micro.json": "tls_micro",  # the same, the transport alone (--micro)
     "serve-vs-library*.json": "serve",  # evidence/serve: mtplib serve against the library
     "serve/faults.json": "serve_faults",  # evidence/serve: a shard's fault, 503 and recovery
+    "serve/batch-*.json": "serve_batch",  # evidence/serve: --parallel N against one client
     "profile/*.json": "profile",  # evidence/side-by-side/profile: the step profiles
     "trained-v4/metrics.json": "trained_metrics",
     "trained-v4/split.json": "trained_split",
