@@ -28,8 +28,8 @@ import numpy as np
 from mtplib.contract.labels import StepKind
 from mtplib.contract.session import State
 from mtplib.runtime.engine import Engine, SpecSession, api_rows, no_phase
-from mtplib.runtime.generation import empty_metrics, session_metrics
-from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
+from mtplib.runtime.generation import check_request, empty_metrics, session_metrics
+from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
 
@@ -327,16 +327,7 @@ class BatchRun:
         return [(x, list(self.slots[x].tokens)) if isinstance(x, int) else x for x in out]
 
     def _check(self, prompt: Sequence[int], n_new: int) -> list[int]:
-        e = self.engine
-        n_new = check_n_new(n_new)
-        prompt = check_tokens(prompt, e.target.n_vocab)
-        if not prompt:
-            raise RuntimeInputError("the prompt is empty: give at least one token")
-        if len(prompt) + n_new > e.target.n_ctx:
-            raise RuntimeInputError(
-                f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
-                f"of {e.target.n_ctx} tokens per slot; shorten the prompt or lower --n")
-        return prompt
+        return check_request(self.engine, prompt, n_new, per=" per slot")[0]
 
     def _finish_if_done(self, slot: Slot) -> None:
         s = slot.session

@@ -20,13 +20,11 @@ def expected_verify_steps(n_new: int, k: int) -> int:
     return math.ceil((n_new - 1) / (k + 1)) if n_new > 1 else 0
 
 
-def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
-                     seq_id: int | None = None, memory: Callable[[int], dict] | None = None,
-                     result: dict | None = None) -> Iterator[list[int]]:
-    """The one generation loop: open a session, yield the tokens each step emits (the first
-    from the prefill), then put ``"tokens"`` and ``"metrics"`` (and the trace) into
-    ``result`` and close the session. Closing the iterator early closes the session too.
-    ``n_new`` 0 generates nothing (no decode at all)."""
+def check_request(engine: Engine, prompt: Sequence[int], n_new: int, *,
+                  per: str = "") -> tuple[list[int], int]:
+    """A generation's prompt and length, checked against ``engine``'s target before
+    upstream sees them (one sequence, or one slot of a batch: ``per`` names it in the
+    context message)."""
     n_new = check_n_new(n_new)
     prompt = check_tokens(prompt, engine.target.n_vocab)
     if not prompt:
@@ -34,7 +32,18 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
     if len(prompt) + n_new > engine.target.n_ctx:
         raise RuntimeInputError(
             f"prompt ({len(prompt)} tokens) + {n_new} new tokens exceed the context "
-            f"of {engine.target.n_ctx} tokens; shorten the prompt or lower --n")
+            f"of {engine.target.n_ctx} tokens{per}; shorten the prompt or lower --n")
+    return prompt, n_new
+
+
+def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
+                     seq_id: int | None = None, memory: Callable[[int], dict] | None = None,
+                     result: dict | None = None) -> Iterator[list[int]]:
+    """The one generation loop: open a session, yield the tokens each step emits (the first
+    from the prefill), then put ``"tokens"`` and ``"metrics"`` (and the trace) into
+    ``result`` and close the session. Closing the iterator early closes the session too.
+    ``n_new`` 0 generates nothing (no decode at all)."""
+    prompt, n_new = check_request(engine, prompt, n_new)
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
         metrics = empty_metrics(engine, len(prompt), memory, 0 if seq_id is None else seq_id)
         if result is not None:
