@@ -139,6 +139,20 @@ def test_stopped_worker_is_reported_as_the_worker(pair):
             assert "client worker made no progress" in msg and "stopped sending heartbeats" in msg
 
 
+def _worker_of(parent: int) -> bool:
+    """True when ``parent`` (a `mtplib generate --plan` process) runs its client worker."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = [a.decode() for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if any("mtplib.distributed.worker" in a for a in argv) and argv[-1:] == [str(parent)]:
+            return True
+    return False
+
+
 def _shards_of(parent: int) -> list[tuple[str, int]]:
     """(endpoint, pid) of the `shard serve` processes started by ``parent``."""
     found = []
@@ -155,9 +169,12 @@ def _shards_of(parent: int) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
-    """`generate --plan` (the whole generation is one worker call): SIGSTOP the tail shard
-    mid-run; the run ends within the silence limit, exit 2, naming that shard."""
+@pytest.mark.parametrize("when", ["starting", "loading", "generating"])
+def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair, when):
+    """`generate --plan` (the whole generation is one worker call): SIGSTOP a shard while it
+    starts (before it answers its probe), while the client worker loads the model through it
+    (loading allows long silences, not a stopped shard: this hung for 600 s before), or
+    mid-generation; the run ends within a few silence limits, exit 2, naming that shard."""
     env = dict(os.environ, MTPLIB_SHARD_SILENCE_S="3", PYTHONPATH=str(REPO))
     p = subprocess.Popen([sys.executable, "-m", "mtplib.cli", "generate", "--model",
                           str(pair.trunk), "--tokens", "1,2,3", "--n", "4000", "--ctx", "4096",
@@ -167,9 +184,16 @@ def test_cli_ranged_generation_with_a_stopped_shard_ends_clearly(pair):
     try:
         deadline = time.monotonic() + 60
         while len(found := _shards_of(p.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.02)
         assert len(found) == 2, "the CLI did not start two shards"
-        time.sleep(4)  # loaded and generating
+        if when != "starting":
+            # the client worker starts once every shard has answered its probe, then loads
+            while not _worker_of(p.pid) and time.monotonic() < deadline:
+                assert p.poll() is None, p.communicate()
+                time.sleep(0.02)
+            assert _worker_of(p.pid), "the CLI did not start its client worker"
+        if when == "generating":
+            time.sleep(2)
         assert p.poll() is None
         endpoint, stopped = found[1]
         os.kill(stopped, signal.SIGSTOP)

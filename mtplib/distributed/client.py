@@ -332,6 +332,10 @@ class RangedRuntime:
                         self._mark(seen, now)
                     if now - last > silence:
                         self._fail_hung(what, silence, now - last_beat)
+                    # a longer limit (loading) is for slow work, not for a stopped shard
+                    if (silence > self.silence_timeout_s
+                            and now - last > self.silence_timeout_s and self._stopped()):
+                        self._fail_hung(what, self.silence_timeout_s, now - last_beat)
                     if self.call_timeout_s is not None and now - t0 > self.call_timeout_s:
                         self._fail(f"no reply to {what} within {self.call_timeout_s:.0f} s in "
                                    "total (call_timeout_s); the client process was killed; "
@@ -345,7 +349,7 @@ class RangedRuntime:
                            for i, r in enumerate(self.relays.relays) if r.violation]
                     if bad:  # the relay cut it off; the worker only saw a closed connection
                         raise ShardError("; ".join(bad) + f" (during {what})") from reply[1]
-                    raise reply[1]
+                    raise self._named(reply[1])
                 if kind == "alive":
                     last_beat = now
                     if reply[1] != seen["beat"]:
@@ -371,6 +375,27 @@ class RangedRuntime:
         if self.shards is None:
             return []
         return [None if p is None else _proc_cpu_state(p.pid) for p in self.shards.procs]
+
+    def _named(self, e: BaseException) -> BaseException:
+        """``e`` with each relay address the worker saw replaced by the shard it stands for
+        (``shard 1 (HOST:PORT)``: the address the user gave or the CLI started), and a
+        stopped local shard said so."""
+        if not isinstance(e, ShardError) or not e.args or not isinstance(e.args[0], str):
+            return e
+        msg = e.args[0]
+        for i, (relay, ep) in enumerate(zip(self.client_endpoints, self.endpoints,
+                                            strict=True)):
+            if relay != ep and relay in msg:
+                msg = msg.replace(f"shard {relay}", f"shard {i} ({ep})").replace(relay, ep)
+                st = self._shard_cpu()[i] if self.shards is not None else None
+                if st is not None and st[1] in "Tt":
+                    msg += f"; shard {i}'s process is stopped (SIGSTOP?)"
+        e.args = (msg, *e.args[1:])
+        return e
+
+    def _stopped(self) -> bool:
+        """True when a local shard's process is stopped (SIGSTOP): it can make no progress."""
+        return any(c is not None and c[1] in "Tt" for c in self._shard_cpu())
 
     def _worker_cpu(self) -> tuple[int, str] | None:
         return _proc_cpu_state(self._worker.pid) if self._worker is not None else None
@@ -419,7 +444,8 @@ class RangedRuntime:
             cause.setdefault(i, "stopped (SIGSTOP?)" if states[i] and states[i][1] in "Tt"
                              else "gone")
         who = sorted(cause)
-        step = f" (step {self._frames[-1]['label']!r})" if self._frames else ""
+        label = self._frames[-1]["label"] if self._frames else None
+        step = f" (step {getattr(label, 'value', label)!r})" if self._frames else ""
         limit = f"no progress for {silence:.0f} s during {what}{step}"
         if who:
             names = ", ".join(f"shard {i} ({self.endpoints[i]}): {cause[i]}" for i in who)

@@ -28,6 +28,9 @@ from mtplib.errors import InputError
 from mtplib.runtime.libc import set_parent_death_signal
 from mtplib.runtime.rpc import ShardError
 
+#: a shard process stopped this long while starting is reported as stopped (s)
+STOPPED_START_S = 2.0
+
 # -- process hygiene --------------------------------------------------------------------
 LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -191,7 +194,16 @@ class LocalShards:
         """True when shard i answers the handshake; False if it exited because its port
         was taken; ShardError on any other failure or timeout."""
         p, ep = self.procs[i], self.endpoints[i]
+        stopped_since: float | None = None
         while True:
+            if self.stopped(i):  # SIGSTOP'd while starting: say so, not a 30 s timeout
+                stopped_since = stopped_since or time.monotonic()
+                if time.monotonic() - stopped_since >= STOPPED_START_S:
+                    raise ShardError(f"shard {i} ({ep}): stopped (SIGSTOP?) while starting; "
+                                     "continue it (SIGCONT) or restart it")
+                time.sleep(0.05)
+                continue
+            stopped_since = None
             rc = p.poll()
             if rc is not None:
                 if rc == 4:
