@@ -125,10 +125,13 @@ def alone(whole_rt, prompt: list[int], n: int = N_GEN) -> list[int]:
 
 def same(got: dict, want: dict, where) -> None:
     """A ranged snapshot equals the whole model's (session ids aside: each engine names
-    its own sessions); the drafter's pending row to float noise."""
+    its own sessions); the drafter's pending row to float noise: the KV caches are f16 (a
+    relative step of 1e-3), and a replay from position 0 (ranged) recomputes them in other
+    batch shapes than one from a checkpoint (whole), so the kernels sum in another order
+    (1.1e-3 on one of 512 values seen on an AVX-512 host; the tokens stay exactly equal)."""
     for key, v in want.items():
         if key == "drafter_pending":
-            np.testing.assert_allclose(got[key], v, rtol=1e-3, atol=1e-3, err_msg=str(where))
+            np.testing.assert_allclose(got[key], v, rtol=5e-3, atol=5e-3, err_msg=str(where))
         elif key != "session_id":
             assert got[key] == v, (where, key, got[key], v)
     # the session's bookkeeping is the cache's real extent, on every shard and the drafter

@@ -5,6 +5,7 @@ others (`fit_cost_model`) and the issue's targets (`targets`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -125,6 +126,17 @@ def bytes_by_class(rows: Sequence[WanRun | dict]) -> list[dict]:
     return out
 
 
+def _line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept of y over x, in closed form with exact sums: the
+    same bits on every CPU (LAPACK's, behind np.polyfit, differ in the last place between
+    AVX2 and AVX-512 hosts, and the committed fits are compared byte for byte)."""
+    n = len(x)
+    mx, my = math.fsum(x) / n, math.fsum(y) / n
+    sxx = math.fsum((a - mx) ** 2 for a in x)
+    w = math.fsum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
+    return w, my - w * mx
+
+
 def fit_cost_model(summary: list[dict], fit_rtts: Sequence[float]) -> list[dict]:
     """Per configuration (and bandwidth, where the summary has one): fit ``s_per_token =
     compute + RTT x w`` (least squares) on the ``fit_rtts`` points, predict the other RTTs,
@@ -145,9 +157,7 @@ def fit_cost_model(summary: list[dict], fit_rtts: Sequence[float]) -> list[dict]
         test = [s for s in ss if float(s["rtt_ms"]) not in fit_set]
         if len(fit) < 2:
             continue
-        x = np.array([s["rtt_ms"] / 1000 for s in fit])
-        y = np.array([1 / s["tok_s"] for s in fit])
-        w, c = np.polyfit(x, y, 1)
+        w, c = _line([s["rtt_ms"] / 1000 for s in fit], [1 / s["tok_s"] for s in fit])
         for s in test:
             pred = c + w * s["rtt_ms"] / 1000
             meas = 1 / s["tok_s"]
