@@ -102,7 +102,9 @@ class WanConfig:
 
 
 def with_upstream(cfg: WanConfig) -> WanConfig:
-    """``cfg`` with the build this process loads recorded in it."""
+    """``cfg`` with the build this process loads recorded in it (``cfg`` itself where it
+    is: a checked config is not checked again)."""
     from mtplib.runtime import selected_upstream
 
-    return replace(cfg, upstream=selected_upstream())
+    which = selected_upstream()
+    return cfg if cfg.upstream == which else replace(cfg, upstream=which)
