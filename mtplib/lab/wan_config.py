@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS
 from mtplib.contract.types import MAX_DRAFT, draft_problem
-from mtplib.distributed.relay import MAX_RTT_MS
 from mtplib.errors import InputError
+from mtplib.runtime.links import MAX_RTT_MS
 
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")

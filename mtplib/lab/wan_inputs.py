@@ -10,7 +10,7 @@ from mtplib.lab.wan_config import WanConfig
 
 def links_for(topology: str, n_shards: int, rtt_ms: float, mbit: float | None = None) -> list:
     """Each shard's link: ``rtt_ms`` and the ``mbit`` cap, except a co-located tail's."""
-    from mtplib.distributed.relay import WanLink
+    from mtplib.runtime.links import WanLink
 
     if topology == "remote":
         return [WanLink(rtt_ms, mbit)] * n_shards
