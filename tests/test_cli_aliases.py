@@ -170,66 +170,71 @@ def test_an_attached_value_of_a_multi_letter_option_is_refused_by_name():
     assert _parse("generate", "-m", "T", "-n5", "-c64").n == 5  # one-letter ones still work
 
 
-def _checked(*argv: str):
+def _checked(pair, *argv: str):
+    """The arguments after `check_engine_args`, which also builds their run request (so
+    the files must be real: ``S.gguf`` stands for the pair's sidecar)."""
     from mtplib.commands.generate import check_engine_args
 
-    a = _parse("generate", "-m", "no-such.gguf", "--tokens", "1", "-t", "1", *argv)
+    argv = tuple(str(pair.sidecar) if x == "S.gguf" else x for x in argv)
+    a = _parse("generate", "-m", str(pair.trunk), "--tokens", "1", "-t", "1", *argv)
     check_engine_args(a)
     return a
 
 
-def _refused(capsys, *argv: str) -> str:
-    assert main(["generate", "-m", "no-such.gguf", "--tokens", "1", "-t", "1", *argv]) == 2
+def _refused(capsys, *argv: str, model: str = "no-such.gguf") -> str:
+    assert main(["generate", "-m", model, "--tokens", "1", "-t", "1", *argv]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
 
 
-def test_cache_types_map_onto_kv_type_or_are_refused(capsys):
-    assert _checked("-ctk", "q8_0", "-ctv", "q8_0").kv_type == "q8_0"
-    assert _checked("-ctk", "f16").kv_type == "f16"  # -ctv defaults to f16, as upstream's
+def test_cache_types_map_onto_kv_type_or_are_refused(pair, capsys):
+    assert _checked(pair, "-ctk", "q8_0", "-ctv", "q8_0").kv_type == "q8_0"
+    assert _checked(pair, "-ctk", "f16").kv_type == "f16"  # -ctv defaults to f16, as upstream's
     assert "mtplib's K and V caches share one type" in _refused(capsys, "-ctk", "q8_0")
     assert "contradicts" in _refused(capsys, "--kv-type", "bf16", "-ctk", "q8_0", "-ctv",
                                      "q8_0")
 
 
-def test_threads_batch_only_as_threads(capsys):
-    assert _checked("-tb", "1").threads == 1
+def test_threads_batch_only_as_threads(pair, capsys):
+    assert _checked(pair, "-tb", "1").threads == 1
     line = _refused(capsys, "-tb", "2")
     assert "-tb/--threads-batch 2" in line and "give -t 2" in line
 
 
-def test_spec_type(capsys):
-    assert _checked("--spec-type", "draft-mtp", "-md", "S.gguf").mtp == "S.gguf"
-    assert _checked("--spec-type", "none").mtp is None
+def test_spec_type(pair, capsys):
+    assert _checked(pair, "--spec-type", "draft-mtp", "-md", "S.gguf").mtp == str(pair.sidecar)
+    assert _checked(pair, "--spec-type", "none").mtp is None
     assert "needs -md/--mtp SIDECAR" in _refused(capsys, "--spec-type", "draft-mtp")
     assert "contradicts -md/--mtp" in _refused(capsys, "--spec-type", "none", "-md", "S")
     assert "only with the model's MTP block" in _refused(capsys, "--spec-type", "ngram-mod",
                                                          "-md", "S")
 
 
-def test_draft_min_is_a_note_up_to_draft(capsys):
-    _checked("-md", "S.gguf", "--draft", "2", "--draft-min", "2")
+def test_draft_min_is_a_note_up_to_draft(pair, capsys):
+    _checked(pair, "-md", "S.gguf", "--draft", "2", "--draft-min", "2")
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["mtplib generate: note: --draft-min 2 changes nothing: mtplib's MTP "
                    "drafts --draft 2 tokens every step (fewer only at the end of the "
                    "context)"]
+    # checked against the run request's draft length: after the files are read
     assert "--draft-min must be in 0..--draft (2)" in _refused(
-        capsys, "-md", "S", "--draft", "2", "--draft-min", "3")
+        capsys, "-md", str(pair.sidecar), "--draft", "2", "--draft-min", "3",
+        model=str(pair.trunk))
     assert "needs -md/--mtp" in _refused(capsys, "--draft-min", "1")
 
 
-def test_n_gpu_layers_is_a_one_line_note(capsys):
+def test_n_gpu_layers_is_a_one_line_note(pair, capsys):
     from mtplib.runtime.devices import gpu_devices
 
-    _checked("-ngl", "99")
+    _checked(pair, "-ngl", "99")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mtplib generate: note: -ngl 99 changes "
                                                "nothing: ")
     if not gpu_devices():  # the CPU build: says so
         assert err[0].endswith("this llama.cpp build has no GPU device: every layer runs on "
                                "the CPU")
-    _checked("--n-gpu-layers", "all", "--plan", "0-1,2-3")
+    _checked(pair, "--n-gpu-layers", "all", "--plan", "0-1,2-3")
     assert "the shards --plan names" in capsys.readouterr().err
     assert "takes a number >= -1, auto or all" in _refused(capsys, "-ngl", "lots")
 

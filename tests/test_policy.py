@@ -151,11 +151,21 @@ def test_generate_cli_beta_runs_mtp_whole_and_ranged(pair):
     assert ranged["metrics"]["routing"]["reason"] == "all 2 shards implement mtp.v4.draft2"
 
 
-def test_ranged_mtp_refuses_mtp_under_alpha_but_decodes_plainly(pair):
+def test_ranged_mtp_refuses_mtp_under_alpha_but_decodes_plainly(pair, monkeypatch):
     from mtplib.distributed.ranged_mtp import RangedMTP
 
+    def no_shards(*a, **kw):
+        raise AssertionError("a shard was started")
+
+    # its default drafting (k = DEFAULT_DRAFT with a sidecar) is refused when the request
+    # is built, before any shard starts
+    with monkeypatch.context() as m:
+        m.setattr("mtplib.distributed.processes.LocalShards", no_shards)
+        with pytest.raises(RouteRefused, match=f"^mtp.v4.draft3 {ALPHA_MSG}"):
+            RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
+                      policy="alpha")
     with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
-                   policy="alpha") as r:
+                   policy="alpha", opts=EngineOptions(k=0)) as r:
         # the MTP block sits next to the sampler (placement auto = the client), not on the tail
         assert r.mtp_placed and not r.mtp_on_tail
         with pytest.raises(RouteRefused, match=f"^mtp.v4.draft1 {ALPHA_MSG}"):

@@ -203,8 +203,10 @@ def test_compare_upstream_cli_refuses_under_alpha_before_the_build(pair, tmp_pat
 
 # -- the scan: no MTP context outside a routed entry point ------------------------------------
 GATES = {"route", "require_mtp", "require_route", "negotiate", "policy_gate",
-         "require_shard_mtp"}
-"""A call to one of these in a function's body asks the policy (``x.allow_mtp`` too)."""
+         "check_policy", "require_shard_mtp"}
+"""A call to one of these in a function's body asks the policy (``x.allow_mtp`` too;
+``check_policy``: the verdict a run's request got from policy_gate, applied to one
+generation's drafting)."""
 
 ALLOWED = {
     ("distributed/worker.py", "_handle"):

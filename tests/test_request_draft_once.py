@@ -111,7 +111,7 @@ def plan_and_headers(monkeypatch, pair):
         return real_request(self, msg, *a, **kw)
 
     monkeypatch.setattr(plan, "parse_plan", parse)
-    for mod in (client, rpc):
+    for mod in (client, rpc, plan):
         monkeypatch.setattr(mod, "check_endpoints", check)
     monkeypatch.setattr(gguf_header, "read_header", reader(real_read))
     monkeypatch.setattr(gguf_header, "read_header_fast", reader(real_fast))
@@ -134,10 +134,11 @@ def test_a_ranged_run_parses_its_plan_and_reads_its_header_once(pair, plan_and_h
     # worker, which reads none; the CLI's --ctx default reads context_length's keys
     # (read_header_fast: no token list, milliseconds) before, not the header again
     assert (seen["read_header"], seen["read_header_fast"]) == (1, 1)
-    (sent,) = seen["sent"]  # the worker gets the parsed plan and the headers as objects
-    assert isinstance(sent["plan"], ShardPlan) and str(sent["plan"]) == "0-1,2-3"
-    assert str(sent["header"].path) == str(pair.trunk)
-    assert (sent["sidecar_header"] is not None) == mtp
+    (sent,) = seen["sent"]  # the worker gets the run's request: plan and headers in it
+    req = sent["request"]
+    assert isinstance(req.plan, ShardPlan) and str(req.plan) == "0-1,2-3"
+    assert str(req.trunk_header.path) == str(pair.trunk)
+    assert (req.sidecar_header is not None) == mtp
 
 
 def test_a_wrong_endpoint_count_keeps_its_message(pair, capsys):

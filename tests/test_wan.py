@@ -148,9 +148,10 @@ class _FakeRanged:
 
     calls: list = []
 
-    def __init__(self, trunk, *, plan, **kw):
+    def __init__(self, request, **kw):  # the RunRequest `_run_warm` built
         self.rt = SimpleNamespace(relays=SimpleNamespace(relays=[
-            SimpleNamespace(set_link=lambda link: None) for _ in plan.split(",")]))
+            SimpleNamespace(set_link=lambda link: None)
+            for _ in range(request.plan.n_shards)]))
 
     def __enter__(self):
         return self

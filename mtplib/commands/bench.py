@@ -39,7 +39,7 @@ def run(a: argparse.Namespace) -> int:
     if a.wan is not None:
         from dataclasses import replace
 
-        from mtplib.distributed.relay import parse_wan
+        from mtplib.runtime.links import parse_wan
 
         for plan in cfg.plans:  # refuse a malformed value before anything runs
             if plan != "whole":

@@ -104,36 +104,16 @@ def add_json_arg(p: argparse.ArgumentParser, what: str = "the result") -> None:
                    help=f"print {what} as one JSON object on stdout; errors too")
 
 
-def context_length(*models: str | None) -> int | None:
-    """The smallest `context_length` of the given GGUFs, read from their headers before
-    anything loads; None when a file cannot be read here (its load reports why)."""
-    from mtplib.errors import MtplibError
-    from mtplib.model.gguf_header import read_header_fast
-
-    found = []
-    for m in models:
-        if m is None:
-            continue
-        try:
-            h = read_header_fast(m)
-        except (MtplibError, OSError, ValueError):
-            return None
-        v = h.kv.get(f"{h.arch}.context_length")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            return None
-        found.append(v)
-    return min(found) if found else None
-
-
 def resolve_ctx(a: argparse.Namespace, default: int, *models: str | None) -> None:
     """``a.ctx``: None becomes min(default, the models' context_length); an explicit value
     beyond it is refused here, naming --ctx, before any model loads (upstream refuses
     such a context, and the MTP check would otherwise report it as MTP unsupported)."""
     from mtplib.errors import InputError
+    from mtplib.runtime.request import context_length, ctx_default
 
     n_train = context_length(*models)
     if a.ctx is None:
-        a.ctx = default if n_train is None else min(default, n_train)
+        a.ctx = ctx_default(n_train, default)
     elif n_train is not None and a.ctx > n_train:
         raise InputError(f"--ctx {a.ctx} exceeds the model's context_length {n_train}; "
                          f"give --ctx {n_train} or less (or leave --ctx out)")

@@ -25,25 +25,23 @@ from mtplib.commands.common import (
     tls_from_args,
 )
 from mtplib.contract.labels import PLACEMENT_CHOICES
-from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, ContractError, DraftSpec
+from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DraftSpec
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError, MtplibError
+from mtplib.runtime.request import DEFAULT_CTX as REQUEST_DEFAULT_CTX
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
-#: --ctx when not given, capped by the model's context_length
-DEFAULT_CTX = 2048
+#: --ctx when not given, capped by the model's context_length (the runtime's one default)
+DEFAULT_CTX = REQUEST_DEFAULT_CTX
 #: exit code of a ranged run that finished but moved cache state across a shard connection
 EXIT_CONTRACT = 3
 
 
 def run(a: argparse.Namespace) -> int:
     setup_logging(a)
-    _check_args(a)
-    from mtplib.runtime.sampling import Sampler
-
-    sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
-    with open_backend(a, sampler=sampler) as backend:
+    _check_args(a)  # builds the run's request (a.request), checked once
+    with open_backend(a) as backend:
         prompt = a.tokens if a.tokens is not None else backend.tokenize(a.prompt)
         tokens, metrics = backend.generate(prompt, a.n)
         text = backend.detokenize(tokens) if a.prompt is not None else None
@@ -86,10 +84,11 @@ def _print_result(a: argparse.Namespace, tokens: list[int], text: str | None,
 
 def draft_spec(a: argparse.Namespace) -> DraftSpec:
     """The drafting the (checked) arguments ask for: MTP off without --mtp, else --draft
-    (default DEFAULT_DRAFT). Checked arguments carry it (`check_engine_args` builds it,
-    the run's one draft-length check); others are asked here."""
-    spec = getattr(a, "draft_spec", None)
-    return spec if spec is not None else DraftSpec.requested(a.draft, mtp=bool(a.mtp))
+    (default DEFAULT_DRAFT). Checked arguments carry it in their request
+    (`check_engine_args` builds it: the run's one draft-length check); others are asked
+    here."""
+    req = getattr(a, "request", None)
+    return req.draft if req is not None else DraftSpec.requested(a.draft, mtp=bool(a.mtp))
 
 
 def draft_k(a: argparse.Namespace) -> int:
@@ -114,20 +113,17 @@ def _check_args(a: argparse.Namespace) -> None:
 def check_engine_args(a: argparse.Namespace) -> None:
     """Refuse, naming the option, every value upstream would abort on or mtplib would run
     silently wrong with; the same bounds whole-model and ranged (--plan), for generate and
-    serve. Resolves --threads and --ctx in place."""
+    serve. Resolves --threads and --ctx in place, then builds the run's request
+    (``a.request``: `build_request`, every setting checked once; the backend and
+    everything after it read it and check nothing of it again)."""
     import math
 
     from mtplib.runtime.model import check_threads, max_threads
 
     if a.draft is not None and a.mtp is None:
         raise InputError("--draft needs --mtp SIDECAR (the MTP block drafts)")
-    try:  # the run's one draft-length check: everything after carries the checked spec
-        spec = DraftSpec.requested(a.draft, mtp=bool(a.mtp))
-    except ContractError:
-        spec = None
-    if a.draft is not None and (spec is None or a.draft == 0):  # --mtp and --draft 0: no
-        raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}")
-    a.draft_spec = spec
+    if a.draft == 0:  # --mtp and --draft 0 contradict: MTP off is leaving --mtp out
+        raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got 0")
     if a.n < 0:
         raise InputError(f"--n must be >= 0, got {a.n}")
     for opt, v in (("--ctx", a.ctx), ("--batch", a.batch), ("--ubatch", a.ubatch)):
@@ -144,9 +140,6 @@ def check_engine_args(a: argparse.Namespace) -> None:
         # against them (ggml's barrier), so the client gets one; otherwise up to two
         a.threads = 1 if a.plan and not a.endpoints else min(2, max_threads())
     check_threads(a.threads, "--threads")
-    if a.plan is not None and not a.plan.strip():
-        raise InputError("--plan is empty: give layer ranges like 0-1,2-3, or leave --plan "
-                         "out to run the whole model")
     if a.endpoints is not None and not a.endpoints.strip():
         raise InputError("--endpoints is empty: give HOST:PORT,... (one per --plan range)")
     if a.endpoints and not a.plan:
@@ -156,17 +149,40 @@ def check_engine_args(a: argparse.Namespace) -> None:
                        or a.tls or a.insecure_plaintext):
         raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
                          "--insecure-plaintext need --plan (they describe shards)")
-    if a.plan:
-        # the trunk (and the pair) is validated once, by the backend, before any shard
-        # starts or any key is read (RangedMTP; whole-model runs check it in MTPRuntime)
-        check_threads(a.shard_threads, "--shard-threads")
-    if a.endpoints:
-        from mtplib.runtime.rpc import parse_endpoint
-
-        for e in endpoints(a):
-            parse_endpoint(e, allow_remote=bool(a.tls) or a.insecure_plaintext)
     resolve_llama_args(a)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
+    a.request = request_from_args(a)
+    note_draft_min(a)
+
+
+#: how the request's errors name its fields on the command line
+CLI_NAMES = {"draft": "--draft", "plan": "--plan", "endpoints": "--endpoints",
+             "wan": "--wan", "mtp_placement": "--mtp-placement",
+             "shard_threads": "--shard-threads", "tls": "--tls",
+             "insecure_plaintext": "--insecure-plaintext",
+             "allow_cache_crossing": "--allow-cache-crossing"}
+
+
+def request_from_args(a: argparse.Namespace):
+    """The run's `RunRequest` from the (checked) arguments: `build_request`, the one place
+    the draft length, "no sidecar means k=0", the policy, the files, the plan, the
+    endpoints, the WAN links and TLS are checked. A policy that refuses MTP is refused
+    here, before any model loads or shard starts."""
+    from mtplib.runtime.request import DraftRefused, build_request
+    from mtplib.runtime.sampling import Sampler
+
+    try:
+        return build_request(
+            a.model, sidecar=a.mtp, draft=a.draft, settings=settings(a),
+            sampler=Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed),
+            trace=bool(getattr(a, "trace", False)), head=a.head,
+            n_seq_max=int(getattr(a, "parallel", 1)),  # serve's slots
+            plan=a.plan, endpoints=endpoints(a), wan=a.wan,
+            mtp_placement=a.mtp_placement, shard_threads=a.shard_threads,
+            tls=tls_from_args(a), insecure_plaintext=a.insecure_plaintext,
+            allow_cache_crossing=a.allow_cache_crossing, policy=a.policy, names=CLI_NAMES)
+    except DraftRefused:  # --mtp is given: 0 is no choice here (leave --mtp out)
+        raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}") from None
 
 
 def endpoints(a: argparse.Namespace) -> list[str] | None:
@@ -308,21 +324,28 @@ def resolve_llama_args(a: argparse.Namespace) -> None:
         raise InputError(f"-tb/--threads-batch {a.threads_batch}: mtplib uses one thread "
                          f"count for prompt and generation (--threads, here {a.threads}): "
                          f"give -t {a.threads_batch}, or leave -tb out")
-    if a.draft_min is not None:
-        k = draft_k(a)
-        if a.mtp is None:
-            raise InputError("--draft-min needs -md/--mtp SIDECAR (the MTP block drafts)")
-        if not 0 <= a.draft_min <= k:
-            raise InputError(f"--draft-min must be in 0..--draft ({k}), got {a.draft_min}: "
-                             f"mtplib's MTP drafts --draft K tokens every step")
-        note(f"--draft-min {a.draft_min} changes nothing: mtplib's MTP drafts --draft {k} "
-             "tokens every step (fewer only at the end of the context)")
+    if a.draft_min is not None and a.mtp is None:
+        raise InputError("--draft-min needs -md/--mtp SIDECAR (the MTP block drafts)")
     if a.n_gpu_layers is not None:
         v = a.n_gpu_layers
         if v not in ("auto", "all") and not re.fullmatch(r"-1|\d+", v):
             raise InputError(f"-ngl/--n-gpu-layers takes a number >= -1, auto or all, got "
                              f"{v!r}")
         note(f"-ngl {v} changes nothing: " + _placement(a))
+
+
+def note_draft_min(a: argparse.Namespace) -> None:
+    """llama.cpp's --draft-min, against the request's draft length: a one-line note, or
+    refused outside 0..--draft."""
+    if a.draft_min is None:
+        return
+    k = draft_k(a)
+    if not 0 <= a.draft_min <= k:
+        raise InputError(f"--draft-min must be in 0..--draft ({k}), got {a.draft_min}: "
+                         f"mtplib's MTP drafts --draft K tokens every step")
+    print(f"mtplib {getattr(a, 'cmd', None) or 'generate'}: note: --draft-min "
+          f"{a.draft_min} changes nothing: mtplib's MTP drafts --draft {k} tokens every "
+          "step (fewer only at the end of the context)", file=sys.stderr)
 
 
 def _placement(a: argparse.Namespace) -> str:
@@ -377,30 +400,24 @@ def settings(a: argparse.Namespace):
 
 @contextlib.contextmanager
 def open_backend(a: argparse.Namespace, *, sampler=None, warm: bool = False) -> Iterator:
-    """The loaded model the (checked) arguments describe: an `MTPRuntime` (whole model) or,
-    with --plan, a `RangedMTP` (shards started here unless --endpoints); closed (shards
-    stopped) on exit. ``sampler`` is the default of each generation (a request's own
+    """The loaded model the checked arguments' request (``a.request``, from
+    `check_engine_args`) describes: an `MTPRuntime` (whole model) or, with --plan, a
+    `RangedMTP` (shards started here unless --endpoints); closed (shards stopped) on exit.
+    ``sampler``: replaces the request's (the default of each generation; a request's own
     sampler replaces it in `stream`). ``warm``: set up every graph a generation will use
     at load, whole-model too (a ranged backend always does), as a long-lived service
-    wants. A policy that refuses MTP is refused before any model loads or shard starts."""
-    from mtplib.runtime.routing import policy_gate
-    from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+    wants. The request was checked and its policy asked when it was built: nothing is
+    validated again here."""
+    from mtplib.runtime.speculative import MTPRuntime
 
-    # the one request object both paths take (validated here, routed once by the backend)
-    opts = EngineOptions(k=draft_k(a), settings=settings(a), sampler=sampler,
-                         trace=bool(getattr(a, "trace", False)), head=a.head,
-                         n_seq_max=int(getattr(a, "parallel", 1)))  # serve's slots
-    if not a.plan:
-        with MTPRuntime(a.model, a.mtp, opts=opts, policy=a.policy, warm=warm) as rt:
+    req = a.request
+    if sampler is not None:
+        req = req.with_options(sampler=sampler)
+    if not req.ranged:
+        with MTPRuntime(req, warm=warm) as rt:
             yield rt
         return
     from mtplib.distributed.ranged_mtp import RangedMTP
 
-    policy = policy_gate(opts.k, a.policy)  # before any shard starts
-    with RangedMTP(a.model, plan=a.plan, sidecar=a.mtp if opts.k else None,
-                   endpoints=endpoints(a),
-                   shard_threads=a.shard_threads, wan=a.wan, mtp_placement=a.mtp_placement,
-                   policy=policy, allow_cache_crossing=a.allow_cache_crossing,
-                   opts=opts, tls=tls_from_args(a),
-                   insecure_plaintext=a.insecure_plaintext) as r:
+    with RangedMTP(req) as r:
         yield r

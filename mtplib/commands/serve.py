@@ -100,9 +100,8 @@ def _config(a: argparse.Namespace, backend):
     """What the HTTP layer needs of the model: its name, context, vocabulary size, end of
     generation tokens and chat template (read from the GGUF header, not from upstream)."""
     from mtplib.commands.serve_app import ServeConfig
-    from mtplib.model.gguf_header import read_header
 
-    h = read_header(a.model)  # with the token list: the template's bos/eos text
+    h = a.request.trunk_header  # read once, by the request: with the token list (bos/eos)
     kv = h.kv
     toks = kv.get("tokenizer.ggml.tokens")
     eog = {kv.get(f"tokenizer.ggml.{n}_token_id") for n in ("eos", "eot", "eom")}
@@ -166,7 +165,6 @@ def run(a: argparse.Namespace) -> int:
     _check_serve_args(a)
     check_engine_args(a)
     from mtplib.commands.serve_app import log_line
-    from mtplib.runtime.sampling import Sampler
 
     if not _is_loopback(a.host):
         log_line(f"WARNING: serving on {a.host}, beyond loopback. "
@@ -174,13 +172,12 @@ def run(a: argparse.Namespace) -> int:
                     "There is NO authentication: anyone who can reach this port can run "
                     "generations; give --api-key (or $MTPLIB_API_KEY)."))
     sock = _bind(a.host, a.port)
-    sampler = Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed)
     # until uvicorn takes SIGTERM over, it ends the load: what was loaded is closed (the
     # shards this process started stop) and the exit is 0, as for a stop while serving
     previous = signal.signal(signal.SIGTERM, _terminate)
     log_line(f"loading {a.model}" + (f" on plan {a.plan}" if a.plan else ""))
     try:
-        return _serve(a, sock, sampler)
+        return _serve(a, sock)
     except _Terminated:
         log_line("stopped (SIGTERM before serving)")
         return 0
@@ -198,7 +195,7 @@ def _terminate(signum, frame) -> None:
     raise _Terminated
 
 
-def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
+def _serve(a: argparse.Namespace, sock: socket.socket) -> int:
     """Load the backend, serve until SIGTERM/SIGINT, close it."""
     import uvicorn
 
@@ -209,7 +206,9 @@ def _serve(a: argparse.Namespace, sock: socket.socket, sampler) -> int:
         log_line,
     )
 
-    with sock, open_backend(a, sampler=sampler, warm=True) as backend:
+    # the request check_engine_args built (its sampler: the defaults of a request that
+    # gives none), loaded once
+    with sock, open_backend(a, warm=True) as backend:
         cfg = _config(a, backend)
         if a.parallel > 1:
             from dataclasses import replace

@@ -124,10 +124,11 @@ def checked_draft(k: object, name: str = "draft length k") -> DraftLength:
     return DraftLength(k)
 
 
-def draft_with(k: object, *, has_sidecar: bool) -> DraftLength:
-    """The one rule "no sidecar means k=0": ``k`` (checked) where the MTP block is there to
-    draft, else `NO_DRAFT`. Every runtime and the CLI decide it here."""
-    return checked_draft(k) if has_sidecar else NO_DRAFT
+def draft_with(k: object, *, has_sidecar: bool, name: str = "draft length k") -> DraftLength:
+    """The one rule "no sidecar means k=0": ``k`` (checked, errors naming ``name``) where
+    the MTP block is there to draft, else `NO_DRAFT`. A run decides it once, where its
+    request is built (`mtplib.runtime.request.build_request`)."""
+    return checked_draft(k, name) if has_sidecar else NO_DRAFT
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from mtplib.contract.labels import PLACEMENTS, Placement, StepKind
+from mtplib.contract.types import NO_DRAFT
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import (
     LIVE,
@@ -52,6 +53,7 @@ from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
+from mtplib.runtime.request import RunRequest, build_request
 from mtplib.runtime.rpc import ShardError, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
@@ -187,10 +189,14 @@ class RangedRuntime:
     loopback only, unless ``insecure_plaintext`` (upstream's RPC in the clear). Every shard
     is probed first (`probe_shards`: answers checked, a shard given twice named).
 
-    ``plan`` goes to the worker as the object (a string is parsed here, once); ``headers``
-    (trunk, sidecar GGUFHeader): as the caller read them, so the worker reads none."""
+    ``trunk``: a ranged `RunRequest` (`RangedMTP` gives its own: the plan, endpoints,
+    sidecar, WAN links and TLS are read from it, checked when it was built), or the
+    trunk's path with ``plan`` and the rest, made into one here by `build_request` (MTP
+    off: the draft length belongs to the caller's contexts). The request goes to the
+    worker pickled, as the object, with its headers, so the worker parses and reads none.
+    ``headers`` (trunk, sidecar GGUFHeader): as the caller read them (path form only)."""
 
-    def __init__(self, trunk: str | Path, plan: ShardPlan | str,
+    def __init__(self, trunk: str | Path | RunRequest, plan: ShardPlan | str | None = None,
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
                  shards: LocalShards | None = None, relay: bool = True,
                  silence_timeout_s: float | None = None,
@@ -201,32 +207,42 @@ class RangedRuntime:
         if mtp_placement not in MTP_PLACEMENTS:
             raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
                             f"got {mtp_placement!r}")
-        if endpoints is None:
-            if shards is None:
-                raise PlanError("give endpoints or shards=LocalShards(...)")
-            endpoints = shards.endpoints
-        self.endpoints = list(endpoints)
+        if endpoints is None and shards is None and not (
+                isinstance(trunk, RunRequest) and trunk.endpoints is not None):
+            raise PlanError("give endpoints or shards=LocalShards(...)")
+        if isinstance(trunk, RunRequest):
+            if any(v is not None for v in (plan, endpoints, sidecar, wan, tls, headers)) \
+                    or insecure_plaintext:
+                raise TypeError("RangedRuntime(request): the request holds the plan, "
+                                "endpoints, sidecar, WAN links and TLS")
+            request = trunk
+        else:  # the path form: this runtime's own request, built (and checked) once here
+            request = build_request(trunk, sidecar=sidecar, draft=NO_DRAFT, plan=plan,
+                                    endpoints=endpoints, wan=wan, tls=tls,
+                                    insecure_plaintext=insecure_plaintext,
+                                    headers=headers or (None, None))
+        if not request.ranged:
+            raise PlanError("a RangedRuntime needs a ranged request (one with a plan)")
+        #: the run's request (sent to the worker as the object)
+        self.request = request
+        tls, self.plan = request.tls, request.plan
         if tls is not None and shards is not None and shards.tls != tls:
             raise PlanError("tls= differs from the local shards' TLS directory")
         if tls is not None and not relay:
             raise PlanError("TLS runs in the relays (relay=True)")
         self.tls = tls
-        allow_remote = insecure_plaintext or tls is not None
+        allow_remote = request.allow_remote
         self._allow_remote = allow_remote
-        for ep in self.endpoints:
-            parse_endpoint(ep, allow_remote=allow_remote)
-        if not isinstance(plan, ShardPlan):
-            from mtplib.model.gguf_header import read_header_fast
-
-            plan = ShardPlan.parse(plan, int(read_header_fast(trunk).kv["deepseek4.block_count"]))
-        self.plan = plan
+        if request.endpoints is not None:  # checked with the request (`build_request`)
+            self.endpoints = list(request.endpoints)
+        else:  # the local shards': the run's one count check is this one
+            self.endpoints = check_endpoints(self.plan, shards.endpoints)
+            for ep in self.endpoints:
+                parse_endpoint(ep, allow_remote=allow_remote)
         self.mtp_placement = mtp_placement
-        wan = list(wan) if wan is not None else [WanLink()] * plan.n_shards
-        if len(wan) != plan.n_shards:
-            raise PlanError(f"{len(wan)} WAN links for {plan.n_shards} shards")
+        wan = list(request.wan)
         if not relay and any(w.active for w in wan):
             raise PlanError("WAN emulation needs the relays (relay=True)")
-        check_endpoints(self.plan, self.endpoints)  # the run's one check (RangedMTP's too)
         # a clear error naming the shard, before anything starts
         self.shard_info = probe_shards(self.endpoints, tls=tls, timeout_s=probe_timeout_s,
                                        allow_remote=allow_remote)
@@ -257,13 +273,11 @@ class RangedRuntime:
         try:
             self._start_worker()
             with self.step("load"):
+                # the request as the object: its plan parsed and its headers read once,
+                # in this process; the worker parses and reads none of them
                 info = self._request(("open", dict(
-                    trunk=str(trunk), plan=self.plan, endpoints=client_eps,  # parsed: not again
-                    sidecar=str(sidecar) if sidecar is not None else None,
-                    allow_remote=allow_remote and not relay, mtp_placement=mtp_placement,
-                    # read once per run by the caller (RangedMTP): the worker reads no header
-                    header=(headers or (None, None))[0],
-                    sidecar_header=(headers or (None, None))[1])),
+                    request=request, endpoints=client_eps,
+                    allow_remote=allow_remote and not relay, mtp_placement=mtp_placement)),
                     timeout_s=load_timeout_s)
             back = dict(zip(client_eps, self.endpoints, strict=True))
             for m in (info["trunk"], info["sidecar"]):

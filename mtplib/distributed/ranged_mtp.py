@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 
 from mtplib.contract.capabilities import Decision, Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, Placement
-from mtplib.contract.types import DEFAULT_DRAFT, DraftSpec
-from mtplib.distributed.relay import WanLink, parse_wan
+from mtplib.distributed.relay import WanLink
 from mtplib.distributed.results import SEAM_KEYS, RangedGeneration, RangedMetrics
 from mtplib.distributed.shard_report import advert_summary, shard_adverts
 from mtplib.distributed.tls import TlsConfig
@@ -40,13 +39,14 @@ from mtplib.distributed.worker_engine import (  # noqa: F401 - MAX_ENGINES: its 
     _worker_memory,
 )
 from mtplib.errors import InputError
+from mtplib.ownership.plan import ShardPlan
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
+from mtplib.runtime.request import RunRequest, build_request
 from mtplib.runtime.routing import (
     PIN,
     certified_recipes,
-    policy_gate,
-    resolve_policy,
+    check_policy,
     route,
     routing_metrics,
 )
@@ -150,13 +150,18 @@ class RangedMTP:
     as ``setup`` in the first generation's metrics. Another configuration passed to
     ``generate`` builds and warms its own engine then (also reported as setup).
 
-    Each generation negotiates its recipe under ``policy`` (default $MTPLIB_POLICY, else
-    beta) with the shards' adverts, built from what each shard reported at probe time
-    (`shard_report.shard_adverts`: its contract version and pin must be this process's;
-    the tail's says whether the MTP block was placed where its placement says):
-    MTP under alpha raises RouteRefused naming the policy; k = 0 always runs. A
-    configuration that would move cache state across a seam raises CacheCrossingRefused
-    unless ``allow_cache_crossing``.
+    ``trunk``: a ranged `RunRequest` (`build_request`: what `mtplib generate` and `serve`
+    pass), or the trunk's path with ``plan`` and the other keywords, made into one here
+    by the same function; either way every setting is checked once, there, and ``policy``
+    (default $MTPLIB_POLICY, else beta) is asked once (`policy_gate`): MTP under alpha
+    raises RouteRefused naming the policy, before any shard starts; k = 0 always runs.
+    A generation's own options (another draft length) are held to that verdict
+    (`check_policy`, the same message), not asked again. Each configuration's recipe is
+    negotiated once with the shards' adverts, built from what each shard reported at
+    probe time (`shard_report.shard_adverts`: its contract version and pin must be this
+    process's; the tail's says whether the MTP block was placed where its placement
+    says). A configuration that would move cache state across a seam raises
+    CacheCrossingRefused unless ``allow_cache_crossing``.
     ``silence_timeout_s``: see `RangedRuntime` (None: $MTPLIB_SHARD_SILENCE_S, else 15 s).
     ``tls`` (a `TlsConfig`): mutual TLS to the shards (local ones then serve through their
     gateways too); ``insecure_plaintext``: allow non-loopback endpoints without it.
@@ -175,7 +180,8 @@ class RangedMTP:
     reloads the weights; greedy generations then give the tokens they gave before.
     ``faults()`` says, without a round trip, what is seen wrong now."""
 
-    def __init__(self, trunk: str, *, plan: str, sidecar: str | None = None,
+    def __init__(self, trunk: str | RunRequest, *, plan: str | ShardPlan | None = None,
+                 sidecar: str | None = None,
                  endpoints: Sequence[str] | None = None, shard_threads: int = 1,
                  insecure_plaintext: bool = False,
                  wan: str | Sequence[WanLink] | None = None,
@@ -186,63 +192,69 @@ class RangedMTP:
                  placement_costs: Mapping[str, float] | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
-        from mtplib.model.gguf_header import read_header, require_deepseek4
-        from mtplib.model.validate import validate_header
-        from mtplib.ownership.plan import ShardPlan
-        from mtplib.runtime.model import check_pair
 
+        if isinstance(trunk, RunRequest):
+            asked = dict(plan=plan, sidecar=sidecar, endpoints=endpoints, wan=wan, opts=opts,
+                         policy=policy, tls=tls)
+            if any(v is not None for v in asked.values()) or shard_threads != 1 or \
+                    insecure_plaintext or mtp_placement != "auto" or allow_cache_crossing:
+                raise TypeError("RangedMTP(request): the request holds the plan, files, "
+                                "shards and options; give them to build_request")
+            req = trunk
+        else:
+            if plan is None:
+                raise InputError("RangedMTP needs plan= (contiguous layer ranges, one per "
+                                 "shard, e.g. '0-1,2-3'); a whole model runs in MTPRuntime")
+            # the one build of this run's request: every field checked once, the policy
+            # asked once, each header read and validated once (before any shard starts)
+            req = build_request(trunk, sidecar=sidecar, opts=opts, plan=plan,
+                                endpoints=endpoints, wan=wan, mtp_placement=mtp_placement,
+                                shard_threads=shard_threads, tls=tls,
+                                insecure_plaintext=insecure_plaintext,
+                                allow_cache_crossing=allow_cache_crossing, policy=policy)
+        if not req.ranged:
+            raise InputError("a whole-model request (no plan) runs in MTPRuntime, not "
+                             "RangedMTP")
+        #: the run's request, as `build_request` checked it (sent to the worker as is)
+        self.request = req
         self._lock = threading.RLock()  # one generation at a time: counters are per runtime
         self.closed = False
-        self.policy = resolve_policy(policy)
-        # validated once, before anything reads a key or upstream loads the file (the pair
-        # check validates both files)
-        h = read_header(trunk)
-        sh = read_header(sidecar) if sidecar is not None else None
-        if sh is not None:
-            check_pair(h, sh)
-        else:
-            require_deepseek4(h)
-            validate_header(h)
-        self.n_vocab = h.n_vocab
+        #: the run's policy verdict (`policy_gate`, once, in the request); a generation's
+        #: own options are held to it (`check_policy`), never asked again
+        self.policy = req.policy
+        self.n_vocab = req.trunk_header.n_vocab
         #: the routing decision of each engine configuration, negotiated once with the
         #: shards' adverts (they do not change while this object lives)
         self._routed: dict[tuple, Decision] = {}
-        self._certified = certified_recipes(trunk, sidecar) if sidecar else frozenset()
-        #: parsed once: the object goes on to RangedRuntime and, pickled, to the worker;
-        #: the endpoints are checked against it there (`check_endpoints`), before any
-        #: connection (given endpoints start no local shards)
-        self.plan = plan if isinstance(plan, ShardPlan) else ShardPlan.parse(
-            plan, int(h.kv["deepseek4.block_count"]))
-        links = wan if wan is None or not isinstance(wan, str) else parse_wan(wan,
-                                                                             self.plan.n_shards)
-        self.has_sidecar = sidecar is not None
-        self.warm, self.allow_cache_crossing = warm, allow_cache_crossing
+        self._certified = certified_recipes(req.trunk, req.sidecar) if req.sidecar \
+            else frozenset()
+        #: parsed once, by the request: the endpoints were checked against it there
+        self.plan = req.plan
+        self.has_sidecar = req.sidecar is not None
+        self.warm, self.allow_cache_crossing = warm, req.allow_cache_crossing
         #: the measured costs ``auto`` decides from (`auto_placement`); set after load
         self._place_inputs = None
         self.placement_record: dict | None = None
-        #: what `generate` runs without options (routed and checked per generation)
-        self.opts = opts or EngineOptions(k=DraftSpec.requested(None, mtp=self.has_sidecar).k)
-        # no sidecar, or a policy that disables MTP (alpha): the plain engine at load
-        load = self.opts.for_sidecar(self.has_sidecar and self.policy.allow_mtp)
-        load = self._resolve(load)  # refuses a cache-moving default before any shard starts
-        placement = resolve_placement(mtp_placement, has_sidecar=self.has_sidecar)
+        #: what `generate` runs without options: the request's (its k decided there)
+        self.opts = req.opts
+        load = self._resolve(self.opts)  # refuses a cache-moving default before any shard
+        placement = resolve_placement(req.mtp_placement, has_sidecar=self.has_sidecar)
         self._load = load
-        self._given = list(endpoints) if endpoints is not None else None
+        self._given = list(req.endpoints) if req.endpoints is not None else None
         self._stack = contextlib.ExitStack()
         self.rt = None
         try:
             self.shards = None
-            if endpoints is None:
+            if req.endpoints is None:
                 self.shards = self._stack.enter_context(
-                    LocalShards(self.plan.n_shards, shard_threads, tls=tls))
-            #: how each session's runtime is opened (again by `reconnect`)
+                    LocalShards(self.plan.n_shards, req.shard_threads, tls=req.tls))
+            #: how each session's runtime is opened (again by `reconnect`): from the
+            #: request, whose headers the worker gets with it (it reads none)
             self._open_rt = lambda: RangedRuntime(
-                trunk, self.plan, endpoints, shards=self.shards,
-                insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
-                mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls,
-                headers=(h, sh))  # read once per run, here: the worker reads none
+                req, shards=self.shards, mtp_placement=placement,
+                silence_timeout_s=silence_timeout_s)
             #: what `auto` placement asked (decided again by each session: `_open`)
-            self._placement_request = (mtp_placement, placement_costs)
+            self._placement_request = (req.mtp_placement, placement_costs)
             self._stack.callback(self._close_rt)
             self._setup = self._open()
         except BaseException:
@@ -285,8 +297,7 @@ class RangedMTP:
         self._place_inputs = inp
         self.placement_record = ap.record(inp, timings, pc, hc, moved=moved, requested={
             "mtp_placement": requested, "head": self.opts.head})
-        again = self._resolve(self.opts.for_sidecar(self.has_sidecar
-                                                    and self.policy.allow_mtp))
+        again = self._resolve(self.opts)
         if moved or _engine_key(again) != _engine_key(load):
             first, self._setup = self._setup, self._build(again)
             if first and self._setup:  # both engines were set up at load
@@ -387,10 +398,11 @@ class RangedMTP:
                 sh.restart(i)
 
     def _resolve(self, opts: EngineOptions) -> EngineOptions:
-        """The options a ranged generation really runs with, checked before anything runs:
-        MTP only with a sidecar; rollback beyond n_rs_seq replays (caches are shard-local,
-        a sequence's state never moves); ``head="auto"`` resolved; cache locality."""
-        opts = replace(opts.for_sidecar(self.has_sidecar), checkpoints="replay")
+        """The options a ranged generation really runs with, checked before anything runs
+        (k already decided: the request's, or `_options`): rollback beyond n_rs_seq
+        replays (caches are shard-local, a sequence's state never moves);
+        ``head="auto"`` resolved; cache locality."""
+        opts = replace(opts, checkpoints="replay")
         if (opts.head == "auto" and self._place_inputs is not None  # measured at load
                 and self.rt is not None):  # (no session: the generation refuses later)
             from mtplib.distributed.auto_placement import with_k
@@ -469,10 +481,11 @@ class RangedMTP:
         n_new = check_n_new(n_new)
         if not isinstance(prompt, str):
             prompt = check_tokens(prompt, self.n_vocab)
-        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
-        # the policy first (its refusal names it), then what the options would move; the
-        # routing decision itself is the configuration's, negotiated once (`_build`)
-        policy_gate(opts.k, self.policy)
+        # the policy's verdict first (its refusal names it; the policy was asked once, by
+        # the request), then what the options would move; the routing decision itself is
+        # the configuration's, negotiated once (`_build`)
+        opts = self._options(opts)
+        check_policy(opts.draft, self.policy)
         opts = self._resolve(opts)
         if sampler is not None:
             opts = replace(opts, sampler=sampler)
@@ -533,9 +546,17 @@ class RangedMTP:
         (default: this object's): run every step shape once now."""
         from mtplib.distributed.ranged_batch import RangedBatch
 
-        opts = (self.opts if opts is None else opts).for_sidecar(self.has_sidecar)
-        policy_gate(opts.k, self.policy)
-        return RangedBatch(self, self._resolve(opts), warm=self.warm if warm is None else warm)
+        opts = self._options(opts)
+        check_policy(opts.draft, self.policy)  # the run's verdict, as in `_steps`
+        return RangedBatch(self, self._resolve(opts),
+                           warm=self.warm if warm is None else warm)
+
+    def _options(self, opts: EngineOptions | None) -> EngineOptions:
+        """A generation's options: the request's (decided when it was built), or the
+        caller's own with k as the sidecar allows (`draft_with`, through `for_sidecar`).
+        Either is then held to the run's policy verdict (`check_policy`: the message
+        `policy_gate` gives; the policy is not asked again)."""
+        return self.opts if opts is None else opts.for_sidecar(self.has_sidecar)
 
     @property
     def mtp_on_tail(self) -> bool:
@@ -580,13 +601,14 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
     shard starts; the engine is built and warmed at load (``metrics.setup``)."""
     from mtplib.distributed.worker import detokenize
 
-    k = 0 if sidecar is None else (DEFAULT_DRAFT if opts is None else opts.k)
-    pol = policy_gate(k, policy)  # before any shard starts; RangedMTP routes the request
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar if k else None,
-                   endpoints=endpoints, shard_threads=shard_threads,
-                   insecure_plaintext=insecure_plaintext, wan=wan,
-                   mtp_placement=mtp_placement, policy=pol, opts=opts or EngineOptions(k=k),
-                   warm=warm, allow_cache_crossing=allow_cache_crossing, tls=tls) as r:
+    # MTP off (k = 0 asked): the sidecar is not loaded at all
+    use_sidecar = sidecar if opts is None or opts.k else None
+    req = build_request(trunk, sidecar=use_sidecar, opts=opts, plan=plan,
+                        endpoints=endpoints, wan=wan, mtp_placement=mtp_placement,
+                        shard_threads=shard_threads, tls=tls,
+                        insecure_plaintext=insecure_plaintext,
+                        allow_cache_crossing=allow_cache_crossing, policy=policy)
+    with RangedMTP(req, warm=warm) as r:  # the policy was asked before any shard starts
         tokens, metrics = r.generate(prompt, n_new)
         text = r.rt.call(detokenize, tokens) if isinstance(prompt, str) else None
         return RangedGeneration(tokens, metrics, text)

@@ -40,9 +40,16 @@ from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
 from mtplib.runtime.rpc import ShardError
+from mtplib.runtime.tls_config import (  # noqa: F401 - their old home
+    CA,
+    CA_KEY,
+    CLIENT_CERT,
+    CLIENT_KEY,
+    SHARD_CERT,
+    SHARD_KEY,
+    TlsConfig,
+)
 
-CA, SHARD_CERT, SHARD_KEY = "ca.pem", "shard.pem", "shard.key"
-CLIENT_CERT, CLIENT_KEY, CA_KEY = "client.pem", "client.key", "ca.key"
 #: the gateway's status line after the TLS handshake: b"mtplib-gateway 1 ready <id>\n"
 GATEWAY_MAGIC = b"mtplib-gateway 1 "
 GATEWAY_READY, GATEWAY_BUSY = b"ready", b"busy"
@@ -50,55 +57,6 @@ STATUS_MAX = 512
 RECV_CHUNK = 1 << 20
 #: a gateway still closing the previous session (e.g. a probe's) says busy for a moment
 BUSY_RETRY_S = 3.0
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    """A TLS directory (see the module doc); `server_context` / `client_context` need only
-    their side's files, so a shard host and a client host each hold just their own."""
-
-    dir: Path
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> TlsConfig:
-        d = Path(path).expanduser()
-        if not d.is_dir():
-            raise InputError(f"--tls {path}: not a directory (make one with `mtplib tls init "
-                             f"{path}`, or put {CA}, {SHARD_CERT}/{SHARD_KEY} or "
-                             f"{CLIENT_CERT}/{CLIENT_KEY} there)")
-        return cls(d.resolve())
-
-    def _files(self, *names: str) -> list[str]:
-        missing = [n for n in names if not (self.dir / n).is_file()]
-        if missing:
-            raise InputError(f"--tls {self.dir}: missing {', '.join(missing)} (see `mtplib tls "
-                             "init`, or the README's bring-your-own PKI)")
-        return [str(self.dir / n) for n in names]
-
-    def _context(self, purpose: ssl.Purpose, cert: str, key: str) -> ssl.SSLContext:
-        ca, cert_f, key_f = self._files(CA, cert, key)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH
-                             else ssl.PROTOCOL_TLS_CLIENT)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        try:
-            ctx.load_verify_locations(cafile=ca)
-            ctx.load_cert_chain(cert_f, key_f)
-        except (ssl.SSLError, OSError, ValueError) as e:
-            raise InputError(f"--tls {self.dir}: cannot use {cert}/{key} with {CA}: "
-                             f"{getattr(e, 'reason', None) or e}") from None
-        return ctx
-
-    def server_context(self) -> ssl.SSLContext:
-        """The shard's side: its certificate, clients must present one signed by the CA."""
-        return self._context(ssl.Purpose.CLIENT_AUTH, SHARD_CERT, SHARD_KEY)
-
-    def client_context(self) -> ssl.SSLContext:
-        """The client's side: its certificate; the shard's is checked against the CA and
-        the endpoint's address (check_hostname)."""
-        ctx = self._context(ssl.Purpose.SERVER_AUTH, CLIENT_CERT, CLIENT_KEY)
-        ctx.check_hostname = True
-        return ctx
 
 
 class TlsStream:

@@ -173,9 +173,10 @@ def _handle(models: Models, msg: tuple):
     op = msg[0]
     if op == "open":
         kw = msg[1]
-        t, s = open_ranged(kw["trunk"], kw["plan"], kw["endpoints"], sidecar=kw["sidecar"],
+        req = kw["request"]  # the run's RunRequest, pickled: plan parsed, headers read
+        t, s = open_ranged(req.trunk, req.plan, kw["endpoints"], sidecar=req.sidecar,
                            allow_remote=kw["allow_remote"], mtp_placement=kw["mtp_placement"],
-                           header=kw.get("header"), sidecar_header=kw.get("sidecar_header"))
+                           header=req.trunk_header, sidecar_header=req.sidecar_header)
         models.trunk, models.sidecar = t, s
         side = None if s is None else _model_info(s, s.placement, s.load_buffers)
         return {"trunk": _model_info(t, t.placement, t.load_buffers), "sidecar": side}

@@ -117,11 +117,14 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     generated token) measured by the shards' counting relays; ``seam_by_step`` keeps the
     per-step-kind figures."""
     from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.runtime.request import build_request
     from mtplib.runtime.speculative import EngineOptions
 
     rows = []
-    with RangedMTP(trunk, plan=plan, sidecar=sidecar, policy=cfg.policy, wan=cfg.wan,
-                   tls=cfg.tls_config()) as r:
+    # the plan's request, checked once (`build_request`): plan, WAN, TLS, policy, files
+    req = build_request(trunk, sidecar=sidecar, plan=plan, policy=cfg.policy, wan=cfg.wan,
+                        tls=cfg.tls_config())
+    with RangedMTP(req) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)
             for i, spec in enumerate(cfg.prompts):

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtplib import host, paths
-from mtplib.distributed.relay import WanLink
 from mtplib.lab.rows import row_from_dict, typed
 from mtplib.runtime import build_info
+from mtplib.runtime.links import WanLink
 from mtplib.runtime.rpc import recv_exact
 
 TRANSPORTS = ("plaintext", "tls")

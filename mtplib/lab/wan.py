@@ -122,9 +122,12 @@ def _run_warm(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress, warm_promp
     one whose cells are all done is not loaded."""
     from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.runtime import selected_upstream
+    from mtplib.runtime.request import build_request
     from mtplib.runtime.speculative import EngineOptions
 
     settings = _settings(cfg, trunk)
+    # each draft length's generation options, made (and checked) once for the whole run
+    by_k = {k: EngineOptions(k=k, settings=settings, head=cfg.head) for k in cfg.ks}
     # the stock build moves cache state with MTP on: measured deliberately, for comparison
     crossing = selected_upstream() == "stock"
     log = st.log
@@ -136,16 +139,18 @@ def _run_warm(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress, warm_promp
                     log(f"warm: plan {plan}, {topo}, MTP on the {place}: done before")
                     continue
                 log(f"warm: plan {plan}, {topo}, MTP on the {place}")
-                first = EngineOptions(k=max(cfg.ks), settings=settings, head=cfg.head)
-                with RangedMTP(trunk, plan=plan, sidecar=sidecar, mtp_placement=place,
-                               shard_threads=cfg.shard_threads, opts=first,
-                               allow_cache_crossing=crossing) as r:
+                # this RangedMTP's request, checked once (`build_request`); its default
+                # options are the longest draft's
+                req = build_request(trunk, sidecar=sidecar, plan=plan,
+                                    opts=by_k[max(cfg.ks)], mtp_placement=place,
+                                    shard_threads=cfg.shard_threads,
+                                    allow_cache_crossing=crossing)
+                with RangedMTP(req) as r:
                     relays = r.rt.relays.relays
                     if warm_prompt is not None:
                         for k in cfg.ks:  # untimed, on a prompt that is not measured
-                            opts = EngineOptions(k=k, settings=settings, head=cfg.head)
                             for _ in range(cfg.warmup):
-                                r.generate(list(warm_prompt), cfg.n_new, opts)
+                                r.generate(list(warm_prompt), cfg.n_new, by_k[k])
                     for rtt in cfg.rtts_ms:
                         for mbit in cfg.mbits:
                             links = links_for(topo, len(relays), rtt, mbit)
@@ -156,9 +161,8 @@ def _run_warm(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress, warm_promp
                                              mbit, k)
                                 if cell not in todo:
                                     continue  # done before, or MTP off of another place
-                                opts = EngineOptions(k=k, settings=settings, head=cfg.head)
 
-                                def one(prompt, kw, opts=opts):
+                                def one(prompt, kw, opts=by_k[k]):
                                     toks, m = r.generate(list(prompt), cfg.n_new, opts)
                                     return _row(m, toks, **kw)
                                 st.measure(cell, prompts, one, mode="warm", plan=plan,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS
 from mtplib.contract.types import MAX_DRAFT, draft_problem
-from mtplib.distributed.relay import MAX_RTT_MS
 from mtplib.errors import InputError
+from mtplib.runtime.links import MAX_RTT_MS
 
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")
@@ -102,7 +102,9 @@ class WanConfig:
 
 
 def with_upstream(cfg: WanConfig) -> WanConfig:
-    """``cfg`` with the build this process loads recorded in it."""
+    """``cfg`` with the build this process loads recorded in it (``cfg`` itself where it
+    is: a checked config is not checked again)."""
     from mtplib.runtime import selected_upstream
 
-    return replace(cfg, upstream=selected_upstream())
+    which = selected_upstream()
+    return cfg if cfg.upstream == which else replace(cfg, upstream=which)

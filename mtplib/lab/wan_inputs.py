@@ -10,7 +10,7 @@ from mtplib.lab.wan_config import WanConfig
 
 def links_for(topology: str, n_shards: int, rtt_ms: float, mbit: float | None = None) -> list:
     """Each shard's link: ``rtt_ms`` and the ``mbit`` cap, except a co-located tail's."""
-    from mtplib.distributed.relay import WanLink
+    from mtplib.runtime.links import WanLink
 
     if topology == "remote":
         return [WanLink(rtt_ms, mbit)] * n_shards
@@ -40,8 +40,8 @@ def _settings(cfg: WanConfig, trunk: str):
 
 
 def default_ctx(trunk: str) -> int:
-    """The context size `mtplib generate` uses without --ctx, so both modes run alike."""
-    from mtplib.model.gguf_header import read_header_fast
+    """The context size `mtplib generate` uses without --ctx, so both modes run alike: the
+    same rule (`mtplib.runtime.request.default_n_ctx`), not a copy of it."""
+    from mtplib.runtime.request import default_n_ctx
 
-    ctx_len = int(read_header_fast(trunk).kv.get("deepseek4.context_length", 2048))
-    return min(2048, ctx_len)
+    return default_n_ctx(trunk)

@@ -414,8 +414,8 @@ def wan_section() -> Check:
     """A WAN run's fields (mtplib.lab.wan.WanConfig): the lane's ``wan:``, 05's ``target``
     and each build's ``overrides``."""
     def check(v: object, where: str, ctx: Context) -> object:
-        from mtplib.distributed.relay import MAX_RTT_MS
         from mtplib.lab.wan import COLD_SHARDS, MODES, PLACEMENTS, TOPOLOGIES, WanConfig
+        from mtplib.runtime.links import MAX_RTT_MS
 
         rtts = list_of(number(0, MAX_RTT_MS), what=f"RTTs in ms 0..{MAX_RTT_MS}")
         rules = {"ks": drafts(0), "cold_ks": drafts(0), "rtts_ms": rtts, "cold_rtts_ms": rtts,

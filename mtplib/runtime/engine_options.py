@@ -23,10 +23,11 @@ from mtplib.runtime.settings import DecodeSettings
 HEADS = ("auto", "upstream", "client")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineOptions:
     """Everything an Engine is built with, besides the models (picklable: it crosses into
-    the ranged worker process)."""
+    the ranged worker process; frozen: a run's request holds its default options, and a
+    generation's own are a `dataclasses.replace` of them)."""
 
     k: int = DEFAULT_DRAFT
     #: context and decoding settings (the same type upstream's side of a comparison takes)
@@ -81,7 +82,7 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         try:  # a k carried from the run's request is already checked (`DraftLength`)
-            self.k = checked_draft(self.k)
+            object.__setattr__(self, "k", checked_draft(self.k))
         except ContractError as e:
             raise RuntimeInputError(str(e)) from None
         if self.head not in HEADS:

@@ -125,12 +125,19 @@ def policy_gate(k: int | DraftSpec, policy: Policy | str | None = None) -> Polic
     """The policy alone, before anything loads or starts: RouteRefused (the message `route`
     gives) for MTP under a policy that disables it (alpha). Not a routing decision: a
     ranged run negotiates once its shards are up, with their real adverts. Returns the
-    resolved policy."""
+    resolved policy: the verdict a run keeps (`mtplib.runtime.request.build_request` asks
+    this once per run; a later generation applies it with `check_policy`)."""
     pol = resolve_policy(policy)
-    spec = k if isinstance(k, DraftSpec) else DraftSpec(k)
-    if spec.mtp and not pol.allow_mtp:
-        require_route(spec.recipe, (), pol)  # raises, naming the policy
+    check_policy(k if isinstance(k, DraftSpec) else DraftSpec(k), pol)
     return pol
+
+
+def check_policy(spec: DraftSpec, policy: Policy) -> None:
+    """A generation's drafting under the policy its run resolved (`policy_gate`, once):
+    RouteRefused, with policy_gate's message, for MTP under a policy that disables it;
+    nothing resolved or asked again."""
+    if spec.mtp and not policy.allow_mtp:
+        require_route(spec.recipe, (), policy)  # raises, naming the policy
 
 
 def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | None = None,

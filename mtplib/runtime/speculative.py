@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mtplib.contract.capabilities import Policy
-from mtplib.contract.types import NO_DRAFT, DraftSpec, draft_with
+from mtplib.contract.types import NO_DRAFT
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.engine import (
@@ -46,6 +46,7 @@ from mtplib.runtime.generation import (
     warm_up,
 )
 from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
+from mtplib.runtime.request import RunRequest, build_request
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import RowSource
@@ -69,7 +70,12 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     from mtplib.runtime.drafters import MTPDrafter
     from mtplib.runtime.model import ContextConfig, context_threads
 
-    use_mtp = draft_with(opts.k, has_sidecar=sidecar is not None) > 0 and drafter is None
+    # the run's request decided k ("no sidecar means k=0": `build_request`, once); here
+    # the MTP block drafts when those options draft and no drafter of the caller's does
+    use_mtp = opts.draft.mtp and drafter is None
+    if use_mtp and sidecar is None:
+        raise RuntimeInputError(f"options with k={opts.k} and no MTP sidecar: build them "
+                                "through build_request, which makes k 0 without one")
     if opts.head == "auto":
         raise RuntimeInputError("head='auto' must be resolved by the entry point "
                                 "(EngineOptions.resolved) before the engine is built")
@@ -153,54 +159,63 @@ class MTPRuntime:
     in `generate`'s metrics), so no generation pays first-use graph allocation.
     """
 
-    def __init__(self, trunk: str, sidecar: str | None = None, *,
+    def __init__(self, trunk: str | RunRequest, sidecar: str | None = None, *,
                  opts: EngineOptions | None = None, rows: RowFn | None = None,
                  drafter: Drafter | None = None, trunk_kwargs: dict | None = None,
                  sidecar_kwargs: dict | None = None, policy: Policy | str | None = None,
                  warm: bool = False, **options) -> None:
-        """``opts``: the request (`EngineOptions`); any of its fields, or of DecodeSettings',
-        given as keywords replace those (`EngineOptions.build`), e.g. ``MTPRuntime(t, s,
-        k=2, n_ctx=512, kv_type="f32")``. Validated and routed once, here."""
-        from mtplib.model.gguf_header import read_header
-        from mtplib.runtime.model import Model, check_pair
-        from mtplib.runtime.routing import (
-            certified_recipes,
-            resolve_policy,
-            route,
-            routing_metrics,
-        )
+        """``trunk``: the trunk's path, or a whole-model `RunRequest` (then nothing else
+        that a request holds may be given). With a path, ``opts``: the request
+        (`EngineOptions`); any of its fields, or of DecodeSettings', given as keywords
+        replace those (`EngineOptions.build`), e.g. ``MTPRuntime(t, s, k=2, n_ctx=512,
+        kv_type="f32")``: made into a RunRequest by `build_request`, which validates it
+        and asks the policy once. Routed once, here."""
+        from mtplib.runtime.model import Model
+        from mtplib.runtime.routing import certified_recipes, route, routing_metrics
 
-        try:
-            opts = EngineOptions.build(opts, **options)
-        except TypeError as e:
-            raise TypeError(f"MTPRuntime {e}") from None
-        self.opts = opts.resolved(ranged=False)
+        trunk_kwargs, sidecar_kwargs = dict(trunk_kwargs or {}), dict(sidecar_kwargs or {})
+        if isinstance(trunk, RunRequest):
+            if sidecar is not None or opts is not None or policy is not None or options:
+                raise TypeError("MTPRuntime(request): the request holds the sidecar, the "
+                                "options and the policy; give them to build_request")
+            req = trunk
+        else:
+            try:
+                req = build_request(trunk, sidecar=sidecar, opts=opts, policy=policy,
+                                    own_drafter=drafter is not None,
+                                    headers=(trunk_kwargs.pop("header", None),
+                                             sidecar_kwargs.pop("header", None)),
+                                    **options)
+            except TypeError as e:
+                raise TypeError(f"MTPRuntime {e}") from None
+        if req.ranged:
+            raise RuntimeInputError(f"a ranged request (plan {req.plan}) runs in RangedMTP, "
+                                    "not MTPRuntime")
+        #: the run's request, as `build_request` checked it
+        self.request = req
+        self.opts = req.opts.resolved(ranged=False)
         self._owned: list = []
         self._lock = threading.RLock()  # serializes every call into upstream (class doc)
         self.closed = False
         self.setup: dict | None = None
-        spec = DraftSpec(draft_with(opts.k, has_sidecar=sidecar is not None))  # negotiated
+        spec = req.draft  # negotiated by the request: k = 0 without a sidecar
         use_mtp = spec.mtp and drafter is None
-        # each header is read and validated once: the pair check validates both, and the
-        # Model takes the checked header
-        trunk_kwargs, sidecar_kwargs = dict(trunk_kwargs or {}), dict(sidecar_kwargs or {})
-        if sidecar is not None:
-            trunk_kwargs.setdefault("header", read_header(trunk))
-            sidecar_kwargs.setdefault("header", read_header(sidecar))
-            check_pair(trunk_kwargs["header"], sidecar_kwargs["header"])
-            trunk_kwargs["validated"] = sidecar_kwargs["validated"] = True
-        self.policy = resolve_policy(policy)
+        # each header was read and validated once, by the request: the Model takes it
+        trunk_kwargs.update(header=req.trunk_header, validated=True)
+        if req.sidecar is not None:
+            sidecar_kwargs.update(header=req.sidecar_header, validated=True)
+        self.policy = req.policy  # resolved and asked once (`policy_gate`, in the request)
         # a passing certification run for this exact pair (if recorded) makes the advert's
         # recipe certified, so a policy that wants certified can route it
-        certified = certified_recipes(trunk, sidecar) if spec.mtp else frozenset()
+        certified = certified_recipes(req.trunk, req.sidecar) if spec.mtp else frozenset()
         self.routing = routing_metrics(route(spec, policy=self.policy, certified=certified),
                                        self.policy)
         try:
-            self.trunk = Model(trunk, **trunk_kwargs)
+            self.trunk = Model(req.trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
             self.sidecar = None
             if use_mtp:
-                self.sidecar = Model(sidecar, load_mtp=True, **sidecar_kwargs)
+                self.sidecar = Model(req.sidecar, load_mtp=True, **sidecar_kwargs)
                 self._owned.append(self.sidecar)
             self.engine, ctxs = build_engine(self.trunk, self.sidecar, self.opts,
                                              drafter=drafter, rows=rows)
