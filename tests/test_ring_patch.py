@@ -36,9 +36,11 @@ from pathlib import Path
 import pytest
 from rpc_fakes import hello, request, wait_closed
 
+from mtplib.distributed.client import resolve_seam
 from mtplib.distributed.processes import LocalShards
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.distributed.relay import WanLink
+from mtplib.errors import InputError
 from mtplib.model.trained import trained_paths
 from mtplib.runtime.rpc import (
     RPC_ALLOC_BUFFER,
@@ -52,7 +54,9 @@ from mtplib.runtime.rpc import (
     RPC_SET_TENSOR,
     RPC_TENSOR_SIZE,
     RPC_WAIT_TENSOR,
+    ShardInfo,
     client_proto_minor,
+    seam_links,
 )
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions, MTPRuntime
@@ -99,15 +103,49 @@ def test_ring_patch_applies_and_reverses_after_the_set(tmp_path):
     assert "RPC_PROTO_MINOR_VERSION    2" in (tree / "ggml/include/ggml-rpc.h").read_text()
 
 
+# -- mtplib's choice and report (no upstream) ----------------------------------------------
+def _info(minor: int) -> ShardInfo:
+    return ShardInfo((7, minor, 0), 1, 32, 1 << 40, 1 << 30, 2 << 30)
+
+
+def test_resolve_seam_rings_only_where_everything_speaks_it():
+    new, old = _info(2), _info(1)
+    assert resolve_seam("star", [new, new], tls=False, client_minor=2) == ("star", "asked")
+    assert resolve_seam("auto", [new, new, new], tls=False, client_minor=2)[0] == "ring"
+    assert resolve_seam("ring", [new, new], tls=False, client_minor=2)[0] == "ring"
+    seam, why = resolve_seam("auto", [new, old, new], tls=False, client_minor=2)
+    assert seam == "star" and why == "shard 1 speaks RPC 7.1 (the ring needs 7.2)"
+    seam, why = resolve_seam("ring", [old, new, old], tls=False, client_minor=2)
+    assert seam == "ring" and why.startswith("shards 0, 2 speak RPC 7.1")
+    assert resolve_seam("auto", [new, new], tls=False, client_minor=1)[0] == "star"
+    assert resolve_seam("auto", [new, new], tls=True, client_minor=2)[0] == "star"
+    assert resolve_seam("auto", [new], tls=False, client_minor=2) == ("star", "one shard: no seam")
+    for tls, minor in ((True, 2), (False, 1)):
+        with pytest.raises(InputError, match="seam ring: "):
+            resolve_seam("ring", [new, new], tls=tls, client_minor=minor)
+    with pytest.raises(InputError, match="seam must be one of auto, star, ring"):
+        resolve_seam("rnig", [new, new], tls=False, client_minor=2)
+
+
+def test_seam_links_read_upstreams_lines():
+    lines = ["llama_model_load: x\n",
+             "RPC seam 127.0.0.1:1 -> 127.0.0.1:2: ring (link 1 to 127.0.0.1:2)\n",
+             "RPC seam 127.0.0.1:2 -> 127.0.0.1:3: star (a server speaks protocol 7.1 or older)\n"]
+    assert seam_links(lines) == [
+        {"from": "127.0.0.1:1", "to": "127.0.0.1:2", "seam": "ring", "why": ""},
+        {"from": "127.0.0.1:2", "to": "127.0.0.1:3", "seam": "star",
+         "why": "a server speaks protocol 7.1 or older"}]
+    assert seam_links(["RPC seam a -> b: maybe (x)\n"]) == []
+
+
 # -- generation over the ring ---------------------------------------------------------------
-def _run(monkeypatch, seam: str, plan: str, k: int, endpoints: list[str] | None = None) -> dict:
-    """One warm generation of the trained pair over ``plan`` with GGML_RPC_SEAM=seam (the
-    client worker inherits it), every shard link at 20 ms after loading (so a pipelined
-    request is one wait, as over a WAN)."""
-    monkeypatch.setenv("GGML_RPC_SEAM", seam)
+def _run(seam: str, plan: str, k: int, endpoints: list[str] | None = None) -> dict:
+    """One warm generation of the trained pair over ``plan`` with ``seam`` (RangedMTP sets
+    GGML_RPC_SEAM for its client worker), every shard link at 20 ms after loading (so a
+    pipelined request is one wait, as over a WAN)."""
     p = trained_paths()
     with RangedMTP(str(p.trunk), plan=plan, sidecar=str(p.sidecar) if k else None,
-                   endpoints=endpoints) as r:
+                   endpoints=endpoints, seam=seam) as r:
         opts = EngineOptions(k=k, settings=DecodeSettings(n_ctx=256, n_threads=1),
                              head="client")
         r.generate(PROMPT, 4, opts)
@@ -115,8 +153,10 @@ def _run(monkeypatch, seam: str, plan: str, k: int, endpoints: list[str] | None 
             relay.set_link(WanLink(20))
         toks, m = r.generate(PROMPT, N_NEW, opts)
         opened = [sum(e["event"] == "open" for e in relay.events) for relay in r.rt.relays.relays]
+        eps = list(r.rt.endpoints)
     return {"tokens": toks, "waits": m.waits_per_step, "bytes": m.wire_bytes_by_class,
-            "opened": opened}
+            "opened": opened, "seam": m.seam, "endpoints": eps, "report": m.seam_report,
+            "crossing": m.cache_bytes_crossing}
 
 
 @pytest.fixture(scope="module")
@@ -133,13 +173,12 @@ def whole() -> dict[int, list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 2])
 @pytest.mark.parametrize("plan,n_shards", [("0-1,2-3", 2), ("0-0,1-2,3-3", 3)])
-def test_ring_gives_the_star_and_whole_tokens_with_one_wait_per_step(monkeypatch, whole, plan,
-                                                                     n_shards, k):
+def test_ring_gives_the_star_and_whole_tokens_with_one_wait_per_step(whole, plan, n_shards, k):
     """Same tokens as the star and the whole model; the star waits once per shard and step
     (plain, verify and prefill), the ring once (the tail's output) and moves no boundary
     value through the client; every shard but the head got a peer link at its relay."""
-    star = _run(monkeypatch, "star", plan, k)
-    ring = _run(monkeypatch, "ring", plan, k)
+    star = _run("star", plan, k)
+    ring = _run("auto", plan, k)
     assert star["tokens"] == ring["tokens"] == whole[k] == whole[0]
     step = "verify" if k else "decode"
     assert star["waits"][step] == star["waits"]["prefill"] == n_shards
@@ -151,6 +190,21 @@ def test_ring_gives_the_star_and_whole_tokens_with_one_wait_per_step(monkeypatch
     # one more connection at each relay but the head's: the peer link from the shard before
     extra = [r - s for r, s in zip(ring["opened"], star["opened"], strict=True)]
     assert extra == [0] + [1] * (n_shards - 1)
+    # the results say so: auto chose the ring, each consecutive pair rang
+    eps = ring["endpoints"]
+    assert ring["seam"]["requested"] == "auto" and ring["seam"]["seam"] == "ring"
+    assert [(x["from"], x["to"], x["seam"]) for x in ring["seam"]["links"]] == [
+        (a, b, "ring") for a, b in zip(eps[:-1], eps[1:], strict=True)]
+    assert star["seam"]["seam"] == "star" and star["seam"]["links"] == []
+    # the peer links' bytes, at the relay of the shard they push into: each boundary value
+    # once (the star moves it twice: out of one shard, into the next), all of it seam
+    peer = ring["report"]["steps"][step]["peer"]
+    assert peer["per_shard"][0] == 0 and all(peer["per_shard"][1:])
+    assert "peer" not in star["report"]["steps"][step]
+    assert peer["classes"]["seam"] == peer["data"] > 0
+    assert peer["classes"]["cache"] == ring["crossing"] == 0
+    if not k:
+        assert 2 * peer["classes"]["seam"] == star["bytes"]["decode"]["seam"]
 
 
 def _shards(build: str, n: int) -> LocalShards:
@@ -160,24 +214,31 @@ def _shards(build: str, n: int) -> LocalShards:
 
 @needs_ring
 @pytest.mark.slow
-def test_ring_falls_back_to_the_star_per_pair(monkeypatch):
+def test_ring_falls_back_to_the_star_per_pair():
     """GGML_RPC_SEAM=ring over shards [7.2, 7.2, 7.0 (stock)]: the first pair rings, the
     pair into the stock shard stays on the star (one more wait); all stock: the star
     throughout. Same tokens every time."""
     plan = "0-0,1-2,3-3"
     with _shards("patched", 2) as new, _shards("stock", 1) as old:
-        mixed = _run(monkeypatch, "ring", plan, 0, endpoints=new.endpoints + old.endpoints)
+        mixed = _run("ring", plan, 0, endpoints=new.endpoints + old.endpoints)
+        auto = _run("auto", plan, 0, endpoints=new.endpoints + old.endpoints)
         log = new.log_path(1).read_text()
     with _shards("stock", 3) as old:
-        stock = _run(monkeypatch, "ring", plan, 0, endpoints=old.endpoints)
-    ring = _run(monkeypatch, "ring", plan, 0)
-    assert mixed["tokens"] == stock["tokens"] == ring["tokens"]
+        stock = _run("ring", plan, 0, endpoints=old.endpoints)
+    ring = _run("ring", plan, 0)
+    assert mixed["tokens"] == stock["tokens"] == ring["tokens"] == auto["tokens"]
     assert ring["waits"]["decode"] == 1
     assert mixed["waits"]["decode"] == 2
     assert stock["waits"]["decode"] == 3
     extra = [m - s for m, s in zip(mixed["opened"], stock["opened"], strict=True)]
     assert extra == [0, 1, 0]  # only the pair that rings has a peer link
     assert "Accepted peer link" in log
+    links = [(x["seam"], x["why"]) for x in mixed["seam"]["links"]]
+    assert links == [("ring", ""), ("star", "a server speaks protocol 7.1 or older")]
+    assert [x["seam"] for x in stock["seam"]["links"]] == ["star", "star"]
+    # auto: the ring only where every shard speaks it
+    assert auto["seam"]["seam"] == "star" and "shard 2 speaks RPC 7.0" in auto["seam"]["why"]
+    assert auto["waits"]["decode"] == 3
 
 
 # -- hostile peers against a real 7.2 shard -------------------------------------------------

@@ -24,7 +24,7 @@ from mtplib.commands.common import (
     setup_logging,
     tls_from_args,
 )
-from mtplib.contract.labels import PLACEMENT_CHOICES
+from mtplib.contract.labels import PLACEMENT_CHOICES, SEAM_CHOICES
 from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, ContractError, DraftSpec
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError, MtplibError
@@ -153,9 +153,9 @@ def check_engine_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints/--rpc needs --plan (which layers each endpoint serves; "
                          "mtplib does not split the layers by itself)")
     if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
-                       or a.tls or a.insecure_plaintext):
-        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
-                         "--insecure-plaintext need --plan (they describe shards)")
+                       or a.tls or a.insecure_plaintext or getattr(a, "seam", "star") != "star"):
+        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls, "
+                         "--insecure-plaintext and --seam need --plan (they describe shards)")
     if a.plan:
         # the trunk (and the pair) is validated once, by the backend, before any shard
         # starts or any key is read (RangedMTP; whole-model runs check it in MTPRuntime)
@@ -241,6 +241,12 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    "that moved cache bytes exits 3")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan")
+    g.add_argument("--seam", default="star", choices=SEAM_CHOICES,
+                   help="with --plan: how boundary values reach the next shard: star = "
+                   "through this process (it waits once per shard and step), ring = shard to "
+                   "shard (patches/0007, RPC 7.2: one wait per step; a shard pair with an "
+                   "older shard stays on the star), auto = ring where every shard speaks it "
+                   "and no TLS gateway is between them; metrics.seam says which ran, per pair")
     add_tls_args(g)  # mutual TLS to the shards (--tls DIR), passed on by open_backend
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "
@@ -402,5 +408,5 @@ def open_backend(a: argparse.Namespace, *, sampler=None, warm: bool = False) -> 
                    shard_threads=a.shard_threads, wan=a.wan, mtp_placement=a.mtp_placement,
                    policy=policy, allow_cache_crossing=a.allow_cache_crossing,
                    opts=opts, tls=tls_from_args(a),
-                   insecure_plaintext=a.insecure_plaintext) as r:
+                   insecure_plaintext=a.insecure_plaintext, seam=getattr(a, "seam", "star")) as r:
         yield r

@@ -163,6 +163,9 @@ class RangedMTP:
     ``mtp_placement`` / ``opts.head`` ``auto``: decided from the costs timed at load
     (`auto_placement`); ``placement_costs`` (seconds, `placement.COST_FIELDS`) replace
     measured ones, e.g. a GPU tail's known draft time.
+    ``seam`` (auto, ring, star; default star): boundary values through the client or shard
+    to shard (patches/0007: one client wait per step); see `RangedRuntime`; every
+    generation's metrics say which ran, per shard pair (``seam``).
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     held from resetting the byte counters to reading them, so each result's seam bytes are
@@ -183,7 +186,8 @@ class RangedMTP:
                  silence_timeout_s: float | None = None, opts: EngineOptions | None = None,
                  warm: bool = True, allow_cache_crossing: bool = False,
                  tls: TlsConfig | None = None,
-                 placement_costs: Mapping[str, float] | None = None) -> None:
+                 placement_costs: Mapping[str, float] | None = None,
+                 seam: str = "star") -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
         from mtplib.model.gguf_header import read_header, require_deepseek4
@@ -240,7 +244,7 @@ class RangedMTP:
                 trunk, self.plan, endpoints, shards=self.shards,
                 insecure_plaintext=insecure_plaintext, sidecar=sidecar, wan=links,
                 mtp_placement=placement, silence_timeout_s=silence_timeout_s, tls=tls,
-                headers=(h, sh))  # read once per run, here: the worker reads none
+                headers=(h, sh), seam=seam)  # headers read once per run, here
             #: what `auto` placement asked (decided again by each session: `_open`)
             self._placement_request = (mtp_placement, placement_costs)
             self._stack.callback(self._close_rt)
@@ -524,7 +528,7 @@ class RangedMTP:
                 transport="tls" if rt.tls is not None else "plaintext", head=opts.head,
                 mtp_placement=rt.mtp_placement if rt.sidecar else None,
                 mtp_endpoints=sorted(set(rt.sidecar["placement"].values()))
-                if rt.sidecar else None)
+                if rt.sidecar else None, seam=rt.seam_summary())
 
     def batch(self, opts: EngineOptions | None = None, *, warm: bool | None = None
               ) -> RangedBatch:

@@ -112,6 +112,24 @@ MIN_MAX_SIZE = 1 << 20
 MAX_MEMORY = 1 << 50
 
 
+#: upstream's line for each server pair's seam, logged when the pair first copies
+#: (patches/0007): "RPC seam A -> B: ring (link 1 to B)" or "... star (why)"
+_SEAM_LINE = re.compile(r"RPC seam (\S+) -> (\S+): (ring|star) \((.*)\)")
+
+
+def seam_links(lines: Iterable[str]) -> list[dict[str, str]]:
+    """Each server pair's seam as upstream's client logged it, in the order first logged:
+    ``{"from", "to", "seam", "why"}`` (``why``: the reason for a star, else "")."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for line in lines:
+        m = _SEAM_LINE.search(line)
+        if m:
+            a, b, seam, why = m.groups()
+            out[(a, b)] = {"from": a, "to": b, "seam": seam,
+                           "why": why if seam == "star" else ""}
+    return list(out.values())
+
+
 class ShardError(UpstreamError):
     """A shard is unreachable, not an RPC server, or the wrong protocol version."""
 
