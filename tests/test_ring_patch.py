@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -36,7 +37,7 @@ from pathlib import Path
 import pytest
 from rpc_fakes import hello, request, wait_closed
 
-from mtplib.distributed.client import resolve_seam
+from mtplib.distributed.client import ShardLostError, resolve_seam
 from mtplib.distributed.processes import LocalShards
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.distributed.relay import WanLink
@@ -239,6 +240,36 @@ def test_ring_falls_back_to_the_star_per_pair():
     # auto: the ring only where every shard speaks it
     assert auto["seam"]["seam"] == "star" and "shard 2 speaks RPC 7.0" in auto["seam"]["why"]
     assert auto["waits"]["decode"] == 3
+
+
+@needs_ring
+@pytest.mark.slow
+@pytest.mark.parametrize("victim,how", [(0, "kill"), (1, "kill"), (0, "stop")])
+def test_a_shard_lost_mid_generation_over_the_ring_is_named_and_reconnects(pair, monkeypatch,
+                                                                          victim, how):
+    """Over the ring a lost shard fails the running generation naming it (the pusher
+    killed or stopped: the next shard's wait fails or its session ends with the client's,
+    no hang), and `reconnect` restarts it: the ring again, the tokens given before."""
+    monkeypatch.setenv("MTPLIB_SHARD_SILENCE_S", "2")
+    prompt = [5, 6, 7, 8, 9]
+    with RangedMTP(str(pair.trunk), plan="0-1,2-3", seam="ring") as r:
+        want, m = r.generate(prompt, 12)
+        assert [x["seam"] for x in m.seam["links"]] == ["ring"]
+        pid = r.shards.pids()[victim]
+        t0 = time.monotonic()
+        with pytest.raises(ShardLostError) as ei, r.stream(prompt, 12) as gen:
+            for i, _chunk in enumerate(gen):
+                if i == 0:
+                    if how == "kill":
+                        r.shards.kill(victim)
+                    else:
+                        os.killpg(pid, signal.SIGSTOP)
+        assert time.monotonic() - t0 < 20
+        assert victim in ei.value.shards, (ei.value.shards, str(ei.value))
+        r.reconnect()
+        assert r.shards.pids()[victim] != pid
+        toks, m = r.generate(prompt, 12)
+        assert toks == want and [x["seam"] for x in m.seam["links"]] == ["ring"]
 
 
 # -- hostile peers against a real 7.2 shard -------------------------------------------------
@@ -460,6 +491,27 @@ def test_a_wait_that_cannot_be_met_fails_fast(shard, case):
         assert t > 0.5
     s.close()
     assert _alive(shard)
+
+
+@needs_ring
+def test_a_waiting_session_ends_when_its_client_goes():
+    """A session blocked in WAIT_TENSOR on a silent peer whose client disconnects ends
+    within a fraction of a second, not after the wait's timeout (30 s here): the next
+    client is served at once."""
+    env = dict(os.environ, MTPLIB_UPSTREAM="patched", GGML_RPC_PEER_TIMEOUT="30")
+    with LocalShards(1, env=env, cwd=REPO, start_timeout_s=60) as sh:
+        ep = sh.endpoints[0]
+        c = Client(ep)
+        link, s = Links(c, ep).open()
+        c.wait(link, 1, c.tensor(0, 16))
+        time.sleep(0.3)  # the session is waiting now
+        c.close()
+        t0 = time.monotonic()
+        nxt = Client(ep, size=64)  # answers only once the previous session ended
+        assert time.monotonic() - t0 < 3
+        assert nxt.contents() == nxt.pattern
+        nxt.close()
+        s.close()
 
 
 @needs_ring
