@@ -5,6 +5,8 @@ from mtplib.contract.seam import FORBIDDEN_KINDS, SEAM_VALUES
 from mtplib.contract.wire import (
     OTHER,
     SEAM_TENSORS,
+    cache_tensors_on_wire,
+    classify,
     classify_step,
     seam_by_value,
     seam_value,
@@ -49,3 +51,13 @@ def test_patched_decode_moves_one_value_per_seam_and_no_constant():
     assert seam_by_value(patched)[OTHER] == 0
     # the once-per-context copy is a constant too (patches/0003), wherever it is counted
     assert classify_step([{("up", "attn_k_rot"): 65536}])["constants"] == 65536
+
+
+def test_a_peer_push_is_a_boundary_value_unless_it_is_a_cache():
+    """patches/0007's peer links (direction "peer"): seam bytes; a cache tensor stays
+    forbidden there too."""
+    assert classify("peer", "RPC1[127.0.0.1:2]#l_last-1#0", set()) == "seam"
+    assert classify("peer", "cache_k_l2", set()) == "cache"
+    per_relay = [{("peer", "l_last-1"): 100, ("peer", "cache_k_l2 (view)"): 8}]
+    assert classify_step(per_relay)["seam"] == 100
+    assert cache_tensors_on_wire(per_relay) == {"cache_k_l2": 8}

@@ -22,6 +22,7 @@ import pytest
 from mtplib.distributed.processes import LocalShards
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import PATCHED_DIR
+from mtplib.runtime.rpc import client_proto_minor
 
 REPO = Path(__file__).resolve().parent.parent
 MARKER = PATCHED_DIR / "llama_cpp" / "MTPLIB_PATCHES"
@@ -145,5 +146,6 @@ def test_stock_client_refuses_patched_shards_before_upstream_aborts():
                            capture_output=True, text=True, timeout=300, cwd=REPO,
                            env=dict(os.environ, MTPLIB_UPSTREAM="stock"))
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    assert "7.1" in r.stderr and "7.0" in r.stderr, r.stderr[-2000:]
+    # the patched shards' minor: 7.1 with patches/0006, 7.2 with 0007 (the seam)
+    assert f"7.{client_proto_minor()}" in r.stderr and "7.0" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr

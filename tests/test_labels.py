@@ -13,6 +13,8 @@ from mtplib.contract.labels import (
     DECODING_STEPS,
     PLACEMENT_CHOICES,
     PLACEMENTS,
+    SEAM_CHOICES,
+    SEAMS,
     STEP_KINDS,
     TIME_PARTS,
     Placement,
@@ -32,6 +34,7 @@ def test_members_are_their_texts():
     assert [str(k) for k in STEP_KINDS] == ["prefill", "decode", "draft", "verify", "feed",
                                            "rollback"]
     assert PLACEMENTS == ("tail", "client") and PLACEMENT_CHOICES == ("auto", "tail", "client")
+    assert SEAMS == ("star", "ring") and SEAM_CHOICES == ("auto", "star", "ring")
     assert json.dumps({StepKind.VERIFY: Placement.TAIL}) == '{"verify": "tail"}'
     assert f"t_{StepKind.ROLLBACK}_s" == "t_rollback_s" and StepKind("decode") == "decode"
     assert set(TIME_PARTS) | set(DECODING_STEPS) == set(STEP_KINDS)

@@ -54,6 +54,11 @@ def test_patch_files_are_git_style_against_llama_cpp():
     assert PATCHES, "patches/ is empty"
     for p in PATCHES:
         text = p.read_text()
+        # an optional upstream-style header (what, why, ...) before the first diff, which
+        # git apply skips: no diff line in it
+        start = 0 if text.startswith("diff --git") else text.find("\ndiff --git") + 1
+        header, text = text[:start], text[start:]
+        assert not any(line.startswith(("--- ", "+++ ", "@@ ")) for line in header.splitlines())
         assert text.startswith(("diff --git a/src/", "diff --git a/ggml/src/",
                                 "diff --git a/ggml/include/")), p.name
         assert "\n--- a/" in text and "\n+++ b/" in text

@@ -135,8 +135,10 @@ def test_a_ranged_generation_is_typed_with_the_keys_it_always_had(pair, k):
     assert isinstance(m, RangedMetrics) and m.plan == "0-1,2-3"
     assert m.cache_bytes_crossing == 0 and m.waits_per_step and m.seam_bytes > 0
     d = m.to_dict()
-    want = RANGED_KEYS | {"mtp_placement", "mtp_endpoints"}  # the sidecar is loaded
+    # the sidecar is loaded; "seam" (patches/0007): which seam ran, per shard pair
+    want = RANGED_KEYS | {"mtp_placement", "mtp_endpoints", "seam"}
     assert set(d) == want
+    assert d["seam"]["requested"] == d["seam"]["seam"] == "star"
     assert json.loads(json.dumps(d)) == d
     assert RangedMetrics.from_dict(d) == m
     assert RangedMetrics.from_dict(json.loads(json.dumps(d))).to_dict() == d

@@ -248,6 +248,8 @@ def test_the_request_is_frozen_and_pickles_as_the_worker_gets_it(pair, counts, t
     ({"endpoints": ["127.0.0.1:1"], "allow_cache_crossing": True},
      "^endpoints, allow_cache_crossing need plan"),
     ({"n_ctx": 0}, "n_ctx must be an integer >= 1"),
+    ({"plan": "0-1,2-3", "seam": "mesh"}, "^seam must be one of auto, star, ring"),
+    ({"seam": "ring"}, "^seam needs plan"),
 ])
 def test_bad_input_is_refused_naming_the_field(pair, kw, msg):
     kw = {k: str(pair.sidecar) if v == "S" else v for k, v in kw.items()}

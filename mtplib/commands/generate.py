@@ -24,7 +24,7 @@ from mtplib.commands.common import (
     setup_logging,
     tls_from_args,
 )
-from mtplib.contract.labels import PLACEMENT_CHOICES
+from mtplib.contract.labels import PLACEMENT_CHOICES, SEAM_CHOICES
 from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DraftSpec
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError, MtplibError
@@ -146,9 +146,9 @@ def check_engine_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints/--rpc needs --plan (which layers each endpoint serves; "
                          "mtplib does not split the layers by itself)")
     if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
-                       or a.tls or a.insecure_plaintext):
-        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls and "
-                         "--insecure-plaintext need --plan (they describe shards)")
+                       or a.tls or a.insecure_plaintext or getattr(a, "seam", "star") != "star"):
+        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls, "
+                         "--insecure-plaintext and --seam need --plan (they describe shards)")
     resolve_llama_args(a)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
     a.request = request_from_args(a)
@@ -160,7 +160,7 @@ CLI_NAMES = {"draft": "--draft", "plan": "--plan", "endpoints": "--endpoints",
              "wan": "--wan", "mtp_placement": "--mtp-placement",
              "shard_threads": "--shard-threads", "tls": "--tls",
              "insecure_plaintext": "--insecure-plaintext",
-             "allow_cache_crossing": "--allow-cache-crossing"}
+             "allow_cache_crossing": "--allow-cache-crossing", "seam": "--seam"}
 
 
 def request_from_args(a: argparse.Namespace):
@@ -180,7 +180,8 @@ def request_from_args(a: argparse.Namespace):
             plan=a.plan, endpoints=endpoints(a), wan=a.wan,
             mtp_placement=a.mtp_placement, shard_threads=a.shard_threads,
             tls=tls_from_args(a), insecure_plaintext=a.insecure_plaintext,
-            allow_cache_crossing=a.allow_cache_crossing, policy=a.policy, names=CLI_NAMES)
+            allow_cache_crossing=a.allow_cache_crossing, seam=getattr(a, "seam", "star"),
+            policy=a.policy, names=CLI_NAMES)
     except DraftRefused:  # --mtp is given: 0 is no choice here (leave --mtp out)
         raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}") from None
 
@@ -257,6 +258,12 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    "that moved cache bytes exits 3")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan")
+    g.add_argument("--seam", default="star", choices=SEAM_CHOICES,
+                   help="with --plan: how boundary values reach the next shard: star = "
+                   "through this process (it waits once per shard and step), ring = shard to "
+                   "shard (patches/0007, RPC 7.2: one wait per step; a shard pair with an "
+                   "older shard stays on the star), auto = ring where every shard speaks it "
+                   "and no TLS gateway is between them; metrics.seam says which ran, per pair")
     add_tls_args(g)  # mutual TLS to the shards (--tls DIR), passed on by open_backend
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "

@@ -1,4 +1,4 @@
-"""The names results are reported under, defined once: step kinds and MTP placements.
+"""The names results are reported under, defined once: step kinds, MTP placements, seams.
 
 Every layer labels its steps (the time split, the shard bytes per step kind, the WAN waits)
 and its placements with these. They are `enum.StrEnum`s: a member is its text, so JSON and
@@ -40,5 +40,19 @@ class Placement(enum.StrEnum):
 
 #: the placements as their texts (for messages and choices)
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
+
+
+class Seam(enum.StrEnum):
+    """How a ranged step's boundary values reach the next shard (patches/0007)."""
+
+    STAR = "star"  # through the client: it waits once per shard and step
+    RING = "ring"  # shard to shard over a peer link: the client waits once per step
+
+
+#: the seams as their texts
+SEAMS: tuple[str, ...] = tuple(s.value for s in Seam)
+#: what a caller may ask for: "auto" (ring where every shard and this build speak it) is
+#: resolved by the ranged runtime
+SEAM_CHOICES: tuple[str, ...] = ("auto", *SEAMS)
 #: what a caller may ask for: "auto" is resolved by the entry point
 PLACEMENT_CHOICES: tuple[str, ...] = ("auto", *PLACEMENTS)

@@ -22,6 +22,10 @@ Classes (every data byte gets exactly one):
   forbidden on the wire while decoding;
 - ``weights``: model tensors uploaded at load time.
 
+On a peer link (patches/0007's ring: one shard pushes a boundary value into the next,
+direction ``"peer"``) every data byte is ``seam``, except a cache tensor, which is ``cache``
+there too: the rule holds on every link.
+
 What crosses a seam of upstream's V4 graph (src/models/deepseek4.cpp at the pin), per token:
 
 - ``l_last-<il>``: the last layer's output on the upstream shard, the hc*n_embd residual
@@ -79,12 +83,15 @@ def is_cache_tensor(name: str) -> bool:
 
 
 def classify(direction: str, name: str, fetched: set[str]) -> str:
-    """The class of one tensor's data bytes. ``direction``: "up" (client -> shard, set) or
-    "down" (shard -> client, get); ``fetched``: base names read out of any shard in the
-    same step (what is written back elsewhere is then a boundary value)."""
+    """The class of one tensor's data bytes. ``direction``: "up" (client -> shard, set),
+    "down" (shard -> client, get) or "peer" (shard -> shard, a push); ``fetched``: base
+    names read out of any shard in the same step (what is written back elsewhere is then a
+    boundary value)."""
     b = base_name(name)
     if _CACHE.match(b):
         return "cache"
+    if direction == "peer":
+        return "seam"
     if b in CONSTANT_INPUTS:
         return "constants"
     if direction == "down":

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from mtplib.contract.labels import PLACEMENTS, Placement, StepKind
+from mtplib.contract.labels import PLACEMENTS, SEAM_CHOICES, Placement, Seam, StepKind
 from mtplib.contract.types import NO_DRAFT
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import (
@@ -54,7 +54,7 @@ from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
 from mtplib.runtime.request import RunRequest, build_request
-from mtplib.runtime.rpc import ShardError, parse_endpoint
+from mtplib.runtime.rpc import ShardError, ShardInfo, client_proto_minor, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
 #: in the client process, next to the sampler (a draft then costs no shard round trip)
@@ -170,6 +170,37 @@ class RemoteContext:
         self.close()
 
 
+def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
+                 client_minor: int) -> tuple[str, str]:
+    """(the seam to run, why) for what was asked (`SEAM_CHOICES`). ``ring`` needs this
+    build and every shard on RPC 7.2 (patches/0007) and no TLS gateway between them (peer
+    links do not pass one yet); ``auto`` is the ring where all of that holds, else the star.
+    An asked ``ring`` with an older shard runs: upstream keeps each pair that cannot ring
+    on the star (the per-link report says which)."""
+    if seam not in SEAM_CHOICES:
+        raise InputError(f"seam must be one of {', '.join(SEAM_CHOICES)}, got {seam!r}")
+    if seam == Seam.STAR:
+        return Seam.STAR.value, "asked"
+    old = [i for i, info in enumerate(shard_info) if info.version[1] < 2]
+    if client_minor < 2:
+        why = f"this upstream build speaks RPC 7.{client_minor} (the ring is patches/0007, 7.2)"
+    elif tls:
+        why = "peer links do not pass the TLS gateways yet"
+    elif len(shard_info) < 2:
+        return (seam if seam == Seam.RING else Seam.STAR.value), "one shard: no seam"
+    elif old:
+        why = (f"shard{'s' if len(old) > 1 else ''} {', '.join(map(str, old))} speak"
+               f"{'' if len(old) > 1 else 's'} RPC 7.{min(shard_info[i].version[1] for i in old)}"
+               " (the ring needs 7.2)")
+    else:
+        return Seam.RING.value, "every shard speaks RPC 7.2"
+    if seam == Seam.RING:
+        if client_minor < 2 or tls:
+            raise InputError(f"seam ring: {why}")
+        return Seam.RING.value, why + ": those pairs stay on the star"
+    return Seam.STAR.value, why
+
+
 class RangedRuntime:
     """A trunk (and optional MTP sidecar) on RPC shards, driven from a worker process.
 
@@ -194,7 +225,12 @@ class RangedRuntime:
     trunk's path with ``plan`` and the rest, made into one here by `build_request` (MTP
     off: the draft length belongs to the caller's contexts). The request goes to the
     worker pickled, as the object, with its headers, so the worker parses and reads none.
-    ``headers`` (trunk, sidecar GGUFHeader): as the caller read them (path form only)."""
+    ``headers`` (trunk, sidecar GGUFHeader): as the caller read them (path form only).
+
+    ``seam`` (`SEAM_CHOICES`, default star): how boundary values reach the next shard
+    (`resolve_seam`; patches/0007's ring sends them shard to shard, each shard dialing the
+    next at the endpoint the client dials for it: its relay on loopback, else the shard
+    itself); `seam_summary` says what ran, per shard pair."""
 
     def __init__(self, trunk: str | Path | RunRequest, plan: ShardPlan | str | None = None,
                  endpoints: Sequence[str] | None = None, *, sidecar: str | Path | None = None,
@@ -203,7 +239,8 @@ class RangedRuntime:
                  call_timeout_s: float | None = None, load_timeout_s: float = 600.0,
                  probe_timeout_s: float = 5.0, insecure_plaintext: bool = False,
                  wan: Sequence[WanLink] | None = None, mtp_placement: str = Placement.TAIL,
-                 tls: TlsConfig | None = None, headers: tuple | None = None) -> None:
+                 tls: TlsConfig | None = None, headers: tuple | None = None,
+                 seam: str | None = None) -> None:
         if mtp_placement not in MTP_PLACEMENTS:
             raise PlanError(f"mtp_placement must be one of {', '.join(MTP_PLACEMENTS)}, "
                             f"got {mtp_placement!r}")
@@ -211,15 +248,16 @@ class RangedRuntime:
                 isinstance(trunk, RunRequest) and trunk.endpoints is not None):
             raise PlanError("give endpoints or shards=LocalShards(...)")
         if isinstance(trunk, RunRequest):
-            if any(v is not None for v in (plan, endpoints, sidecar, wan, tls, headers)) \
+            if any(v is not None for v in (plan, endpoints, sidecar, wan, tls, headers, seam)) \
                     or insecure_plaintext:
                 raise TypeError("RangedRuntime(request): the request holds the plan, "
-                                "endpoints, sidecar, WAN links and TLS")
+                                "endpoints, sidecar, WAN links, TLS and seam")
             request = trunk
         else:  # the path form: this runtime's own request, built (and checked) once here
             request = build_request(trunk, sidecar=sidecar, draft=NO_DRAFT, plan=plan,
                                     endpoints=endpoints, wan=wan, tls=tls,
                                     insecure_plaintext=insecure_plaintext,
+                                    seam=Seam.STAR.value if seam is None else seam,
                                     headers=headers or (None, None))
         if not request.ranged:
             raise PlanError("a RangedRuntime needs a ranged request (one with a plan)")
@@ -246,6 +284,10 @@ class RangedRuntime:
         # a clear error naming the shard, before anything starts
         self.shard_info = probe_shards(self.endpoints, tls=tls, timeout_s=probe_timeout_s,
                                        allow_remote=allow_remote)
+        self.seam_requested = request.seam
+        self.seam, self.seam_why = resolve_seam(self.seam_requested, self.shard_info,
+                                                tls=tls is not None,
+                                                client_minor=client_proto_minor())
         self.shards = shards
         self.silence_timeout_s = (silence_default() if silence_timeout_s is None
                                   else float(silence_timeout_s))
@@ -303,7 +345,16 @@ class RangedRuntime:
 
         path = os.pathsep.join(p for p in sys.path
                                if p and os.path.isdir(p) and Path(p) != PATCHED_DIR)
-        env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1", PYTHONPATH=path)
+        env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1", PYTHONPATH=path,
+                   GGML_RPC_SEAM=self.seam)
+        env.pop("GGML_RPC_PEER_ENDPOINTS", None)
+        # a shard dials the next at the endpoint this client dials for it (a relay on
+        # loopback: the peer link then passes it, with its WAN); a remote shard's relay is
+        # local to this host, so there it dials the shard itself
+        peer = [f"{c}={e}" for c, e in zip(self.client_endpoints, self.endpoints, strict=True)
+                if c != e and not parse_endpoint(e, allow_remote=True)[0].startswith("127.")]
+        if peer:
+            env["GGML_RPC_PEER_ENDPOINTS"] = ",".join(peer)
         try:
             self._worker = _spawn(
                 [sys.executable, "-c", "from mtplib.distributed.worker import main; main()",
@@ -620,6 +671,19 @@ class RangedRuntime:
         self.tokens.clear()
         self.steps.clear()
 
+    def seam_summary(self) -> dict:
+        """Which seam ran: what was asked, what this runtime chose and why, and each shard
+        pair upstream's client set up so far (``links``: from/to as shard endpoints, "ring"
+        or "star" and why; a pair appears at its first copy, i.e. once warmed)."""
+        from mtplib.distributed.worker import seam_report
+
+        back = dict(zip(self.client_endpoints, self.endpoints, strict=True))
+        links = [dict(link, **{"from": back.get(link["from"], link["from"]),
+                               "to": back.get(link["to"], link["to"])})
+                 for link in self.call(seam_report)]
+        return {"requested": self.seam_requested, "seam": self.seam, "why": self.seam_why,
+                "links": links}
+
     def seam_report(self, dtype: str = "f32") -> dict:
         """Bytes and waits on all shard connections per step label, per token, next to the
         contract's minimum (mtplib.contract.seam_bytes_per_token x (n_shards - 1) seams);
@@ -636,9 +700,10 @@ class RangedRuntime:
         mins = seam_bytes_per_token(dims, DType(dtype))
         n_seams = self.plan.n_shards - 1
         per_label = self.relays.by_label()
+        peer_label = self.relays.peer_by_label()
         n_relays = len(self.relays.relays)
-        steps, classes, crossing = {}, {}, {}
-        for label in sorted(set(per_label) | set(self.steps)):
+        steps, classes, crossing, peer_classes = {}, {}, {}, {}
+        for label in sorted(set(per_label) | set(peer_label) | set(self.steps)):
             c = per_label.get(label) or {"total": 0, "up": 0, "down": 0, "waits": 0,
                                          "data": 0, "graph": 0, "control": 0, "unparsed": 0,
                                          "graph_sends": 0,
@@ -646,7 +711,10 @@ class RangedRuntime:
                                          "waits_per_shard": [0] * n_relays}
             per_dir = self.relays.by_tensor_dir(label)
             classes[label] = classify_step(per_dir)
-            crossing[label] = cache_tensors_on_wire(per_dir)
+            peer_dir = self.relays.peer_by_tensor_dir(label)
+            peer_classes[label] = classify_step(peer_dir)
+            # the contract's rule holds on every link: peer links too
+            crossing[label] = cache_tensors_on_wire([*per_dir, *peer_dir])
             n_tok, n_steps = self.tokens.get(label, 0), self.steps.get(label, 0)
             key = {"prefill": "prefill_token", "decode": "decode_token"}.get(label)
             row = {"bytes": c["total"], "up": c["up"], "down": c["down"],
@@ -659,6 +727,14 @@ class RangedRuntime:
                    "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,
                    "data_bytes_per_token": c["data"] / n_tok if n_tok else None}
+            pc = peer_label.get(label)
+            if pc is not None:
+                # peer links (the ring, patches/0007): shard -> shard, counted at the relay
+                # of the shard they push into (per_shard[i]: into shard i), not in the
+                # client's figures above
+                row["peer"] = {"bytes": pc["total"], "data": pc["data"],
+                               "control": pc["control"], "per_shard": pc["per_shard"],
+                               "classes": peer_classes[label]}
             if key:
                 m = mins[key] * n_seams
                 row["contract_min_per_token"] = m
@@ -671,10 +747,13 @@ class RangedRuntime:
             "contract_min_per_seam": {k: mins[k] for k in ("prefill_token", "decode_token")},
             "seam_bytes": sum(steps[k]["bytes"] for k in run_labels),
             "load_bytes": steps.get("load", {}).get("bytes", 0),
-            "cache_bytes_crossing": sum(classes[k]["cache"] for k in run_labels),
+            "cache_bytes_crossing": sum(classes[k]["cache"] + peer_classes[k]["cache"]
+                                        for k in run_labels),
             "cache_tensors_crossing": {k: v for k, v in crossing.items()
                                        if v and k in run_labels},
-            "wire_violations": wire_violations({k: classes[k] for k in run_labels}),
+            "wire_violations": wire_violations(
+                {k: {c: classes[k][c] + peer_classes[k][c] for c in classes[k]}
+                 for k in run_labels}),
             "links": [str(r.link) for r in self.relays.relays],
             "steps": steps,
         }

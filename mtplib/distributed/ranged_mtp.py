@@ -168,6 +168,9 @@ class RangedMTP:
     ``mtp_placement`` / ``opts.head`` ``auto``: decided from the costs timed at load
     (`auto_placement`); ``placement_costs`` (seconds, `placement.COST_FIELDS`) replace
     measured ones, e.g. a GPU tail's known draft time.
+    ``seam`` (auto, ring, star; default star): boundary values through the client or shard
+    to shard (patches/0007: one client wait per step); see `RangedRuntime`; every
+    generation's metrics say which ran, per shard pair (``seam``).
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     held from resetting the byte counters to reading them, so each result's seam bytes are
@@ -189,7 +192,8 @@ class RangedMTP:
                  silence_timeout_s: float | None = None, opts: EngineOptions | None = None,
                  warm: bool = True, allow_cache_crossing: bool = False,
                  tls: TlsConfig | None = None,
-                 placement_costs: Mapping[str, float] | None = None) -> None:
+                 placement_costs: Mapping[str, float] | None = None,
+                 seam: str = "star") -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
 
@@ -197,7 +201,8 @@ class RangedMTP:
             asked = dict(plan=plan, sidecar=sidecar, endpoints=endpoints, wan=wan, opts=opts,
                          policy=policy, tls=tls)
             if any(v is not None for v in asked.values()) or shard_threads != 1 or \
-                    insecure_plaintext or mtp_placement != "auto" or allow_cache_crossing:
+                    insecure_plaintext or mtp_placement != "auto" or allow_cache_crossing or \
+                    seam != "star":
                 raise TypeError("RangedMTP(request): the request holds the plan, files, "
                                 "shards and options; give them to build_request")
             req = trunk
@@ -211,7 +216,8 @@ class RangedMTP:
                                 endpoints=endpoints, wan=wan, mtp_placement=mtp_placement,
                                 shard_threads=shard_threads, tls=tls,
                                 insecure_plaintext=insecure_plaintext,
-                                allow_cache_crossing=allow_cache_crossing, policy=policy)
+                                allow_cache_crossing=allow_cache_crossing, seam=seam,
+                                policy=policy)
         if not req.ranged:
             raise InputError("a whole-model request (no plan) runs in MTPRuntime, not "
                              "RangedMTP")
@@ -537,7 +543,7 @@ class RangedMTP:
                 transport="tls" if rt.tls is not None else "plaintext", head=opts.head,
                 mtp_placement=rt.mtp_placement if rt.sidecar else None,
                 mtp_endpoints=sorted(set(rt.sidecar["placement"].values()))
-                if rt.sidecar else None)
+                if rt.sidecar else None, seam=rt.seam_summary())
 
     def batch(self, opts: EngineOptions | None = None, *, warm: bool | None = None
               ) -> RangedBatch:

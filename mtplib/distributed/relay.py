@@ -50,6 +50,8 @@ from mtplib.runtime.rpc import (
     RPC_GRAPH_COMPUTE_SLOT,
     RPC_GRAPH_RECOMPUTE,
     RPC_GRAPH_RECOMPUTE_SLOT,
+    RPC_PEER_HELLO,
+    RPC_PEER_PUSH,
     RPC_SET_TENSOR,
     RPC_TENSOR_SIZE,
     ShardError,
@@ -79,6 +81,8 @@ RPC_TENSOR_NAME = slice(228, 292)  # rpc_tensor.name
 CATEGORIES = ("data", "graph", "control", "unparsed")
 #: graph_sends: whole graph descriptions (GRAPH_COMPUTE, GRAPH_COMPUTE_SLOT), by count
 COUNTERS = ("up", "down", "waits", "graph_sends", *CATEGORIES)
+#: PEER_PUSH (protocol 7.2, patches/0007): | seq (8) | rpc_tensor dst | data |
+PEER_PUSH_SKIP = 8
 
 
 class ReplyError(Exception):
@@ -100,6 +104,7 @@ class _RpcParser:
         self.name = ""
         self.cmd = -1  # the current request's command; down: that of the awaited reply
         self.desc_left = 0  # of the payload, leading descriptor bytes (control)
+        self.desc_skip = 0  # of the descriptor, the bytes before its rpc_tensor
         self.reply = b""  # a fixed-size reply's payload, checked when complete
 
     def feed(self, data: bytes, out: dict, names: dict) -> None:
@@ -130,7 +135,11 @@ class _RpcParser:
             out["graph_sends"] += 1
         self.desc, self.name = b"", ""
         self.desc_left = (RPC_TENSOR_SIZE + 9 if self.cmd == RPC_SET_TENSOR
-                          else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR else 0)
+                          else RPC_TENSOR_SIZE if self.cmd == RPC_GET_TENSOR
+                          else PEER_PUSH_SKIP + RPC_TENSOR_SIZE if self.cmd == RPC_PEER_PUSH
+                          else 0)
+        # the bytes before the rpc_tensor in the payload
+        self.desc_skip = PEER_PUSH_SKIP if self.cmd == RPC_PEER_PUSH else 0
         if self.cmd in RPC_ANSWERED:
             if self.unanswered[0] == 0:  # else pipelined: same round trip
                 out["waits"] += 1
@@ -168,12 +177,13 @@ class _RpcParser:
         take = j - i
         if self.cmd in RPC_GRAPH:
             out["graph"] += take
-        elif self.up and self.cmd in (RPC_SET_TENSOR, RPC_GET_TENSOR):
+        elif self.up and self.cmd in (RPC_SET_TENSOR, RPC_GET_TENSOR, RPC_PEER_PUSH):
             d = min(self.desc_left, take)
-            if len(self.desc) < RPC_TENSOR_SIZE:
-                self.desc += data[i:i + min(d, RPC_TENSOR_SIZE - len(self.desc))]
-                if len(self.desc) == RPC_TENSOR_SIZE:
-                    raw = self.desc[RPC_TENSOR_NAME]
+            want = self.desc_skip + RPC_TENSOR_SIZE
+            if len(self.desc) < want:
+                self.desc += data[i:i + min(d, want - len(self.desc))]
+                if len(self.desc) == want:
+                    raw = self.desc[self.desc_skip:][RPC_TENSOR_NAME]
                     self.name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
                     if self.cmd == RPC_GET_TENSOR:
                         self.expect.append((self.cmd, self.name))
@@ -183,7 +193,7 @@ class _RpcParser:
             out["control"] += d
             if take > d:
                 out["data"] += take - d
-                key = ("up", self.name)
+                key = ("peer" if self.cmd == RPC_PEER_PUSH else "up", self.name)
                 names[key] = names.get(key, 0) + take - d
         elif not self.up and self.check and self.cmd in REPLY_SIZES:
             self.reply += data[i:j]
@@ -217,6 +227,9 @@ class _Conn:
         self.closed = threading.Event()
         self.closed_by: str | None = None
         self.lock = threading.Lock()
+        #: "client" (upstream's client) or "peer" (another shard's peer link, protocol 7.2:
+        #: its first request is PEER_HELLO); None until its first bytes
+        self.kind: str | None = None
 
     def close(self, by: str) -> None:
         with self.lock:
@@ -255,6 +268,12 @@ class CountingRelay:
         #: label -> (direction, tensor name) -> data bytes
         self.tensors: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
         self.events: list[dict] = []  # connection opened / closed (by whom), with times
+        #: the same for peer links into this shard (patches/0007: another shard pushing
+        #: boundary values here), kept apart so the client's figures stay the client's;
+        #: their tensor data is under direction "peer"
+        self.peer_counts: dict[str, dict[str, int]] = defaultdict(
+            lambda: dict.fromkeys(COUNTERS, 0))
+        self.peer_tensors: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
         self._opening = False  # a connection accepted, its pumps not started yet
@@ -290,11 +309,18 @@ class CountingRelay:
         with self._lock:
             return {k: dict(v) for k, v in self.counts.items()}
 
+    def peer_snapshot(self) -> dict[str, dict[str, int]]:
+        """`snapshot` of the peer links into this shard."""
+        with self._lock:
+            return {k: dict(v) for k, v in self.peer_counts.items()}
+
     def reset(self) -> None:
         """Zero the counters (between measured runs on the same connections)."""
         with self._lock:
             self.counts.clear()
             self.tensors.clear()
+            self.peer_counts.clear()
+            self.peer_tensors.clear()
 
     def quiesce(self, timeout_s: float = 0.5) -> bool:
         """Wait until nothing is in flight: everything counted (`settled`) and no chunk held
@@ -394,11 +420,15 @@ class CountingRelay:
                 if not data:
                     break
                 conn.busy[i] = True
+                if conn.kind is None and i == 0:
+                    conn.kind = "peer" if data[0] == RPC_PEER_HELLO else "client"
+                peer = conn.kind == "peer"
                 try:
                     with self._lock:
-                        c = self.counts[self.label]
+                        c = (self.peer_counts if peer else self.counts)[self.label]
                         c[key] += len(data)
-                        conn.parsers[i].feed(data, c, self.tensors[self.label])
+                        conn.parsers[i].feed(data, c, (self.peer_tensors if peer
+                                                       else self.tensors)[self.label])
                 except ReplyError as e:  # never forwarded: upstream's client would act on it
                     with self._lock:
                         self.violation = self.violation or str(e)
@@ -445,7 +475,7 @@ class CountingRelay:
         with ready:
             q.clear()
         if not conn.closed.is_set():
-            self._event("closed", by=side)
+            self._event("closed", by=side, **({"link": "peer"} if conn.kind == "peer" else {}))
             conn.close(by=side)
 
     def _event(self, what: str, **kw) -> None:
@@ -456,22 +486,25 @@ class CountingRelay:
         """(bytes client->shard, bytes shard->client, requests awaiting the shard's reply)
         now; read-only, for liveness checks (byte totals restart at `reset`)."""
         with self._lock:
-            up = sum(c["up"] for c in self.counts.values())
-            down = sum(c["down"] for c in self.counts.values())
+            counts = [*self.counts.values(), *self.peer_counts.values()]
+            up = sum(c["up"] for c in counts)
+            down = sum(c["down"] for c in counts)
             pending = sum(len(c.parsers[0].expect) for c in self._conns
                           if not c.closed.is_set())
         return up, down, pending
 
     def closed_first_by_shard(self) -> bool:
-        """True if a connection was closed by the shard's side first (the shard died or
-        hung up), not as the echo of the client closing; read-only."""
+        """True if a client connection was closed by the shard's side first (the shard died
+        or hung up), not as the echo of the client closing; read-only. Peer links do not
+        count: a shard closes them when a session ends or a peer misbehaves."""
         with self._lock:
-            return any(c.closed_by == "shard" for c in self._conns)
+            return any(c.closed_by == "shard" and c.kind != "peer" for c in self._conns)
 
     def lost_by_shard(self) -> bool:
-        """True if a connection was closed from the shard's side (the shard died)."""
+        """True if a client connection was closed from the shard's side (the shard died)."""
         with self._lock:
-            return any(e["event"] == "closed" and e.get("by") == "shard" for e in self.events)
+            return any(e["event"] == "closed" and e.get("by") == "shard"
+                       and e.get("link") != "peer" for e in self.events)
 
     def close(self) -> None:
         self._stop.set()
@@ -553,6 +586,28 @@ class RelaySet:
     def total(self, label: str | None = None) -> int:
         return sum(r.total(label) for r in self.relays)
 
+    def peer_by_label(self) -> dict[str, dict]:
+        """`by_label` of the peer links (patches/0007): per label, the bytes other shards
+        pushed into each shard (``per_shard``: into shard i, through its relay)."""
+        out: dict[str, dict] = {}
+        for i, r in enumerate(self.relays):
+            for label, c in r.peer_snapshot().items():
+                o = out.setdefault(label, {**dict.fromkeys(COUNTERS, 0), "total": 0,
+                                           "per_shard": [0] * len(self.relays)})
+                for k in COUNTERS:
+                    o[k] += c[k]
+                o["total"] += c["up"] + c["down"]
+                o["per_shard"][i] += c["up"] + c["down"]
+        return out
+
+    def peer_by_tensor_dir(self, label: str) -> list[dict[tuple[str, str], int]]:
+        """Per relay: ("peer", tensor name) -> data bytes pushed into that shard."""
+        out = []
+        for r in self.relays:
+            with r._lock:
+                out.append(dict(r.peer_tensors.get(label, {})))
+        return out
+
     def by_tensor(self, label: str) -> list[dict[str, int]]:
         """Per relay: tensor name -> data bytes moved under ``label`` (both directions)."""
         out = []
@@ -575,7 +630,7 @@ class RelaySet:
         with contextlib.ExitStack() as st:
             for r in self.relays:
                 st.enter_context(r._lock)
-            return sorted({lb for r in self.relays for lb in r.counts})
+            return sorted({lb for r in self.relays for lb in (*r.counts, *r.peer_counts)})
 
     def close(self) -> None:
         for r in self.relays:

@@ -58,6 +58,9 @@ class RangedMetrics(GenerationMetrics):
     #: the MTP block's placement ("tail" or "client") and endpoints; None: MTP off
     mtp_placement: str | None = None
     mtp_endpoints: list[str] | None = None
+    #: which seam ran (`RangedRuntime.seam_summary`: asked, chosen and why, per shard
+    #: pair); None in files from before patches/0007
+    seam: dict | None = None
 
     #: a ranged generation always says its setup (None: set up for an earlier one)
     _ALWAYS: ClassVar[tuple[str, ...]] = ("setup",)
@@ -71,12 +74,15 @@ class RangedMetrics(GenerationMetrics):
         if self.mtp_placement is not None:
             out["mtp_placement"] = self.mtp_placement
             out["mtp_endpoints"] = self.mtp_endpoints
+        if self.seam is not None:
+            out["seam"] = self.seam
         return out
 
     @classmethod
     def from_dict(cls, m: Mapping[str, Any]) -> RangedMetrics:
         return cls(**GenerationMetrics.fields_from(m), **{name: m[name] for name in cls._OWN},
-                   mtp_placement=m.get("mtp_placement"), mtp_endpoints=m.get("mtp_endpoints"))
+                   mtp_placement=m.get("mtp_placement"), mtp_endpoints=m.get("mtp_endpoints"),
+                   seam=m.get("seam"))
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,14 @@ def main() -> None:
 
 
 # -- text, for `generate --prompt` on ranged models -------------------------------------
+def seam_report(models: Models) -> list[dict[str, str]]:
+    """Each shard pair's seam as upstream's client logged it here (patches/0007)."""
+    from mtplib.runtime.lib import SEAM_LINES
+    from mtplib.runtime.rpc import seam_links
+
+    return seam_links(SEAM_LINES)
+
+
 def tokenize(models: Models, text: str) -> list[int]:
     return models.trunk.tokenize(text)
 

@@ -29,6 +29,9 @@ _lock = threading.Lock()
 _state: dict = {"llama": None, "ext": None, "cb": None, "log_file": None, "verbose": False}
 #: The most recent upstream log lines (parsed for buffer sizes; kept short).
 LOG_TAIL: collections.deque[str] = collections.deque(maxlen=4000)
+#: upstream's line for each RPC server pair's seam (patches/0007: one per pair, logged once,
+#: so kept here for the life of the process: `mtplib.runtime.rpc.seam_links` reads them)
+SEAM_LINES: list[str] = []
 
 
 def check_pins(llama_cpp: ModuleType) -> dict:
@@ -72,6 +75,8 @@ def _install_logger() -> None:
         last["level"] = level
         s = text.decode("utf-8", "replace") if text else ""
         LOG_TAIL.append(s)
+        if s.startswith("RPC seam ") and len(SEAM_LINES) < 4096:
+            SEAM_LINES.append(s)
         f = _state["log_file"]
         if f is not None:
             f.write(s)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mtplib.contract.capabilities import Policy
-from mtplib.contract.labels import PLACEMENT_CHOICES
+from mtplib.contract.labels import PLACEMENT_CHOICES, SEAM_CHOICES
 from mtplib.contract.types import DEFAULT_DRAFT, ContractError, DraftSpec
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader
@@ -105,6 +105,9 @@ class RunRequest:
     tls: TlsConfig | None = None
     insecure_plaintext: bool = False
     allow_cache_crossing: bool = False
+    #: how boundary values reach the next shard (`SEAM_CHOICES`: star, ring, auto), as asked;
+    #: the runtime resolves it against the shards' protocol (`resolve_seam`)
+    seam: str = "star"
     trunk_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
     sidecar_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
 
@@ -143,7 +146,7 @@ class RunRequest:
 #: how `build_request`'s errors name each field (the CLI passes its option names)
 FIELD_NAMES: Mapping[str, str] = {f: f for f in (
     "draft", "plan", "endpoints", "wan", "mtp_placement", "shard_threads", "tls",
-    "insecure_plaintext", "allow_cache_crossing")}
+    "insecure_plaintext", "allow_cache_crossing", "seam")}
 
 
 def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None = None,
@@ -152,6 +155,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                   wan: str | Sequence[WanLink] | None = None, mtp_placement: str = "auto",
                   shard_threads: int = 1, tls: TlsConfig | None = None,
                   insecure_plaintext: bool = False, allow_cache_crossing: bool = False,
+                  seam: str = "star",
                   policy: Policy | str | None = None, own_drafter: bool = False,
                   headers: tuple[GGUFHeader | None, GGUFHeader | None] = (None, None),
                   names: Mapping[str, str] | None = None, **options: object) -> RunRequest:
@@ -208,7 +212,8 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                                       ("mtp_placement", mtp_placement != "auto"),
                                       ("tls", tls is not None),
                                       ("insecure_plaintext", insecure_plaintext),
-                                      ("allow_cache_crossing", allow_cache_crossing)) if v]
+                                      ("allow_cache_crossing", allow_cache_crossing),
+                                      ("seam", seam != "star")) if v]
         if given:
             raise InputError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} "
                              f"{name('plan')}: they describe shards (a whole-model run has "
@@ -216,7 +221,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
         return RunRequest(**req)
     return RunRequest(**req, **_shards(
         th, plan, endpoints, wan, mtp_placement, shard_threads, tls, insecure_plaintext,
-        allow_cache_crossing, name))
+        allow_cache_crossing, seam, name))
 
 
 def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
@@ -239,7 +244,8 @@ def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
 
 
 def _shards(th: GGUFHeader, plan, endpoints, wan, mtp_placement: str, shard_threads: int,
-            tls, insecure_plaintext: bool, allow_cache_crossing: bool, name) -> dict:
+            tls, insecure_plaintext: bool, allow_cache_crossing: bool, seam: str,
+            name) -> dict:
     """A ranged request's shard fields, each checked once."""
     from mtplib.ownership import plan as plans
     from mtplib.runtime.links import parse_wan
@@ -285,10 +291,13 @@ def _shards(th: GGUFHeader, plan, endpoints, wan, mtp_placement: str, shard_thre
         raise InputError(f"{name('mtp_placement')} must be one of "
                          f"{', '.join(PLACEMENT_CHOICES)}, got {mtp_placement!r}")
     check_threads(shard_threads, name("shard_threads"))
+    if seam not in SEAM_CHOICES:
+        raise InputError(f"{name('seam')} must be one of {', '.join(SEAM_CHOICES)}, got "
+                         f"{seam!r}")
     if tls is not None and not isinstance(tls, TlsConfig):
         raise InputError(f"{name('tls')} must be a TlsConfig (TlsConfig.load(DIR)), got "
                          f"{type(tls).__name__}")
     return dict(plan=shard_plan, endpoints=eps, wan=links, mtp_placement=mtp_placement,
                 shard_threads=shard_threads, tls=tls,
                 insecure_plaintext=bool(insecure_plaintext),
-                allow_cache_crossing=bool(allow_cache_crossing))
+                allow_cache_crossing=bool(allow_cache_crossing), seam=str(seam))

@@ -48,7 +48,8 @@ from mtplib.runtime.model import RuntimeInputError, check_threads
 MAX_RPC_SERVERS = 16
 
 RPC_PROTO_MAJOR = 7
-#: the protocol minor of the stock pin; patches/0006 (graph slots) makes it 7.1
+#: the protocol minor of the stock pin; patches/0006 (graph slots) makes it 7.1, patches/0007
+#: (the shard-to-shard seam) 7.2
 RPC_PROTO_MINOR = 0
 RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24
@@ -63,10 +64,18 @@ GGML_MAX_SRC = 10
  RPC_BUFFER_CLEAR, RPC_SET_TENSOR, RPC_SET_TENSOR_HASH, RPC_GET_TENSOR, RPC_COPY_TENSOR,
  RPC_GRAPH_COMPUTE, RPC_GET_DEVICE_MEMORY, RPC_INIT_TENSOR, RPC_GET_ALLOC_SIZE, _HELLO,
  RPC_DEVICE_COUNT, RPC_GRAPH_RECOMPUTE, RPC_MEMSET_TENSOR,
- RPC_GRAPH_COMPUTE_SLOT, RPC_GRAPH_RECOMPUTE_SLOT) = range(20)
-#: commands a client may send (RPC_CMD_NONE = 20 never goes on the wire); the two graph-slot
-#: commands exist from protocol 7.1 (patches/0006): a client sends them only to a 7.1 server
-RPC_N_COMMANDS = 20
+ RPC_GRAPH_COMPUTE_SLOT, RPC_GRAPH_RECOMPUTE_SLOT,
+ RPC_PEER_EXPECT, RPC_PEER_CONNECT, RPC_PUSH_TENSOR, RPC_WAIT_TENSOR,
+ RPC_PEER_HELLO, RPC_PEER_PUSH) = range(26)
+#: commands a client may send (RPC_CMD_NONE = 26 never goes on the wire); the two graph-slot
+#: commands exist from protocol 7.1 (patches/0006): a client sends them only to a 7.1 server;
+#: the four seam commands (PEER_EXPECT .. WAIT_TENSOR) from 7.2 (patches/0007)
+RPC_N_COMMANDS = 24
+#: protocol 7.2: what a shard sends another on a peer link (never a client): PEER_HELLO first
+#: (answered), then PEER_PUSHes (| seq (8) | rpc_tensor dst | data |, unanswered)
+RPC_PEER_COMMANDS = (RPC_PEER_HELLO, RPC_PEER_PUSH)
+#: PEER_PUSH's payload before the data
+PEER_PUSH_HEADER = 8 + 296
 #: protocol 7.1: graphs a server keeps per device (GRAPH_COMPUTE_SLOT's slot is below it)
 RPC_GRAPH_SLOTS = 8
 #: request payload size of every fixed-size command (the rpc_msg_*_req structs)
@@ -78,6 +87,10 @@ REQUEST_SIZES = {
     RPC_GET_ALLOC_SIZE: 4 + RPC_TENSOR_SIZE * (1 + GGML_MAX_SRC), RPC_CMD_HELLO: 24,
     RPC_DEVICE_COUNT: 0, RPC_GRAPH_RECOMPUTE: 4, RPC_MEMSET_TENSOR: RPC_TENSOR_SIZE + 17,
     RPC_GRAPH_RECOMPUTE_SLOT: 8,
+    # protocol 7.2 (patches/0007): | link (4) | token (16) | [endpoint (128)] |, and
+    # | link (4) | seq (8) | src | dst |, | link (4) | seq (8) | dst |
+    RPC_PEER_EXPECT: 20, RPC_PEER_CONNECT: 148, RPC_PUSH_TENSOR: 12 + 2 * RPC_TENSOR_SIZE,
+    RPC_WAIT_TENSOR: 12 + RPC_TENSOR_SIZE,
 }
 #: SET_TENSOR: | rpc_tensor | cache_flag (1) | offset (8) | data |
 SET_TENSOR_HEADER = RPC_TENSOR_SIZE + 9
@@ -90,12 +103,31 @@ REPLY_SIZES = {
     RPC_ALLOC_BUFFER: 16, RPC_GET_ALIGNMENT: 8, RPC_GET_MAX_SIZE: 8, RPC_BUFFER_GET_BASE: 8,
     RPC_SET_TENSOR_HASH: 1, RPC_COPY_TENSOR: 1, RPC_GET_DEVICE_MEMORY: 16,
     RPC_GET_ALLOC_SIZE: 8, RPC_CMD_HELLO: 4 + RPC_CONN_CAPS_SIZE, RPC_DEVICE_COUNT: 4,
+    RPC_PEER_EXPECT: 1, RPC_PEER_CONNECT: 1, RPC_PEER_HELLO: 1,
 }
 #: what a sane shard answers: mtplib shards serve one device; alignments are powers of two
 #: (ggml pads with them); a buffer can be at least 1 MiB; memory below 2**50 bytes (1 PiB)
 MAX_ALIGNMENT = 1 << 16
 MIN_MAX_SIZE = 1 << 20
 MAX_MEMORY = 1 << 50
+
+
+#: upstream's line for each server pair's seam, logged when the pair first copies
+#: (patches/0007): "RPC seam A -> B: ring (link 1 to B)" or "... star (why)"
+_SEAM_LINE = re.compile(r"RPC seam (\S+) -> (\S+): (ring|star) \((.*)\)")
+
+
+def seam_links(lines: Iterable[str]) -> list[dict[str, str]]:
+    """Each server pair's seam as upstream's client logged it, in the order first logged:
+    ``{"from", "to", "seam", "why"}`` (``why``: the reason for a star, else "")."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for line in lines:
+        m = _SEAM_LINE.search(line)
+        if m:
+            a, b, seam, why = m.groups()
+            out[(a, b)] = {"from": a, "to": b, "seam": seam,
+                           "why": why if seam == "star" else ""}
+    return list(out.values())
 
 
 class ShardError(UpstreamError):
@@ -156,7 +188,8 @@ def check_reply(cmd: int, payload: bytes) -> str | None:
         free, total = struct.unpack("<QQ", payload)
         if not 0 < total <= MAX_MEMORY or free > total:
             return f"reports device memory free {free} of total {total} bytes"
-    elif cmd in (RPC_SET_TENSOR_HASH, RPC_COPY_TENSOR) and payload[0] > 1:
+    elif cmd in (RPC_SET_TENSOR_HASH, RPC_COPY_TENSOR, RPC_PEER_EXPECT, RPC_PEER_CONNECT,
+                 RPC_PEER_HELLO) and payload[0] > 1:
         return f"answers {payload[0]} to a yes/no command {cmd}"
     return None
 
