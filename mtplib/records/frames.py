@@ -94,6 +94,7 @@ LAYOUTS = {
     "graph-reuse/pipeline_ttft.json": "pipeline_ttft",  # prefill with/without pipeline copies
     "placement/placement.json": "placement",  # evidence/placement: which placement wins where
     "placement/waits.json": "placement_waits",  # waits per step by drafter and head place
+    "upstream-patches/ring-*.json": "ring_waits",  # patches/0007: ring vs star waits
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
 RECORDS = {"tests": ("files",)}

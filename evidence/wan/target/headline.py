@@ -4,10 +4,12 @@ from the results folders of the resumable target run (`run.sh`'s parts) and sess
 
     PYTHONPATH=$PWD .venv/bin/python evidence/wan/target/headline.py
 
-writes ``headline.csv`` here (one row per cell with k > 0: the speed-up over MTP off of the
-same cell, paired by prompt and repetition, and its fraction of the tokens-per-verify ideal)
-and prints it as a Markdown table. A part still running counts with its finished cells
-(its ``wan.partial.json``); a cell is finished when it holds n_prompts x reps rows.
+prints one row per cell with k > 0 as a Markdown table (the speed-up over MTP off of the
+same cell, paired by prompt and repetition, and its fraction of the tokens-per-verify ideal),
+each figure as the part's own ``wan_summary.csv`` holds it; ``--csv PATH`` also writes the
+rows as CSV (not committed: the parts' summaries are the sources). A part still running
+counts with its finished cells (its ``wan.partial.json``); a cell is finished when it
+holds n_prompts x reps rows.
 """
 
 from __future__ import annotations
@@ -65,12 +67,18 @@ def _fmt(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", help="also write the rows to this CSV file")
+    a = ap.parse_args(argv)
     got = rows()
-    with open(HERE / "headline.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(got)
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(got)
     print("| source | shards | topology | RTT ms | Mbit/s | runs per k | MTP off tok/s | k=2 tok/s "
           "| speed-up, paired median (min-max) | tokens per step | of the ideal | tokens "
           "| cache bytes |")
