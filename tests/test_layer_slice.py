@@ -268,3 +268,19 @@ def test_time_models_pairs_steps_and_feeds_derive(tmp_path):
     d = LC.derive(a, b, cfg)  # the same file twice: the "layer" is noise around 0
     assert d["draft_ms"] > 0 and np.isfinite(d["verify_token_cost"])
     assert abs(d["layer_ms"]) < d["v4_flash_decode_ms"]
+
+
+def test_amx_hosts_load_without_upstreams_extra_buffer_types(monkeypatch):
+    """On an AMX build the CPU's AMX buffer would take V4's Q8_0 weights and upstream's
+    scheduler then aborts (the typed-files test above): the check reads upstream's system
+    info, and MTPLIB_EXTRA_BUFTS=1 keeps upstream's choice."""
+    from mtplib.runtime import lib
+
+    assert lib.has_amx("CPU : AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 |")
+    assert not lib.has_amx("CPU : AVX2 = 1 | FMA = 1 | OPENMP = 1 |")
+    llama, _ = lib.load()
+    info = llama.llama_print_system_info().decode()
+    monkeypatch.delenv(lib.EXTRA_BUFTS_ENV, raising=False)
+    assert lib.extra_bufts_ok() is (not lib.has_amx(info))
+    monkeypatch.setenv(lib.EXTRA_BUFTS_ENV, "1")
+    assert lib.extra_bufts_ok()

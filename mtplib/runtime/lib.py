@@ -104,6 +104,30 @@ def load() -> tuple[ModuleType, ModuleType]:
         return _state["llama"], _state["ext"]
 
 
+#: set to 1 to keep upstream's extra CPU buffer types on a host where mtplib turns them off
+EXTRA_BUFTS_ENV = "MTPLIB_EXTRA_BUFTS"
+
+
+def has_amx(system_info: str) -> bool:
+    """Does this build's CPU backend repack weights for AMX (``AMX_INT8 = 1`` in upstream's
+    system info: built and running on an AMX CPU)?"""
+    return "AMX_INT8 = 1" in system_info
+
+
+def extra_bufts_ok() -> bool:
+    """May a model load use upstream's extra CPU buffer types (weight repacking)? Not on an
+    AMX host: the AMX buffer takes DeepSeek-V4's Q8_0 weights (attention, shared experts),
+    then a node that uses one is supported by no backend and the scheduler aborts the
+    process (GGML_ASSERT(*cur_backend_id != -1) in ggml_backend_sched_split_graph, at the
+    pin, stock and patched alike: tests/test_layer_slice.py's typed files). Off there
+    (CPU_REPACK goes with it), unless $MTPLIB_EXTRA_BUFTS=1."""
+    if os.environ.get(EXTRA_BUFTS_ENV) == "1":
+        return True
+    llama, _ = load()
+    info = llama.llama_print_system_info()
+    return not has_amx(info.decode() if isinstance(info, bytes) else str(info))
+
+
 def configure_logging(*, verbose: bool = False, log_file: str | Path | None = None) -> None:
     """Upstream's log lines are silent by default; ``verbose`` shows them on stderr."""
     _state["verbose"] = verbose

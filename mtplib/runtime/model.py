@@ -20,7 +20,7 @@ import numpy as np
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
 from mtplib.model.validate import validate_header
-from mtplib.runtime.lib import UpstreamError, load
+from mtplib.runtime.lib import UpstreamError, extra_bufts_ok, load
 from mtplib.runtime.settings import (
     FLASH_ATTN_MODES,
     KV_TYPE_NAMES,
@@ -238,6 +238,8 @@ class Model:
         self.load_mtp = load_mtp
         mp = self.llama.llama_model_default_params()
         mp.load_mtp = load_mtp
+        if not extra_bufts_ok():  # an AMX host: upstream would abort on V4's Q8_0 weights
+            mp.use_extra_bufts = False
         self._keep: list = []
         if devices:
             arr = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
