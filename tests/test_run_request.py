@@ -154,6 +154,7 @@ def test_two_generations_on_one_ranged_mtp_ask_the_policy_once(pair, counts):
         _, m1 = r.generate(PROMPT, 6, other)
         assert m1.routing["recipe"] == "mtp.v4.draft1"
     assert counts["policy_gate"] == 1 and counts["parse_plan"] == 1
+    assert counts["draft_with"] == 1  # the request's rule carried, not decided again
 
 
 def test_a_generation_under_a_refusing_policy_is_refused_by_the_stored_verdict(pair,
@@ -185,6 +186,7 @@ def test_a_wan_run_builds_one_request_per_loaded_backend(pair, counts):
     assert counts["policy_gate"] == 1 and counts["parse_plan"] == 1
     assert counts["check_endpoints"] == 1
     assert counts["draft_problem"] == len(cfg.ks)
+    assert counts["draft_with"] == 1  # "no sidecar means k=0": decided at build, carried
 
 
 def test_a_bench_run_asks_the_policy_once_per_backend(pair, counts, monkeypatch):
@@ -207,6 +209,7 @@ def test_a_bench_run_asks_the_policy_once_per_backend(pair, counts, monkeypatch)
     assert len(res.runs) > built["n"] >= 3  # more generations than backends
     assert counts["policy_gate"] == built["n"]  # once per backend, none per generation
     assert counts["parse_plan"] == 1 and counts["check_endpoints"] == 1
+    assert counts["draft_with"] == built["n"]  # once per backend's request, none per run
 
 
 # -- the object -------------------------------------------------------------------------------
