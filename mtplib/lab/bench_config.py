@@ -10,6 +10,7 @@ from mtplib.contract.capabilities import RouteRefused
 from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab.sweep import SweepConfig
+from mtplib.runtime.links import WanLink, parse_wan
 from mtplib.runtime.routing import resolve_policy, route
 from mtplib.runtime.settings import DecodeSettings
 
@@ -118,7 +119,24 @@ class BenchConfig:
             errs.append(f"tls must be a directory (mtplib tls init DIR), got {self.tls!r}")
         if errs:
             raise BenchConfigError("bench: " + "; ".join(errs))
+        self._wan_links = self._parse_wan()
         self.tls_config()  # a missing file stops the bench before anything runs
+
+    def _parse_wan(self) -> dict[str, tuple[WanLink, ...]]:
+        """``wan`` parsed once, here, for every ranged plan (one link per shard): a
+        malformed value stops the bench before anything runs, and each plan's request
+        gets these links (`wan_links`), not the text to parse again."""
+        return {plan: tuple(parse_wan(self.wan, len(plan.split(","))))
+                for plan in self.plans if plan != "whole"}
+
+    def wan_links(self, plan: str) -> tuple[WanLink, ...]:
+        """The WAN links of a ranged ``plan``, as `validate` parsed them (a config that
+        was not validated has none: use `from_dict`)."""
+        links = getattr(self, "_wan_links", None)
+        if links is None or plan not in links:
+            raise BenchConfigError(f"bench: no WAN links for plan {plan!r}: the config was "
+                                   "not validated with it (BenchConfig.from_dict)")
+        return links[plan]
 
     def tls_config(self):
         """The `TlsConfig` of ``tls`` with both sides' files checked (None without it)."""
