@@ -13,6 +13,7 @@ import jupytext
 import pytest
 from papermill.translators import PythonTranslator
 
+from mtplib.errors import InputError
 from mtplib.records import parameters as NP
 
 REPO = Path(__file__).resolve().parent.parent
@@ -277,3 +278,63 @@ def test_wan_bandwidths_and_cold_shards():
                           r"^wan\.cold_shards: expected one of local, endpoints")]:
         with pytest.raises(NP.ParameterError, match=pattern):
             NP.check_value("wan", bad)
+
+
+# -- each rule lives once: the lab configs' tables are what the parameters check with ------
+def _tables():
+    from mtplib.lab import bench_config as BC
+    from mtplib.lab import sweep, wan_config
+
+    return {wan_config.WanConfig: wan_config.WAN_RULES, BC.BenchConfig: BC.BENCH_RULES,
+            sweep.SweepConfig: sweep.SWEEP_RULES, BC.SamplingConfig: BC.SAMPLING_RULES}
+
+
+def test_every_config_field_has_one_rule_and_the_parameters_use_that_object():
+    import dataclasses
+
+    from mtplib.lab.bench_config import BenchConfig
+    from mtplib.lab.wan_config import WanConfig
+
+    for cls, rules in _tables().items():
+        assert list(rules) == [f.name for f in dataclasses.fields(cls)], cls.__name__
+    for cls, used in ((WanConfig, NP.wan_rules()), (BenchConfig, NP.bench_rules())):
+        table = _tables()[cls]
+        assert set(used) == set(table)
+        assert all(used[name] is table[name] for name in table), cls.__name__
+
+
+@pytest.mark.parametrize(("section", "key", "table", "value", "config_error"), [
+    ("wan", "n_new", "wan", 24, r"^wan: n_new must be an int >= 30, got 24$"),
+    ("wan", "topologies", "wan", ["remote"], r"^wan: topologies must be a list of "
+     r"topologies, got \['remote'\] \(unknown topology\)$"),
+    ("bench", "n_ctx", "bench", 16, r"^bench: n_ctx must be an int >= 30, got 16$"),
+    ("bench", "reps", "sweep", 2, r"^bench: sweep\.reps must be an int >= 30, got 2$"),
+    ("bench", "seeds", "sampling", 4, r"^bench: sampling\.seeds must be an int >= 30, got 4$"),
+])
+def test_one_rule_changed_changes_the_config_and_the_parameters_alike(
+        monkeypatch, section, key, table, value, config_error):
+    """A rule changed in its one table is what the config refuses with (strict, its own
+    message) and what the lane/notebook check refuses with (the parameter's message):
+    neither path keeps a copy of it."""
+    from mtplib.lab import bench_config as BC
+    from mtplib.lab import checks as C
+    from mtplib.lab import sweep, wan_config
+
+    tables = {"wan": wan_config.WAN_RULES, "bench": BC.BENCH_RULES,
+              "sweep": sweep.SWEEP_RULES, "sampling": BC.SAMPLING_RULES}
+    d = {key: value}
+    if table in ("sweep", "sampling"):
+        d = {table: d}
+    if section == "wan":
+        build = lambda: wan_config.WanConfig.from_dict(d)  # noqa: E731
+    else:
+        build = lambda: BC.BenchConfig.from_dict(d, threads=1)  # noqa: E731
+    build()  # passes with the rule as declared
+    NP.check_value(section, d)
+    stricter = (C.list_of(C.text(("tail_local",), unknown="topology"), what="topologies")
+                if key == "topologies" else C.integer(30))
+    monkeypatch.setitem(tables[table], key, stricter)
+    with pytest.raises(InputError, match=config_error):
+        build()
+    with pytest.raises(NP.ParameterError, match=rf"^{section}\.(\w+\.)?{key}"):
+        NP.check_value(section, d)

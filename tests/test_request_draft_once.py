@@ -11,7 +11,14 @@ import pytest
 
 import mtplib.contract.types as types
 from mtplib.cli import main
-from mtplib.contract.types import NO_DRAFT, DraftLength, DraftSpec, checked_draft, draft_with
+from mtplib.contract.types import (
+    NO_DRAFT,
+    DraftLength,
+    DraftRule,
+    DraftSpec,
+    checked_draft,
+    draft_with,
+)
 from mtplib.runtime.speculative import EngineOptions
 
 
@@ -60,9 +67,9 @@ def test_checked_values_are_carried_not_checked_again(draft_checks):
     o = EngineOptions(k=k)
     spec = DraftSpec(o.k)
     again = pickle.loads(pickle.dumps(o))  # what the ranged worker gets
-    assert (spec.recipe, type(again.k), o.for_sidecar(True) is o) == (
+    assert (spec.recipe, type(again.k), o.under(DraftRule(True)) is o) == (
         "mtp.v4.draft2", DraftLength, True)
-    assert o.for_sidecar(False).k is NO_DRAFT and draft_checks["n"] == 1
+    assert o.under(DraftRule(False)).k is NO_DRAFT and draft_checks["n"] == 1
     EngineOptions(k=3)  # a plain int entering at this floor is checked here
     assert draft_checks["n"] == 2
 

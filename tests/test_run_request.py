@@ -37,7 +37,7 @@ SETTINGS = DecodeSettings(n_ctx=256, n_threads=1)
 #: what is counted: (module, function)
 COUNTED = {"draft_problem": "mtplib.contract.types", "draft_with": "mtplib.contract.types",
            "parse_plan": "mtplib.ownership.plan", "policy_gate": "mtplib.runtime.routing",
-           "check_endpoints": "mtplib.ownership.plan"}
+           "check_endpoints": "mtplib.ownership.plan", "parse_wan": "mtplib.runtime.links"}
 
 
 class Counts(dict):
@@ -72,7 +72,7 @@ def counts(monkeypatch) -> Counts:
 
 def _expect(*, mtp: bool, ranged: bool, policy: int = 1) -> dict:
     return {"draft_problem": int(mtp), "draft_with": 1, "parse_plan": int(ranged),
-            "policy_gate": policy, "check_endpoints": int(ranged)}
+            "policy_gate": policy, "check_endpoints": int(ranged), "parse_wan": int(ranged)}
 
 
 # -- mtplib generate ------------------------------------------------------------------------
@@ -154,6 +154,7 @@ def test_two_generations_on_one_ranged_mtp_ask_the_policy_once(pair, counts):
         _, m1 = r.generate(PROMPT, 6, other)
         assert m1.routing["recipe"] == "mtp.v4.draft1"
     assert counts["policy_gate"] == 1 and counts["parse_plan"] == 1
+    assert counts["draft_with"] == 1  # the request's rule carried, not decided again
 
 
 def test_a_generation_under_a_refusing_policy_is_refused_by_the_stored_verdict(pair,
@@ -185,6 +186,7 @@ def test_a_wan_run_builds_one_request_per_loaded_backend(pair, counts):
     assert counts["policy_gate"] == 1 and counts["parse_plan"] == 1
     assert counts["check_endpoints"] == 1
     assert counts["draft_problem"] == len(cfg.ks)
+    assert counts["draft_with"] == 1  # "no sidecar means k=0": decided at build, carried
 
 
 def test_a_bench_run_asks_the_policy_once_per_backend(pair, counts, monkeypatch):
@@ -201,12 +203,39 @@ def test_a_bench_run_asks_the_policy_once_per_backend(pair, counts, monkeypatch)
         monkeypatch.setattr(cls, "__init__", counted)
     cfg = BC.BenchConfig.from_dict({"ks": [2], "n_new": 4, "reps": 2, "warmup": 0,
                                    "threads": 1, "prompts": [{"seed": 0, "len": 6}],
-                                   "sweep": None, "plans": ["whole", "0-1,2-3"]})
+                                   "sweep": None, "plans": ["whole", "0-1,2-3"],
+                                   "wan": "0,1"})
+    assert counts["parse_wan"] == 1  # parsed with the section, for its one ranged plan
     counts.reset()
     res = bench.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
     assert len(res.runs) > built["n"] >= 3  # more generations than backends
     assert counts["policy_gate"] == built["n"]  # once per backend, none per generation
     assert counts["parse_plan"] == 1 and counts["check_endpoints"] == 1
+    assert counts["draft_with"] == built["n"]  # once per backend's request, none per run
+    assert counts["parse_wan"] == 0  # the plan's request got the parsed links
+
+
+def test_the_bench_cli_parses_its_wan_once(counts, monkeypatch, tmp_path):
+    """`mtplib bench --wan`: the value replaces the lane's and is parsed once, with the
+    section, into each ranged plan's links, which the run gets."""
+    from mtplib.paths import DEFAULT_LANE
+
+    got = {}
+
+    class Stop(Exception):
+        pass
+
+    def run_bench(trunk, sidecar, cfg, **kw):
+        got["cfg"], got["parsed"] = cfg, counts["parse_wan"]
+        raise Stop
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    with pytest.raises(Stop):
+        main(["bench", "--params", str(DEFAULT_LANE), "--wan", "20,0", "--quiet", "--out",
+              str(tmp_path / "b")])
+    cfg = got["cfg"]
+    assert cfg.wan == "20,0" and got["parsed"] == 1
+    assert cfg.wan_links("0-1,2-3") == (WanLink(20.0), WanLink())
 
 
 # -- the object -------------------------------------------------------------------------------
@@ -216,7 +245,8 @@ def test_the_request_is_frozen_and_pickles_as_the_worker_gets_it(pair, counts, t
     req = build_request(pair.trunk, sidecar=pair.sidecar, draft=2, plan="0-1,2-3",
                         wan="100,0", settings=SETTINGS, tls=TlsConfig(tmp_path))
     assert counts.now() == {"draft_problem": 1, "draft_with": 1, "parse_plan": 1,
-                            "policy_gate": 1, "check_endpoints": 0}  # local shards: later
+                            "policy_gate": 1, "check_endpoints": 0,  # local shards: later
+                            "parse_wan": 1}
     with pytest.raises(dataclasses.FrozenInstanceError):
         req.plan = None
     with pytest.raises(dataclasses.FrozenInstanceError):

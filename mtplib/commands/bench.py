@@ -19,7 +19,6 @@ def run(a: argparse.Namespace) -> int:
 
     from mtplib.lab import bench as B
     from mtplib.lab import bench_summary as BS
-    from mtplib.lab.bench_config import BenchConfig
     from mtplib.records.lanes import (
         LaneError,
         check_lane_requirements,
@@ -34,22 +33,13 @@ def run(a: argparse.Namespace) -> int:
         raise LaneError(f"{lane.path}: no 'bench:' section to run")
     if a.policy is not None:
         lane.policy = a.policy
-    check_lane_requirements(lane)
-    cfg = BenchConfig.from_dict(lane.bench, threads=lane.threads, policy=lane.policy)
-    if a.wan is not None:
-        from dataclasses import replace
-
-        from mtplib.runtime.links import parse_wan
-
-        for plan in cfg.plans:  # refuse a malformed value before anything runs
-            if plan != "whole":
-                parse_wan(a.wan, plan.count(",") + 1)
-        cfg = replace(cfg, wan=a.wan)
-    if a.tls is not None:
-        from dataclasses import replace
-
-        cfg = replace(cfg, tls=a.tls)
-        cfg.validate()
+    # --wan / --tls replace the lane's values before the section is checked, once, with
+    # the lane: the WAN text is parsed there into each ranged plan's links, which its run
+    # gets (`BenchConfig.wan_links`)
+    lane.bench = {**lane.bench, **{k: v for k, v in (("wan", a.wan), ("tls", a.tls))
+                                   if v is not None}}
+    cfg = check_lane_requirements(lane)
+    assert cfg is not None  # the lane has a bench section
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
     record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out",
                               unique=a.out is None)

@@ -124,11 +124,24 @@ def checked_draft(k: object, name: str = "draft length k") -> DraftLength:
     return DraftLength(k)
 
 
+@dataclass(frozen=True)
+class DraftRule:
+    """The one rule "no sidecar means k=0", decided for a run: ``has_sidecar`` is fixed
+    where the run's request is built (`draft_with`, once) and the rule is carried on the
+    request, so a generation's own draft length is held to it without deciding again."""
+
+    has_sidecar: bool
+
+    def __call__(self, k: object, name: str = "draft length k") -> DraftLength:
+        """``k`` (checked, errors naming ``name``) where the MTP block is there to draft,
+        else `NO_DRAFT` (``k`` unread: there is nothing to draft with)."""
+        return checked_draft(k, name) if self.has_sidecar else NO_DRAFT
+
+
 def draft_with(k: object, *, has_sidecar: bool, name: str = "draft length k") -> DraftLength:
-    """The one rule "no sidecar means k=0": ``k`` (checked, errors naming ``name``) where
-    the MTP block is there to draft, else `NO_DRAFT`. A run decides it once, where its
-    request is built (`mtplib.runtime.request.build_request`)."""
-    return checked_draft(k, name) if has_sidecar else NO_DRAFT
+    """`DraftRule` applied where a run decides it, once, where its request is built
+    (`mtplib.runtime.request.build_request`); a run's later floors use the carried rule."""
+    return DraftRule(has_sidecar)(k, name)
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,8 @@ class RangedMTP:
         #: parsed once, by the request: the endpoints were checked against it there
         self.plan = req.plan
         self.has_sidecar = req.sidecar is not None
+        #: "no sidecar means k=0" as the request decided it, for a generation's own options
+        self.draft_rule = req.draft_rule
         self.warm, self.allow_cache_crossing = warm, req.allow_cache_crossing
         #: the measured costs ``auto`` decides from (`auto_placement`); set after load
         self._place_inputs = None
@@ -559,10 +561,10 @@ class RangedMTP:
 
     def _options(self, opts: EngineOptions | None) -> EngineOptions:
         """A generation's options: the request's (decided when it was built), or the
-        caller's own with k as the sidecar allows (`draft_with`, through `for_sidecar`).
+        caller's own with k held to the request's `DraftRule` (decided once, at build).
         Either is then held to the run's policy verdict (`check_policy`: the message
         `policy_gate` gives; the policy is not asked again)."""
-        return self.opts if opts is None else opts.for_sidecar(self.has_sidecar)
+        return self.opts if opts is None else opts.under(self.draft_rule)
 
     @property
     def mtp_on_tail(self) -> bool:

@@ -122,8 +122,8 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
 
     rows = []
     # the plan's request, checked once (`build_request`): plan, WAN, TLS, policy, files
-    req = build_request(trunk, sidecar=sidecar, plan=plan, policy=cfg.policy, wan=cfg.wan,
-                        tls=cfg.tls_config())
+    req = build_request(trunk, sidecar=sidecar, plan=plan, policy=cfg.policy,
+                        wan=cfg.wan_links(plan), tls=cfg.tls_config())
     with RangedMTP(req) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)

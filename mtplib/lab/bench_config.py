@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mtplib.contract.capabilities import RouteRefused
-from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
+from mtplib.contract.capabilities import POLICIES, RouteRefused
 from mtplib.errors import InputError, UpstreamFault
-from mtplib.lab.sweep import SweepConfig
+from mtplib.lab import checks as C
+from mtplib.lab.sweep import SWEEP_RULES, SweepConfig
+from mtplib.runtime.links import WanLink, parse_wan
 from mtplib.runtime.routing import resolve_policy, route
 from mtplib.runtime.settings import DecodeSettings
 
@@ -25,6 +26,37 @@ class SamplingConfig:
     top_p: float = 0.95
     seeds: int = 4
     n_new: int = 16
+
+
+#: each `SamplingConfig` field's one rule (a lane's ``bench.sampling``)
+SAMPLING_RULES: dict[str, C.Check] = {
+    "temperature": C.number(0),
+    "top_p": C.number(0, 1),
+    "seeds": C.integer(1),
+    "n_new": C.integer(1),
+}
+#: each `BenchConfig` field's one rule: `BenchConfig.validate` checks the section with it
+#: (strict; ``sweep`` and ``sampling`` field by field with `NESTED`), and
+#: `mtplib.records.parameters` a lane's ``bench:`` and notebook 04's ``bench`` (lenient)
+BENCH_RULES: dict[str, C.Check] = {
+    "ks": C.drafts(1),
+    "plans": C.plans(whole=True),
+    "prompts": C.list_of(C.prompt(), what="prompts"),
+    "n_new": C.integer(2),
+    "reps": C.integer(1),
+    "warmup": C.integer(0),
+    "threads": C.optional(C.threads()),
+    "n_ctx": C.integer(1),
+    "backend": C.text(("cpu", "gpu")),
+    "sweep": C.optional(C.section(SweepConfig, SWEEP_RULES), none=(None, False)),
+    "sampling": C.optional(C.section(SamplingConfig, SAMPLING_RULES)),
+    "policy": C.optional(C.text(tuple(POLICIES))),
+    "wan": C.optional(C.text(what="RTT_MS[:MBIT][,...] (as generate --wan)")),
+    "tls": C.optional(C.says(C.text(what="a TLS directory (mtplib tls init DIR)"),
+                             "a directory (mtplib tls init DIR)")),
+}
+#: the nested sections' rules, for `C.check_fields`
+NESTED = {"sweep": SWEEP_RULES, "sampling": SAMPLING_RULES}
 
 
 @dataclass
@@ -86,39 +118,27 @@ class BenchConfig:
         return cfg
 
     def validate(self) -> None:
-        errs = []
-        if not self.ks or any(int(k) not in DRAFT_RANGE for k in self.ks):
-            errs.append(f"ks must be draft lengths in {DRAFT_BOUNDS}, got {self.ks}")
-        if not self.plans:
-            errs.append("plans must list at least one plan ('whole' or ranges like '0-1,2-3')")
-        if not self.prompts:
-            errs.append("prompts must list at least one prompt")
-        for p in self.prompts:
-            if not isinstance(p, str) and not (isinstance(p, dict) and "seed" in p):
-                errs.append(f"a prompt is a text or {{seed: N, len: L}}, got {p!r}")
-        if self.n_new < 2:
-            errs.append(f"n_new must be >= 2, got {self.n_new}")
-        if self.reps < 1 or self.warmup < 0:
-            errs.append("reps must be >= 1 and warmup >= 0")
-        if int(self.threads or 0) < 1:
-            errs.append("threads must be >= 1")
-        if self.backend not in ("cpu", "gpu"):
-            errs.append(f"backend must be cpu or gpu, got {self.backend!r}")
-        if self.sweep is not None:
-            s = self.sweep
-            if not s.rates or any(not 0.0 <= float(r) <= 1.0 for r in s.rates):
-                errs.append(f"sweep.rates must be in [0, 1], got {s.rates}")
-            if not s.ks or any(int(k) not in DRAFT_RANGE for k in s.ks):
-                errs.append(f"sweep.ks must be in {DRAFT_BOUNDS}, got {s.ks}")
-            if s.reps < 1 or s.warmup < 0:
-                errs.append("sweep.reps must be >= 1 and sweep.warmup >= 0")
-            if s.draft_cost not in ("mtp", "none"):
-                errs.append(f"sweep.draft_cost must be mtp or none, got {s.draft_cost!r}")
-        if self.tls is not None and (not isinstance(self.tls, str) or not self.tls):
-            errs.append(f"tls must be a directory (mtplib tls init DIR), got {self.tls!r}")
-        if errs:
-            raise BenchConfigError("bench: " + "; ".join(errs))
+        """Each field by its one rule (`BENCH_RULES`), then ``wan`` parsed and the TLS
+        files read, before anything runs."""
+        C.check_fields(self, BENCH_RULES, "bench", nested=NESTED, error=BenchConfigError)
+        self._wan_links = self._parse_wan()
         self.tls_config()  # a missing file stops the bench before anything runs
+
+    def _parse_wan(self) -> dict[str, tuple[WanLink, ...]]:
+        """``wan`` parsed once, here, for every ranged plan (one link per shard): a
+        malformed value stops the bench before anything runs, and each plan's request
+        gets these links (`wan_links`), not the text to parse again."""
+        return {plan: tuple(parse_wan(self.wan, len(plan.split(","))))
+                for plan in self.plans if plan != "whole"}
+
+    def wan_links(self, plan: str) -> tuple[WanLink, ...]:
+        """The WAN links of a ranged ``plan``, as `validate` parsed them (a config that
+        was not validated has none: use `from_dict`)."""
+        links = getattr(self, "_wan_links", None)
+        if links is None or plan not in links:
+            raise BenchConfigError(f"bench: no WAN links for plan {plan!r}: the config was "
+                                   "not validated with it (BenchConfig.from_dict)")
+        return links[plan]
 
     def tls_config(self):
         """The `TlsConfig` of ``tls`` with both sides' files checked (None without it)."""

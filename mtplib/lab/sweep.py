@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from mtplib.lab import checks as C
+
 
 @dataclass
 class SweepConfig:
@@ -28,6 +30,18 @@ class SweepConfig:
         d = asdict(self)
         d["ks"], d["rates"] = list(self.ks), list(self.rates)
         return d
+
+
+#: each `SweepConfig` field's one rule (a lane's ``bench.sweep``), checked by
+#: `BenchConfig.validate` and by `mtplib.records.parameters`
+SWEEP_RULES: dict[str, C.Check] = {
+    "rates": C.list_of(C.number(0, 1), what="rates 0..1"),
+    "ks": C.drafts(1),
+    "reps": C.integer(1),
+    "warmup": C.integer(0),
+    "draft_cost": C.text(("mtp", "none")),
+    "synth_seed": C.integer(),
+}
 
 
 def median_or_none(xs: Iterable[float | None]) -> float | None:

@@ -5,14 +5,14 @@ process loads recorded in it (`with_upstream`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mtplib.contract import labels
 from mtplib.contract.labels import DECODING_STEPS
-from mtplib.contract.types import MAX_DRAFT, draft_problem
 from mtplib.errors import InputError
+from mtplib.lab import checks as C
+from mtplib.runtime.engine_options import HEADS
 from mtplib.runtime.links import MAX_RTT_MS
 
 TOPOLOGIES = ("remote", "tail_local")
@@ -24,6 +24,43 @@ COLD_SHARDS = ("local", "endpoints")
 DECODE_PHASES = DECODING_STEPS
 PLACEMENTS = labels.PLACEMENTS
 LOG = Callable[[str], None]
+
+_RTTS = C.list_of(C.number(0, MAX_RTT_MS), what=f"RTTs in ms 0..{MAX_RTT_MS}")
+_THREADS = C.threads()
+
+
+def _choices(choices: tuple[str, ...], noun: str, nouns: str) -> C.Check:
+    return C.list_of(C.text(choices, unknown=noun), what=f"{nouns} ({', '.join(choices)})")
+
+
+#: each `WanConfig` field's one rule: the config checks its values with it (strict, at
+#: construction), and `mtplib.records.parameters` a lane's ``wan:`` and notebook 05's
+#: parameters (lenient for -p strings); the cross-field rules are `WanConfig.__post_init__`'s
+WAN_RULES: dict[str, C.Check] = {
+    "rtts_ms": _RTTS,
+    "mbits": C.says(C.list_of(C.bandwidth(), what="link bandwidths (Mbit/s > 0 or null)"),
+                    "a non-empty list of Mbit/s > 0 or None (unlimited)"),
+    "ks": C.drafts(0),
+    "plans": C.plans(),
+    "topologies": _choices(TOPOLOGIES, "topology", "topologies"),
+    "placements": _choices(PLACEMENTS, "placement", "placements"),
+    "head": C.text(HEADS),
+    "n_prompts": C.integer(1),
+    "prompt_len": C.integer(1),
+    "n_new": C.integer(1),
+    "reps": C.integer(1),
+    "warmup": C.integer(0),
+    "n_ctx": C.optional(C.integer(1)),
+    "modes": _choices(MODES, "mode", "modes"),
+    "cold_rtts_ms": _RTTS,
+    "cold_ks": C.drafts(0),
+    "cold_shards": C.text(COLD_SHARDS, unknown="cold_shards"),
+    "threads": _THREADS,
+    "shard_threads": _THREADS,
+    "fit_rtts_ms": _RTTS,
+    "cost_model_tolerance": C.number(0),
+    "upstream": C.text(what="a build name (MTPLIB_UPSTREAM)"),
+}
 
 
 @dataclass
@@ -61,32 +98,9 @@ class WanConfig:
     upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.topologies if t not in TOPOLOGIES]
-        bad += [p for p in self.placements if p not in PLACEMENTS]
-        bad += [m for m in self.modes if m not in MODES]
-        bad += [self.cold_shards] if self.cold_shards not in COLD_SHARDS else []
-        if bad:
-            raise InputError(f"wan: unknown topology/placement/mode/cold_shards {bad}; "
-                             f"topologies {TOPOLOGIES}, placements {PLACEMENTS}, modes "
-                             f"{MODES}, cold_shards {COLD_SHARDS}")
-        if not isinstance(self.mbits, list) or not self.mbits or any(
-                m is not None and (isinstance(m, bool) or not isinstance(m, int | float)
-                                   or not math.isfinite(m) or m <= 0) for m in self.mbits):
-            raise InputError(f"wan: mbits must be a non-empty list of Mbit/s > 0 or None "
-                             f"(unlimited), got {self.mbits!r}")
+        C.check_fields(self, WAN_RULES, "wan")  # each field's one rule
         if len(set(self.mbits)) != len(self.mbits):
             raise InputError(f"wan: mbits lists a bandwidth twice: {self.mbits}")
-        if any(draft_problem("k", k) for k in [*self.ks, *self.cold_ks]):
-            raise InputError(f"wan: ks and cold_ks must be in 0..{MAX_DRAFT}, got {self.ks}, "
-                             f"{self.cold_ks}")
-        if any(not 0 <= r <= MAX_RTT_MS for r in [*self.rtts_ms, *self.cold_rtts_ms]):
-            raise InputError(f"wan: rtts_ms and cold_rtts_ms must be in 0..{MAX_RTT_MS}, got "
-                             f"{self.rtts_ms}, {self.cold_rtts_ms}")
-        if self.warmup < 0:
-            raise InputError(f"wan: warmup must be >= 0, got {self.warmup}")
-        for name in ("n_prompts", "prompt_len", "n_new", "reps", "threads", "shard_threads"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"wan: {name} must be >= 1, got {getattr(self, name)}")
         if self.n_ctx is not None and self.prompt_len + self.n_new + 8 > self.n_ctx:
             raise InputError(f"wan: prompt_len + n_new ({self.prompt_len + self.n_new}) do not "
                              f"fit n_ctx {self.n_ctx}")

@@ -14,6 +14,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -25,6 +26,9 @@ from mtplib.records.jupyter import KERNEL, papermill_options  # KERNEL: what lan
 from mtplib.records.raw_metrics import read_seam_bytes
 from mtplib.records.run_record import base_record, end_record, file_hashes, write_json
 from mtplib.stamps import now_iso, run_stamp
+
+if TYPE_CHECKING:
+    from mtplib.lab.bench_config import BenchConfig
 
 REPO = paths.REPO
 NOTEBOOKS = REPO / "notebooks"
@@ -345,10 +349,11 @@ def resolve_models(lane: Lane, run_dir: Path) -> dict:
     return out
 
 
-def check_lane_requirements(lane: Lane) -> None:
+def check_lane_requirements(lane: Lane) -> BenchConfig | None:
     """Stop before anything runs when the lane's bench section is malformed or needs what
     this machine lacks (e.g. a GPU build, more threads than CPUs); and when it asks for an
-    unknown evidence story."""
+    unknown evidence story. Returns the bench section as checked (None without one), for
+    a caller that runs it (`mtplib bench`) not to check it again."""
     if lane.evidence:
         from mtplib.records.evidence import WRITERS
 
@@ -364,12 +369,14 @@ def check_lane_requirements(lane: Lane) -> None:
         except (InputError, TypeError, ValueError) as e:
             raise LaneError(f"{lane.path}: {e}") from None
     needs = f" (lane needs: {lane.requires['hardware']})" if lane.requires else ""
+    bench = None
     if lane.bench is not None:
         from mtplib.lab.bench_config import BenchConfig, MissingCapability, check_requirements
 
         try:
-            check_requirements(BenchConfig.from_dict(lane.bench, threads=lane.threads,
-                                                     policy=lane.policy))
+            bench = BenchConfig.from_dict(lane.bench, threads=lane.threads,
+                                          policy=lane.policy)
+            check_requirements(bench)
         except MissingCapability as e:
             raise LaneError(f"lane {lane.name}: {e}{needs}") from None
         except (ValueError, TypeError) as e:
@@ -383,6 +390,7 @@ def check_lane_requirements(lane: Lane) -> None:
     if lane.threads > max_threads():  # every context and shard would refuse it mid-run
         raise LaneError(f"{lane.path}: threads: {lane.threads} exceeds this machine's "
                         f"{max_threads()} CPUs{needs}; lower it (or run the lane where it fits)")
+    return bench
 
 
 def check_gpus(lane: Lane, gpus: list[dict]) -> None:

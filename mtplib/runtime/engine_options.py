@@ -10,9 +10,9 @@ from dataclasses import dataclass, fields, replace
 from mtplib.contract.types import (
     DEFAULT_DRAFT,
     ContractError,
+    DraftRule,
     DraftSpec,
     checked_draft,
-    draft_with,
 )
 from mtplib.runtime.engine import CHECKPOINTS
 from mtplib.runtime.model import RuntimeInputError
@@ -70,10 +70,10 @@ class EngineOptions:
         """The contract's draft spec of these options (k, recipe, MTP on)."""
         return DraftSpec(self.k)
 
-    def for_sidecar(self, has_sidecar: bool) -> EngineOptions:
-        """These options as a backend runs them with (True) or without (False) the MTP
-        block: k as `draft_with` decides ("no sidecar means k=0", decided there)."""
-        k = draft_with(self.k, has_sidecar=has_sidecar)
+    def under(self, rule: DraftRule) -> EngineOptions:
+        """These options as a run's backend runs them: k held to the run's `DraftRule`
+        ("no sidecar means k=0", decided once where the request was built and carried)."""
+        k = rule(self.k)
         return self if k == self.k else replace(self, k=k)
 
     def resolved(self, *, ranged: bool) -> EngineOptions:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from mtplib.contract.capabilities import Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, SEAM_CHOICES
-from mtplib.contract.types import DEFAULT_DRAFT, ContractError, DraftSpec
+from mtplib.contract.types import DEFAULT_DRAFT, ContractError, DraftRule, DraftSpec
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader
 from mtplib.ownership.plan import PlanError, ShardPlan
@@ -81,7 +81,9 @@ class RunRequest:
     """Everything one run decided, checked once (`build_request`, the only way to make
     one): downstream reads these fields and validates none of them again.
 
-    ``draft``: the MTP block's drafting, "no sidecar means k = 0" applied (`draft_with`).
+    ``draft``: the MTP block's drafting, "no sidecar means k = 0" applied (`draft_with`);
+    ``draft_rule``: that rule as decided for this run, which a generation's own draft
+    length is held to (`EngineOptions.under`) without deciding it again.
     ``opts``: the generations' default options (context settings, head, sampler, trace,
     slots); their k is ``draft.k``, except for a run whose drafts come from the caller's
     own drafter (`MTPRuntime(..., drafter=...)`), where it is that drafter's.
@@ -97,6 +99,7 @@ class RunRequest:
     draft: DraftSpec
     opts: EngineOptions
     policy: Policy
+    draft_rule: DraftRule
     plan: ShardPlan | None = None
     endpoints: tuple[str, ...] | None = None
     wan: tuple[WanLink, ...] | None = None
@@ -187,6 +190,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     if asked is None:
         asked = opts.k if opts is not None else DEFAULT_DRAFT
     has_sidecar = sidecar is not None
+    rule = DraftRule(has_sidecar)  # carried: the run's generations are held to it
     try:
         if own_drafter:
             k = types.checked_draft(asked, name("draft"))
@@ -204,7 +208,8 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     # 3. the files, each read and validated once
     th, sh = _headers(trunk, sidecar, headers)
     req = dict(trunk=str(trunk), sidecar=None if sidecar is None else str(sidecar),
-               draft=spec, opts=run_opts, policy=pol, trunk_header=th, sidecar_header=sh)
+               draft=spec, opts=run_opts, policy=pol, draft_rule=rule, trunk_header=th,
+               sidecar_header=sh)
     # 4. the shards
     if plan is None:
         given = [name(f) for f, v in (("endpoints", endpoints is not None),
