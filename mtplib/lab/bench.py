@@ -51,6 +51,7 @@ from mtplib.lab.bench_summary import BenchResult
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.progress import bar as progress_bar
 from mtplib.lab.quality import compare_streams
+from mtplib.runtime.backend import Backend
 from mtplib.runtime.drafters import Drafter, SyntheticDrafter
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
@@ -181,7 +182,7 @@ def _run_bench(trunk: str, sidecar: str, cfg: BenchConfig, log: LOG,
     prompts_info: list[dict] = []
     sampling_rows: list[dict] = []
 
-    def timed(rt: MTPRuntime, tokens: list[int], n_new: int, warmup: int, reps: int,
+    def timed(rt: Backend, tokens: list[int], n_new: int, warmup: int, reps: int,
               ref: list[int], margins: dict, **extra):
         for rep in range(warmup + reps):
             toks, m = rt.generate(tokens, n_new)
