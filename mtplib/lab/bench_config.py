@@ -122,7 +122,7 @@ class BenchConfig:
         files read, before anything runs."""
         C.check_fields(self, BENCH_RULES, "bench", nested=NESTED, error=BenchConfigError)
         self._wan_links = self._parse_wan()
-        self.tls_config()  # a missing file stops the bench before anything runs
+        self._tls = self._load_tls()  # a missing file stops the bench before anything runs
 
     def _parse_wan(self) -> dict[str, tuple[WanLink, ...]]:
         """``wan`` parsed once, here, for every ranged plan (one link per shard): a
@@ -141,6 +141,13 @@ class BenchConfig:
         return links[plan]
 
     def tls_config(self):
+        """The `TlsConfig` of ``tls`` as `validate` loaded and checked it, once (None
+        without it; a config that was not validated loads it here)."""
+        if not hasattr(self, "_tls"):
+            self._tls = self._load_tls()
+        return self._tls
+
+    def _load_tls(self):
         """The `TlsConfig` of ``tls`` with both sides' files checked (None without it)."""
         if self.tls is None:
             return None
