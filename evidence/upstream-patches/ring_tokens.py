@@ -100,11 +100,11 @@ def main() -> int:
            "rpc_protocol": f"7.{client_proto_minor()}", "rtt_ms": a.rtt, "k": a.k,
            "n_prompts": len(prompts), "prompt_tokens": 64, "n_new": a.n,
            "mode": "cold CLI, a fresh `mtplib generate --json` per generation, defaults",
-           "plans": {}, "complete": False}
+           "rows": [], "summary": [], "complete": False}
     wan = f"{a.rtt:g}"
     for plan in a.plans.split(";"):
         rows: list[dict] = []
-        doc["plans"][plan] = {"rows": rows}
+        doc["summary"].append({"plan": plan})
         for i, prompt in enumerate(prompts):
             off = run(trunk, sidecar, plan=plan, k=0, prompt=prompt, n=a.n, wan="0",
                       seam="ring")
@@ -112,13 +112,14 @@ def main() -> int:
             for seam in (("star", "ring") if i % 2 == 0 else ("ring", "star")):
                 got[seam] = run(trunk, sidecar, plan=plan, k=a.k, prompt=prompt, n=a.n,
                                 wan=wan, seam=seam)
-            row = {"prompt": i, "off_tokens": off["tokens"], "off_seam": off["seam"],
+            row = {"plan": plan, "prompt": i, "off_tokens": off["tokens"], "off_seam": off["seam"],
                    "star": got["star"], "ring": got["ring"],
                    "ring_over_star": got["ring"]["decode_tok_s"] / got["star"]["decode_tok_s"],
                    "tokens_equal": got["star"]["tokens"] == got["ring"]["tokens"]
                    == off["tokens"]}
             rows.append(row)
-            doc["plans"][plan]["summary"] = summarize(rows)
+            doc["rows"].append(row)
+            doc["summary"][-1] = {"plan": plan, **summarize(rows)}
             doc["provenance"] = host.finish(prov)
             with open(a.out, "w") as f:
                 json.dump(doc, f, indent=1)
@@ -129,7 +130,7 @@ def main() -> int:
     doc["provenance"] = host.finish(prov)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps({p: v["summary"] for p, v in doc["plans"].items()}, indent=1))
+    print(json.dumps(doc["summary"], indent=1))
     return 0
 
 
