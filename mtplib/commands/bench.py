@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mtplib import paths
 from mtplib.commands.common import add_json_arg, add_tls_args
+from mtplib.contract.labels import SEAM_CHOICES
 
 
 def run(a: argparse.Namespace) -> int:
@@ -49,6 +50,11 @@ def run(a: argparse.Namespace) -> int:
         from dataclasses import replace
 
         cfg = replace(cfg, tls=a.tls)
+        cfg.validate()
+    if a.seam is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, seam=a.seam)
         cfg.validate()
     out = Path(a.out) if a.out else paths.OUTPUTS / (new_run_id(lane.name) + "-bench")
     record, models = open_run(lane, out, argv=["mtplib", *sys.argv[1:]], what="--out",
@@ -101,6 +107,11 @@ def register(sub) -> None:
     b.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]", default=None,
                    help="ranged plans: emulate a WAN in front of each shard (as generate "
                    "--wan; default: the lane's bench.wan, else loopback)")
+    b.add_argument("--seam", choices=SEAM_CHOICES, default=None,
+                   help="ranged plans: how boundary values reach the next shard (as generate "
+                   "--seam: star, ring = shard to shard with patches/0007, auto); default: "
+                   "the lane's bench.seam, else star; each ranged row's seam says which ran, "
+                   "per shard pair")
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")

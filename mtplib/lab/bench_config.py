@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mtplib.contract.capabilities import RouteRefused
+from mtplib.contract.labels import SEAM_CHOICES
 from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab.sweep import SweepConfig
@@ -53,6 +54,10 @@ class BenchConfig:
     #: ranged plans only: a TLS directory (`mtplib tls init`): the local shards serve through
     #: their mutual-TLS gateways and the relays connect with TLS, as `generate --tls`
     tls: str | None = None
+    #: ranged plans only: how boundary values reach the next shard, as `generate --seam`
+    #: (`SEAM_CHOICES`: star, ring = patches/0007's shard to shard, auto); each ranged row
+    #: says which ran, per shard pair (``seam``)
+    seam: str = "star"
 
     @classmethod
     def from_dict(cls, d: dict | None, *, threads: int | None = None,
@@ -114,6 +119,8 @@ class BenchConfig:
                 errs.append("sweep.reps must be >= 1 and sweep.warmup >= 0")
             if s.draft_cost not in ("mtp", "none"):
                 errs.append(f"sweep.draft_cost must be mtp or none, got {s.draft_cost!r}")
+        if self.seam not in SEAM_CHOICES:
+            errs.append(f"seam must be one of {', '.join(SEAM_CHOICES)}, got {self.seam!r}")
         if self.tls is not None and (not isinstance(self.tls, str) or not self.tls):
             errs.append(f"tls must be a directory (mtplib tls init DIR), got {self.tls!r}")
         if errs:

@@ -59,12 +59,18 @@ class WanConfig:
     #: a cost-model prediction is good when within this fraction of the measurement
     cost_model_tolerance: float = 0.15
     upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
+    #: how boundary values reach the next shard in both modes (`SEAM_CHOICES`, as
+    #: `generate --seam`); each row's ``seam`` says which ran, per shard pair
+    seam: str = "star"
 
     def __post_init__(self) -> None:
         bad = [t for t in self.topologies if t not in TOPOLOGIES]
         bad += [p for p in self.placements if p not in PLACEMENTS]
         bad += [m for m in self.modes if m not in MODES]
         bad += [self.cold_shards] if self.cold_shards not in COLD_SHARDS else []
+        if self.seam not in labels.SEAM_CHOICES:
+            raise InputError(f"wan: seam must be one of {', '.join(labels.SEAM_CHOICES)}, "
+                             f"got {self.seam!r}")
         if bad:
             raise InputError(f"wan: unknown topology/placement/mode/cold_shards {bad}; "
                              f"topologies {TOPOLOGIES}, placements {PLACEMENTS}, modes "

@@ -389,6 +389,7 @@ def bench_section() -> Check:
     """The ``bench:`` section (mtplib.lab.bench_config.BenchConfig)."""
     def check(v: object, where: str, ctx: Context) -> object:
         from mtplib.contract.capabilities import POLICIES
+        from mtplib.contract.labels import SEAM_CHOICES
         from mtplib.lab.bench_config import BenchConfig, SamplingConfig
         from mtplib.lab.sweep import SweepConfig
 
@@ -405,7 +406,7 @@ def bench_section() -> Check:
                  "threads": optional(threads()), "n_ctx": integer(1),
                  "backend": text(("cpu", "gpu")),
                  "sweep": optional(sweep, none=(None, False)), "sampling": optional(sampling),
-                 "policy": optional(text(tuple(POLICIES)))}
+                 "policy": optional(text(tuple(POLICIES))), "seam": text(SEAM_CHOICES)}
         return section(BenchConfig, rules, after=_bench_cross)(v, where, ctx)
     return Rule("a mapping of BenchConfig fields", check)
 
@@ -414,6 +415,7 @@ def wan_section() -> Check:
     """A WAN run's fields (mtplib.lab.wan.WanConfig): the lane's ``wan:``, 05's ``target``
     and each build's ``overrides``."""
     def check(v: object, where: str, ctx: Context) -> object:
+        from mtplib.contract.labels import SEAM_CHOICES
         from mtplib.lab.wan import COLD_SHARDS, MODES, PLACEMENTS, TOPOLOGIES, WanConfig
         from mtplib.runtime.links import MAX_RTT_MS
 
@@ -429,7 +431,7 @@ def wan_section() -> Check:
                  "n_prompts": integer(1), "prompt_len": integer(1), "n_new": integer(1),
                  "reps": integer(1), "warmup": integer(0), "n_ctx": optional(integer(1)),
                  "threads": threads(), "shard_threads": threads(),
-                 "cost_model_tolerance": number(0)}
+                 "cost_model_tolerance": number(0), "seam": text(SEAM_CHOICES)}
         return section(WanConfig, rules)(v, where, ctx)
     return Rule("a mapping of WanConfig fields", check)
 
