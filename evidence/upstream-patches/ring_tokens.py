@@ -16,6 +16,7 @@ pass the receiving shard's relay, so a shard-to-shard hop costs what a client ho
 
 The file is rewritten after every prompt (a run cut short keeps what it measured, with
 ``complete: false``); the provenance carries the load average at the start and the end.
+``--table``: print the markdown table of an existing result (shard-to-shard.md's) instead.
 """
 
 from __future__ import annotations
@@ -81,15 +82,36 @@ def summarize(rows: list[dict]) -> dict:
                                         for r in rows for s in ("star", "ring"))}
 
 
+def table(doc: dict) -> str:
+    """The markdown table of a result: per plan, medians and the paired ratio."""
+    out = ["| plan | prompts | star k=2 tok/s, median | ring k=2 tok/s, median | ring / star, "
+           "paired per prompt: median (range) | geometric mean | client waits per verify, "
+           "star / ring | tokens = MTP off |", "|---|---|---|---|---|---|---|---|"]
+    for s in doc["summary"]:
+        waits = "/".join(f"{w:g}" for w in s["star_waits_per_verify"]) + " / " + "/".join(
+            f"{w:g}" for w in s["ring_waits_per_verify"])
+        out.append(f"| `{s['plan']}` | {s['n_prompts']} | {s['star_tok_s_median']:.2f} | "
+                   f"{s['ring_tok_s_median']:.2f} | {s['ring_over_star_median']:.3f} "
+                   f"({s['ring_over_star_min']:.3f}-{s['ring_over_star_max']:.3f}) | "
+                   f"{s['ring_over_star_geomean']:.3f} | {waits} | "
+                   f"{'yes' if s['tokens_equal_mtp_off'] else 'NO'} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
+    ap.add_argument("--table", action="store_true", help="print the table of OUT and stop")
     ap.add_argument("--plans", default="0-0,1-2,3-3", help="plans, ';'-separated")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--rtt", type=float, default=100.0)
     a = ap.parse_args()
+    if a.table:
+        with open(a.out) as f:
+            print(table(json.load(f)))
+        return 0
     prov = host.provenance(paths.REPO, build_info(),
                            ["evidence/upstream-patches/ring_tokens.py", *sys.argv[1:]])
     pair = trained_paths()
