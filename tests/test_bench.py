@@ -15,11 +15,13 @@ import nbformat
 import pytest
 
 from mtplib.contract.labels import TIME_PARTS
+from mtplib.errors import InputError
 from mtplib.lab import bench_config as BC
 from mtplib.lab import bench_summary as BS
 from mtplib.lab import tables
 from mtplib.lab.display import REFERENCE_S9
 from mtplib.lab.sweep import break_even
+from mtplib.model.trained import trained_paths
 from mtplib.records.evidence import (
     copy_run,
     load_raw,
@@ -278,3 +280,39 @@ def test_bench_takes_a_wan_for_its_ranged_plans():
     r = subprocess.run([sys.executable, "-m", "mtplib.cli", "bench", "--wan", "5,6,7",
                         "--quiet"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "one per shard" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_takes_a_seam_for_its_ranged_plans():
+    assert BC.BenchConfig.from_dict({}).seam == "star"
+    assert BC.BenchConfig.from_dict({"plans": ["0-1,2-3"], "seam": "ring"}).seam == "ring"
+    with pytest.raises(BC.BenchConfigError, match="seam must be one of auto, star, ring"):
+        BC.BenchConfig.from_dict({"seam": "mesh"})
+    from mtplib.records.parameters import check_value
+
+    with pytest.raises(InputError, match="seam"):
+        check_value("bench", {"seam": "mesh"})
+    assert check_value("bench", {"seam": "auto"})["seam"] == "auto"
+    with pytest.raises(InputError, match="seam"):
+        check_value("wan", {"seam": "mesh"})
+
+
+@pytest.mark.slow
+def test_a_ranged_bench_row_says_which_seam_ran_per_pair(tmp_path):
+    """bench.seam ring on 0-1,2-3: every ranged row carries the generation's seam (asked,
+    ran, each shard pair's ring or star), as generate's metrics do; it reads back."""
+    from mtplib.lab import bench as B
+    from mtplib.lab.bench_rows import BenchRun
+    from mtplib.runtime.rpc import client_proto_minor
+
+    pair = trained_paths()
+    cfg = BC.BenchConfig.from_dict({"plans": ["whole", "0-1,2-3"], "ks": [2], "n_new": 6,
+                                    "reps": 1, "warmup": 0, "sweep": None, "seam": "ring",
+                                    "n_ctx": 256, "prompts": [{"seed": 0, "len": 8}]},
+                                   threads=1)
+    res = B.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
+    rows = [r.to_dict() for r in res.runs]
+    ranged = [r for r in rows if r["plan"] == "0-1,2-3"]
+    assert ranged and all(r["seam"]["requested"] == "ring" for r in ranged)
+    want = "ring" if client_proto_minor() >= 2 else "star"
+    assert all([x["seam"] for x in r["seam"]["links"]] == [want] for r in ranged)
+    assert BenchRun.from_dict(ranged[0]).ranged.seam == ranged[0]["seam"]

@@ -18,27 +18,40 @@ from mtplib.distributed.relay import (
     parse_wan,
 )
 from mtplib.errors import InputError
-from mtplib.runtime.rpc import ShardError, recv_exact
+from mtplib.runtime.links import parse_peer_wan
+from mtplib.runtime.rpc import RPC_PEER_HELLO, ShardError, recv_exact
 
 
 class Echo:
-    """A loopback server answering every chunk with ``reply(chunk)``."""
+    """A loopback server answering every chunk with ``reply(chunk)`` (on up to
+    ``n_conns`` connections, one after another accepted, each served on its own thread)."""
 
-    def __init__(self, reply=lambda b: b) -> None:
+    def __init__(self, reply=lambda b: b, n_conns: int = 1) -> None:
         self.srv = socket.create_server(("127.0.0.1", 0))
         self.srv.settimeout(5)
         self.endpoint = f"127.0.0.1:{self.srv.getsockname()[1]}"
         self.reply = reply
         self.conns: list[socket.socket] = []
+        self.n_conns = n_conns
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
 
     def _run(self) -> None:
+        for _ in range(self.n_conns - 1):
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
         try:
             c, _ = self.srv.accept()
         except OSError:
             return
         self.conns.append(c)
+        self._serve(c)
+
+    def _serve(self, c: socket.socket) -> None:
         c.settimeout(5)
         try:
             while data := c.recv(65536):
@@ -224,6 +237,42 @@ def test_parse_wan():
                      ("10:0", "> 0 Mbit"), ("nan", "0..10000")]:
         with pytest.raises(InputError, match=msg):
             parse_wan(bad, 2)
+
+
+def test_parse_peer_wan():
+    assert parse_peer_wan("10", 3) == [WanLink(10.0)] * 2
+    assert parse_peer_wan("10,20:50", 3) == [WanLink(10.0), WanLink(20.0, 50.0)]
+    for bad, n, msg in [("1,2,3", 3, "^--peer-wan '1,2,3': .* one per peer link \\(2 peer"),
+                        ("x", 2, "^--peer-wan 'x': 'x' is not RTT_MS"),
+                        ("-5", 2, "^--peer-wan '-5': WAN RTT must be in 0..10000"),
+                        ("10", 1, "needs at least 2 shards")]:
+        with pytest.raises(InputError, match=msg):
+            parse_peer_wan(bad, n)
+
+
+def test_a_peer_link_gets_its_own_wan_and_a_client_link_keeps_its_own():
+    """A connection whose first byte is PEER_HELLO (patches/0007's peer link) passes the
+    relay's ``peer`` link; the client's connection its ``link``. Both at once, on one relay:
+    the client at 200 ms, the peer at 20 ms (as --wan 200 --peer-wan 20)."""
+    echo = Echo(n_conns=2)
+    port = None
+    with CountingRelay(echo.endpoint, check_replies=False) as r:
+        r.set_link(WanLink(200.0), WanLink(20.0))
+        port = int(r.endpoint.split(":")[1])
+        client = _round_trip(r.endpoint, b"\x00" * 64)
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.monotonic()
+        s.sendall(bytes([RPC_PEER_HELLO]) + b"\x00" * 63)
+        recv_exact(s, 64)
+        peer = time.monotonic() - t0
+        s.close()
+        assert r.link_for("peer") == WanLink(20.0) and r.link_for("client") == WanLink(200.0)
+        r.set_link(WanLink(30.0))  # no peer link given: a peer gets the shard's own
+        assert r.link_for("peer") == WanLink(30.0)
+    echo.close()
+    assert 0.198 <= client < 0.5, client
+    assert 0.019 <= peer < 0.15, peer
 
 
 def test_step_counts_unanswered_bytes_sent_just_before_it_ends():

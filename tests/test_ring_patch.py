@@ -208,6 +208,30 @@ def test_ring_gives_the_star_and_whole_tokens_with_one_wait_per_step(whole, plan
         assert 2 * peer["classes"]["seam"] == star["bytes"]["decode"]["seam"]
 
 
+@needs_ring
+@pytest.mark.slow
+def test_peer_wan_gives_the_peer_links_their_own_rtt():
+    """--wan 120 --peer-wan 0 on 3 shards: a ring step pays one client round trip (client
+    -> head, tail -> client) and peer hops of ~0, where with the peer links at the client
+    links' RTT it pays two (4 one-way hops of 60 ms); the tokens do not change and the
+    result names each pair's peer link."""
+    p = trained_paths()
+    opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1))
+    out = {}
+    for peer in (None, "0"):
+        with RangedMTP(str(p.trunk), plan="0-0,1-2,3-3", seam="ring", wan="120",
+                       peer_wan=peer) as r:
+            r.generate(PROMPT, 2, opts)
+            toks, m = r.generate(PROMPT, 8, opts)
+            out[peer] = (toks, m.decode_s / (m.n_generated - 1), m.seam["peer_wan"],
+                         r.rt.seam_report()["peer_links"])
+    (same, slow, same_links, rep_same), (near, fast, near_links, rep_near) = out.values()
+    assert same == near
+    assert same_links == rep_same == ["120", "120"] and near_links == rep_near == ["0", "0"]
+    assert 0.235 <= slow < 0.4, slow  # 2 round trips
+    assert 0.118 <= fast < 0.2, fast  # 1 round trip
+
+
 def _shards(build: str, n: int) -> LocalShards:
     return LocalShards(n, env=dict(os.environ, MTPLIB_UPSTREAM=build), cwd=REPO,
                        start_timeout_s=60)

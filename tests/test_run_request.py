@@ -280,11 +280,38 @@ def test_the_request_is_frozen_and_pickles_as_the_worker_gets_it(pair, counts, t
     ({"n_ctx": 0}, "n_ctx must be an integer >= 1"),
     ({"plan": "0-1,2-3", "seam": "mesh"}, "^seam must be one of auto, star, ring"),
     ({"seam": "ring"}, "^seam needs plan"),
+    ({"peer_wan": "10"}, "^peer_wan needs plan"),
+    ({"plan": "0-1,2-3", "peer_wan": "10,10"}, "^peer_wan '10,10': give one .* peer link"),
+    ({"plan": "0-1,2-3", "peer_wan": [WanLink(), WanLink()]},
+     "^peer_wan: 2 WAN links for 1 peer links"),
+    ({"plan": "0-3", "peer_wan": "10"}, "^peer_wan needs at least 2 shards"),
+    ({"plan": "0-1,2-3", "peer_wan": "10", "insecure_plaintext": True,
+      "endpoints": ["127.0.0.1:5001", "10.1.2.3:5002"]}, "^peer_wan: shard 1 at 10.1.2.3:5002 "
+     "is remote"),
 ])
 def test_bad_input_is_refused_naming_the_field(pair, kw, msg):
     kw = {k: str(pair.sidecar) if v == "S" else v for k, v in kw.items()}
     with pytest.raises(InputError, match=msg):
         build_request(pair.trunk, **kw)
+
+
+def test_peer_wan_is_one_link_per_shard_pair_checked_once(pair, capsys):
+    req = build_request(pair.trunk, plan="0-0,1-2,3-3", wan="100", peer_wan="10")
+    assert req.peer_wan == (WanLink(10.0), WanLink(10.0)) and req.wan == (WanLink(100.0),) * 3
+    assert build_request(pair.trunk, plan="0-1,2-3").peer_wan is None
+    two = build_request(pair.trunk, plan="0-0,1-2,3-3", peer_wan=[WanLink(5), WanLink(7)])
+    assert two.peer_wan == (WanLink(5), WanLink(7))
+    # loopback endpoints pass their relays here: the peer links can be delayed there
+    loop = build_request(pair.trunk, plan="0-1,2-3", peer_wan="10",
+                         endpoints=["127.0.0.1:5001", "127.0.0.1:5002"])
+    assert loop.peer_wan == (WanLink(10.0),)
+    assert main(["generate", "--model", str(pair.trunk), "--tokens", "1,2", "--n", "1",
+                 "--peer-wan", "10"]) == 2
+    assert "--peer-wan, --mtp-placement" in capsys.readouterr().err
+    assert main(["generate", "--model", str(pair.trunk), "--tokens", "1,2", "--n", "1",
+                 "--plan", "0-1,2-3", "--peer-wan", "5,5"]) == 2
+    assert "--peer-wan '5,5': give one RTT_MS[:MBIT] for every peer link" in \
+        capsys.readouterr().err
 
 
 def test_a_refused_draft_has_its_own_type_and_the_cli_its_own_words(pair):

@@ -26,7 +26,8 @@ def test_config_validation():
                      ({"colour": 1}, "unknown keys"), ({"mbits": [0]}, "mbits"),
                      ({"mbits": [-20]}, "mbits"), ({"mbits": []}, "mbits"),
                      ({"mbits": ["fast"]}, "mbits"), ({"mbits": [20, 20.0]}, "twice"),
-                     ({"cold_shards": "moon"}, "cold_shards")]:
+                     ({"cold_shards": "moon"}, "cold_shards"),
+                     ({"seam": "mesh"}, "^wan: seam must be one of auto, star, ring")]:
         with pytest.raises(InputError, match=msg):
             W.WanConfig.from_dict(bad)
     assert W.WanConfig.from_dict({"mbits": [20, 100, None]}).mbits == [20, 100, None]
@@ -49,6 +50,10 @@ def test_cli_generate_with_endpoints_gives_them_and_nothing_else():
     assert "--threads" not in cmd and "--shard-threads" not in cmd  # the CLI's defaults
     assert "--endpoints" not in W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1],
                                                n_new=4, wan="0")
+    assert "--seam" not in cmd  # the CLI's default (star) is left to it
+    ring = W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1], n_new=4, wan="0",
+                          seam="ring")
+    assert ring[ring.index("--seam") + 1] == "ring"
 
 
 def _row(k, rtt, tok_s, tps, waits, *, topo="remote", place="client", tokens=(1, 2),
@@ -223,6 +228,7 @@ def test_a_stopped_run_resumes_keeping_its_finished_cells(tmp_path, monkeypatch)
     again = W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
     assert _FakeRanged.calls == [] and again["rows"] == res["rows"]
     for bad, msg in [({"n_new": 5}, "n_new: 4 there, 5 now"),
+                     ({"seam": "ring"}, "seam: 'star' there, 'ring' now"),
                      ({"rtts_ms": [25]}, "holds cells this config does not list")]:
         with pytest.raises(InputError, match=msg):
             W.run_wan(str(PAIR.trunk), None, replace(cfg, **bad), prompts, out_dir=tmp_path,

@@ -1,20 +1,27 @@
 """The V4-Flash projection (mtplib.lab.projection, its defaults) for three message
 structures: today's star (`measured`: 2 waits per seam + 1), the star with one wait per seam
-(`seam_once`, patches/0002-0004, measured on the trained pair) and a shard-to-shard seam
-(`RING` below: an assumption, nothing of it is implemented). Prints a markdown table.
+(`seam_once`, patches/0002-0004, measured on the trained pair) and the shard-to-shard ring
+(patches/0007, `ring_structure`: its waits measured, ring-waits.json). Prints a markdown
+table.
 
     PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/ring_projection.py
 
 The ring: the client sends the step's inputs to every shard (SETs: no wait), each shard
 pushes its boundary value to the next, the tail answers the client. With every link at the
-same RTT r, a step is n_shards + 1 one-way hops = (n_shards + 1) / 2 round trips, against
-the star's n_shards. In the cost model `t = compute + RTT x waits + bytes / bandwidth` that
-is per_seam 0.5 and tail 1 (`StepWaits.on_shards`); bytes are counted as in the star (each
-boundary value twice), which overstates the ring's by one hop per seam.
+same RTT r, a step is n_shards + 1 one-way hops = (n_shards + 1) / 2 round trips by
+construction (per_seam 0.5, tail 1 in `StepWaits.on_shards`), against the star's n_shards.
+The structure used is the measured one: the ring rows of ring-waits.json (the trained
+pair, MTP off, every link at 100 ms: effective waits per plain token by time on 2 and 3
+shards) give tail + per_seam x (n_shards - 1) through both points, each rounded to 2
+decimals. A verify step with the head in the client is the same traversal (the relays
+count 1 client wait for both); with the head on the tail it waits once more on the tail,
+as in `seam_once`. Bytes are counted as in the star (each boundary value twice), which
+overstates the ring's by one hop per seam.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from dataclasses import replace
@@ -27,12 +34,27 @@ from mtplib.lab import projection as P  # noqa: E402
 from mtplib.model.fixture import write_fixture  # noqa: E402
 from mtplib.ownership.derivation import inventory_from_paths  # noqa: E402
 
-RING = replace(P.SEAM_ONCE, plain=P.StepWaits(per_seam=0.5, tail=1),
-               verify_head_client=P.StepWaits(per_seam=0.5, tail=1),
-               verify_head_tail=P.StepWaits(per_seam=0.5, tail=2),
-               source="assumed: a shard-to-shard seam, the client waits once per step")
+#: the measured ring: its waits by time per plain token on 2 and 3 shards
+WAITS = REPO / "evidence" / "upstream-patches" / "ring-waits.json"
+
+
+def ring_structure(path: Path = WAITS):
+    """`seam_once` with the ring's measured waits: (per_seam, tail) through the ring rows'
+    (n_shards, waits by time) points, rounded to 2 decimals."""
+    rows = {r["n_shards"]: r["waits_by_time"] for r in json.loads(path.read_text())["rows"]
+            if r["seam"] == "ring"}
+    (n1, w1), (n2, w2) = sorted(rows.items())
+    per_seam = round((w2 - w1) / (n2 - n1), 2)
+    tail = round(w1 - per_seam * (n1 - 1), 2)
+    return replace(P.SEAM_ONCE, plain=P.StepWaits(per_seam=per_seam, tail=tail),
+                   verify_head_client=P.StepWaits(per_seam=per_seam, tail=tail),
+                   verify_head_tail=P.StepWaits(per_seam=per_seam, tail=tail + 1),
+                   source=f"measured: patches/0007's ring, waits by time on 2 and 3 shards "
+                          f"at 100 ms ({path.name}): per_seam {per_seam:g}, tail {tail:g}")
+
+
 STRUCTURES = (("star today", P.MEASURED), ("star, one wait per seam", P.SEAM_ONCE),
-              ("shard-to-shard ring", RING))
+              ("shard-to-shard ring (measured waits)", ring_structure()))
 SHARDS = (2, 4, 8)
 RTTS = (10, 25, 50, 100, 200)
 SCENARIO = P.Scenario(placement="client", head="client")

@@ -2,6 +2,13 @@
 
     PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/ring_waits.py \
         evidence/upstream-patches/ring-waits.json
+    PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/ring_waits.py \
+        --peer-rtt 10 evidence/upstream-patches/ring-waits-asymmetric.json
+
+``--peer-rtt MS``: the asymmetric topology of issue 31, every client link (the relay in
+front of each shard) at 100 ms and the ring's shard-to-shard links at MS (``--peer-wan``;
+the star has none, it pays the client links once per shard); the 0 ms baseline has both
+at 0. ``--plans`` picks the plans (default both).
 
 The trained pair, MTP off, plans 0-1,2-3 and 0-0,1-2,3-3, 4 held-out prompts (32 tokens)
 x 24 new tokens, one untimed warm-up per configuration. Every shard link (the relay in
@@ -11,6 +18,7 @@ hop. "Waits by time" = (s per decoded token at 100 ms - at 0 ms) / 0.1 s; the re
 wait counts (taken behind the 100 ms links) are beside it.
 """
 
+import argparse
 import hashlib
 import json
 import sys
@@ -29,18 +37,27 @@ from mtplib.runtime.speculative import EngineOptions
 RTT_MS = 100
 N_NEW = 24
 
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("out", help="the result JSON")
+ap.add_argument("--peer-rtt", type=float, default=None, metavar="MS",
+                help="the ring's peer links at this RTT (default: as the client links)")
+ap.add_argument("--plans", default="0-1,2-3;0-0,1-2,3-3", help="plans, ';'-separated")
+a = ap.parse_args()
+PLANS = a.plans.split(";")
 prov = host.provenance(paths.REPO, build_info(), ["evidence/upstream-patches/ring_waits.py",
                                                    *sys.argv[1:]])
 pair = trained_paths()
 prompts = trained_prompts(4, 32)
 opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1))
 rows = []
-for plan in ("0-1,2-3", "0-0,1-2,3-3"):
+for plan in PLANS:
     for seam in ("star", "ring"):
         row = {"plan": plan, "n_shards": plan.count(",") + 1, "seam": seam}
         for rtt in (0, RTT_MS):
+            peer = None if a.peer_rtt is None or seam == "star" else (
+                f"{a.peer_rtt:g}" if rtt else "0")
             with RangedMTP(str(pair.trunk), plan=plan, seam=seam,
-                           wan=str(rtt) if rtt else None) as r:
+                           wan=str(rtt) if rtt else None, peer_wan=peer) as r:
                 r.generate(prompts[0], 4, opts)  # warm-up
                 s_per_tok, tokens, waits, links = [], [], [], None
                 for p in prompts:
@@ -49,17 +66,19 @@ for plan in ("0-1,2-3", "0-0,1-2,3-3"):
                     tokens.append(toks)
                     waits.append(m.waits_per_step.get("decode"))
                     links = [x["seam"] for x in m.seam["links"]]
+                    peer_wan = m.seam["peer_wan"]
             row[f"s_per_token_{rtt}ms"] = sum(s_per_tok) / len(s_per_tok)
             row[f"relay_waits_per_plain_step_{rtt}ms"] = waits
             row[f"tokens_{rtt}ms"] = tokens
             row["links"] = links
+            row[f"peer_wan_{rtt}ms"] = peer_wan
         row["waits_by_time"] = ((row[f"s_per_token_{RTT_MS}ms"] - row["s_per_token_0ms"])
                                 / (RTT_MS / 1000))
         row["tokens_equal_across_rtt"] = row["tokens_0ms"] == row[f"tokens_{RTT_MS}ms"]
         rows.append(row)
         print(plan, seam, f"{row['waits_by_time']:.2f} waits by time",
               row[f"relay_waits_per_plain_step_{RTT_MS}ms"], row["links"], flush=True)
-for plan in ("0-1,2-3", "0-0,1-2,3-3"):
+for plan in PLANS:
     star, ring = (r for r in rows if r["plan"] == plan)
     ring["tokens_equal_star"] = ring["tokens_0ms"] == star["tokens_0ms"]
 info = upstream_info()
@@ -69,7 +88,8 @@ out = {"upstream": {k: info[k] for k in ("build", "patches", "llama_cpp_commit")
        # installed build's marker, which a hand-installed libggml-rpc does not update
        "rpc_protocol": f"7.{client_proto_minor()}",
        "libggml_rpc_sha256": hashlib.sha256(rpc_lib.read_bytes()).hexdigest(),
-       "rtt_ms": RTT_MS, "n_prompts": len(prompts), "prompt_tokens": 32, "n_new": N_NEW,
+       "rtt_ms": RTT_MS, "peer_rtt_ms": a.peer_rtt, "n_prompts": len(prompts),
+       "prompt_tokens": 32, "n_new": N_NEW,
        "rows": rows, "provenance": host.finish(prov)}
-with open(sys.argv[1], "w") as f:
+with open(a.out, "w") as f:
     json.dump(out, f, indent=1)

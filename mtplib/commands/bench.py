@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mtplib import paths
 from mtplib.commands.common import add_json_arg, add_tls_args
+from mtplib.contract.labels import SEAM_CHOICES
 
 
 def run(a: argparse.Namespace) -> int:
@@ -33,10 +34,11 @@ def run(a: argparse.Namespace) -> int:
         raise LaneError(f"{lane.path}: no 'bench:' section to run")
     if a.policy is not None:
         lane.policy = a.policy
-    # --wan / --tls replace the lane's values before the section is checked, once, with
+    # --wan / --tls / --seam replace the lane's values before the section is checked, once, with
     # the lane: the WAN text is parsed there into each ranged plan's links, which its run
     # gets (`BenchConfig.wan_links`)
-    lane.bench = {**lane.bench, **{k: v for k, v in (("wan", a.wan), ("tls", a.tls))
+    lane.bench = {**lane.bench, **{k: v for k, v in (("wan", a.wan), ("tls", a.tls),
+                                                            ("seam", a.seam))
                                    if v is not None}}
     cfg = check_lane_requirements(lane)
     assert cfg is not None  # the lane has a bench section
@@ -91,6 +93,11 @@ def register(sub) -> None:
     b.add_argument("--wan", metavar="RTT_MS[:MBIT][,...]", default=None,
                    help="ranged plans: emulate a WAN in front of each shard (as generate "
                    "--wan; default: the lane's bench.wan, else loopback)")
+    b.add_argument("--seam", choices=SEAM_CHOICES, default=None,
+                   help="ranged plans: how boundary values reach the next shard (as generate "
+                   "--seam: star, ring = shard to shard with patches/0007, auto); default: "
+                   "the lane's bench.seam, else star; each ranged row's seam says which ran, "
+                   "per shard pair")
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")

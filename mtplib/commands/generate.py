@@ -146,8 +146,9 @@ def check_engine_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints/--rpc needs --plan (which layers each endpoint serves; "
                          "mtplib does not split the layers by itself)")
     if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
-                       or a.tls or a.insecure_plaintext or getattr(a, "seam", "star") != "star"):
-        raise InputError("--wan, --mtp-placement, --allow-cache-crossing, --tls, "
+                       or a.tls or a.insecure_plaintext or getattr(a, "seam", "star") != "star"
+                       or getattr(a, "peer_wan", None)):
+        raise InputError("--wan, --peer-wan, --mtp-placement, --allow-cache-crossing, --tls, "
                          "--insecure-plaintext and --seam need --plan (they describe shards)")
     resolve_llama_args(a)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
@@ -160,7 +161,8 @@ CLI_NAMES = {"draft": "--draft", "plan": "--plan", "endpoints": "--endpoints",
              "wan": "--wan", "mtp_placement": "--mtp-placement",
              "shard_threads": "--shard-threads", "tls": "--tls",
              "insecure_plaintext": "--insecure-plaintext",
-             "allow_cache_crossing": "--allow-cache-crossing", "seam": "--seam"}
+             "allow_cache_crossing": "--allow-cache-crossing", "seam": "--seam",
+             "peer_wan": "--peer-wan"}
 
 
 def request_from_args(a: argparse.Namespace):
@@ -181,7 +183,7 @@ def request_from_args(a: argparse.Namespace):
             mtp_placement=a.mtp_placement, shard_threads=a.shard_threads,
             tls=tls_from_args(a), insecure_plaintext=a.insecure_plaintext,
             allow_cache_crossing=a.allow_cache_crossing, seam=getattr(a, "seam", "star"),
-            policy=a.policy, names=CLI_NAMES)
+            peer_wan=getattr(a, "peer_wan", None), policy=a.policy, names=CLI_NAMES)
     except DraftRefused:  # --mtp is given: 0 is no choice here (leave --mtp out)
         raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}") from None
 
@@ -264,6 +266,12 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    "shard (patches/0007, RPC 7.2: one wait per step; a shard pair with an "
                    "older shard stays on the star), auto = ring where every shard speaks it "
                    "and no TLS gateway is between them; metrics.seam says which ran, per pair")
+    g.add_argument("--peer-wan", metavar="RTT_MS[:MBIT][,...]",
+                   help="with --plan and the ring: emulate the WAN of the shard-to-shard links "
+                   "apart from --wan (e.g. --wan 100 --peer-wan 10: the client far, the "
+                   "shards near each other), one value for every link or one per link "
+                   "(shard i -> i+1); default: a peer link gets the --wan of the shard it "
+                   "pushes into; local or loopback shards only; metrics.seam.peer_wan")
     add_tls_args(g)  # mutual TLS to the shards (--tls DIR), passed on by open_backend
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "

@@ -279,7 +279,7 @@ class RangedRuntime:
                 parse_endpoint(ep, allow_remote=allow_remote)
         self.mtp_placement = mtp_placement
         wan = list(request.wan)
-        if not relay and any(w.active for w in wan):
+        if not relay and any(w.active for w in (*wan, *(request.peer_wan or ()))):
             raise PlanError("WAN emulation needs the relays (relay=True)")
         # a clear error naming the shard, before anything starts
         self.shard_info = probe_shards(self.endpoints, tls=tls, timeout_s=probe_timeout_s,
@@ -329,8 +329,11 @@ class RangedRuntime:
                         b["endpoint"] = back.get(b["endpoint"], b["endpoint"])
             self.trunk, self.sidecar = info["trunk"], info["sidecar"]
             # loading runs over loopback; the emulated WAN applies from here on
-            for r, link in zip(self.relays.relays, wan if relay else [], strict=True):
-                r.set_link(link)
+            # (the ring's peer link into shard i, from shard i - 1, passes shard i's relay)
+            peers = [None, *request.peer_wan] if request.peer_wan else [None] * len(wan)
+            for r, link, peer in zip(self.relays.relays, wan if relay else [],
+                                     peers if relay else [], strict=True):
+                r.set_link(link, peer)
         except BaseException:
             self.close()
             raise
@@ -674,15 +677,19 @@ class RangedRuntime:
     def seam_summary(self) -> dict:
         """Which seam ran: what was asked, what this runtime chose and why, and each shard
         pair upstream's client set up so far (``links``: from/to as shard endpoints, "ring"
-        or "star" and why; a pair appears at its first copy, i.e. once warmed)."""
+        or "star" and why; a pair appears at its first copy, i.e. once warmed) and the
+        emulated WAN of each pair's peer link (``peer_wan``)."""
         from mtplib.distributed.worker import seam_report
 
         back = dict(zip(self.client_endpoints, self.endpoints, strict=True))
         links = [dict(link, **{"from": back.get(link["from"], link["from"]),
                                "to": back.get(link["to"], link["to"])})
                  for link in self.call(seam_report)]
+        # each shard pair's emulated peer link (``--peer-wan``, else the receiving shard's
+        # ``--wan``), in plan order; what a ring pair's pushes passed
+        peer_wan = [str(r.link_for("peer")) for r in self.relays.relays[1:]]
         return {"requested": self.seam_requested, "seam": self.seam, "why": self.seam_why,
-                "links": links}
+                "links": links, "peer_wan": peer_wan}
 
     def seam_report(self, dtype: str = "f32") -> dict:
         """Bytes and waits on all shard connections per step label, per token, next to the
@@ -755,6 +762,9 @@ class RangedRuntime:
                 {k: {c: classes[k][c] + peer_classes[k][c] for c in classes[k]}
                  for k in run_labels}),
             "links": [str(r.link) for r in self.relays.relays],
+            # the link each shard's peer link from the shard before it passes (the head
+            # has none): ``--peer-wan``, else that shard's own link
+            "peer_links": [str(r.link_for("peer")) for r in self.relays.relays[1:]],
             "steps": steps,
         }
 

@@ -193,13 +193,13 @@ class RangedMTP:
                  warm: bool = True, allow_cache_crossing: bool = False,
                  tls: TlsConfig | None = None,
                  placement_costs: Mapping[str, float] | None = None,
-                 seam: str = "star") -> None:
+                 seam: str = "star", peer_wan: str | Sequence[WanLink] | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
 
         if isinstance(trunk, RunRequest):
             asked = dict(plan=plan, sidecar=sidecar, endpoints=endpoints, wan=wan, opts=opts,
-                         policy=policy, tls=tls)
+                         policy=policy, tls=tls, peer_wan=peer_wan)
             if any(v is not None for v in asked.values()) or shard_threads != 1 or \
                     insecure_plaintext or mtp_placement != "auto" or allow_cache_crossing or \
                     seam != "star":
@@ -217,7 +217,7 @@ class RangedMTP:
                                 shard_threads=shard_threads, tls=tls,
                                 insecure_plaintext=insecure_plaintext,
                                 allow_cache_crossing=allow_cache_crossing, seam=seam,
-                                policy=policy)
+                                peer_wan=peer_wan, policy=policy)
         if not req.ranged:
             raise InputError("a whole-model request (no plan) runs in MTPRuntime, not "
                              "RangedMTP")

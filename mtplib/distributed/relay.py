@@ -255,6 +255,9 @@ class CountingRelay:
         self.upstream = upstream
         self.check_replies = check_replies
         self.link = link or WanLink()
+        #: the link a peer connection into this shard gets (the ring's shard-to-shard hop,
+        #: ``--peer-wan``); None: the same as the client's (``link``)
+        self.peer_link: WanLink | None = None
         self.tls = tls
         self._tls_ctx = tls.client_context() if tls is not None else None
         self._up_addr = parse_endpoint(upstream, allow_remote=allow_remote or tls is not None)
@@ -289,10 +292,15 @@ class CountingRelay:
         t.start()
         self._threads.append(t)
 
-    def set_link(self, link: WanLink) -> None:
-        """Change the emulated WAN (e.g. after loading over loopback); chunks already
-        queued keep their release times and order."""
-        self.link = link
+    def set_link(self, link: WanLink, peer: WanLink | None = None) -> None:
+        """Change the emulated WAN (e.g. after loading over loopback): ``link`` for the
+        client's connections, ``peer`` for peer links into this shard (None: ``link``);
+        chunks already queued keep their release times and order."""
+        self.link, self.peer_link = link, peer
+
+    def link_for(self, kind: str | None) -> WanLink:
+        """The emulated link a connection of this kind ("client" / "peer") passes."""
+        return self.peer_link if kind == "peer" and self.peer_link is not None else self.link
 
     # -- counting -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -435,7 +443,7 @@ class CountingRelay:
                     self._event("malformed_reply", error=str(e))
                     conn.close(by="relay")
                     break
-                link = self.link  # may change between steps (set_link)
+                link = self.link_for(conn.kind)  # may change between steps (set_link)
                 if not link.active and not q:
                     dst.sendall(data)
                 else:
@@ -449,7 +457,8 @@ class CountingRelay:
             pass
         conn.busy[i] = False
         with ready:  # what is in flight still arrives, then the close
-            q.append((max(time.monotonic() + self.link.one_way_s, free_at), None))
+            q.append((max(time.monotonic() + self.link_for(conn.kind).one_way_s, free_at),
+                      None))
             ready.notify()
 
     def _release(self, conn: _Conn, i: int, dst: socket.socket) -> None:

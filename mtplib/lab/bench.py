@@ -124,7 +124,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
     rows = []
     # the plan's request, checked once (`build_request`): plan, WAN, TLS, policy, files
     req = build_request(trunk, sidecar=sidecar, plan=plan, policy=cfg.policy,
-                        wan=cfg.wan_links(plan), tls=cfg.tls_config())
+                        wan=cfg.wan_links(plan), tls=cfg.tls_config(), seam=cfg.seam)
     with RangedMTP(req) as r:
         for k in [0, *cfg.ks]:
             opts = EngineOptions(k=k, settings=settings)
@@ -142,7 +142,7 @@ def _run_ranged(trunk: str, sidecar: str, plan: str, cfg: BenchConfig, refs: dic
                         seam_bytes_per_token=gen_bytes / max(m.n_generated, 1), metrics=m,
                         ranged=RangedSeam(m.seam_bytes_per_token,
                                           m.seam_contract_min_per_token,
-                                          m.mtp_placement, m.head),
+                                          m.mtp_placement, m.head, m.seam),
                         quality=_quality(ref, toks, margins, len(prompt))))
     return rows
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mtplib.contract.capabilities import POLICIES, RouteRefused
+from mtplib.contract.labels import SEAM_CHOICES
 from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab import checks as C
 from mtplib.lab.sweep import SWEEP_RULES, SweepConfig
@@ -54,6 +55,7 @@ BENCH_RULES: dict[str, C.Check] = {
     "wan": C.optional(C.text(what="RTT_MS[:MBIT][,...] (as generate --wan)")),
     "tls": C.optional(C.says(C.text(what="a TLS directory (mtplib tls init DIR)"),
                              "a directory (mtplib tls init DIR)")),
+    "seam": C.text(SEAM_CHOICES),
 }
 #: the nested sections' rules, for `C.check_fields`
 NESTED = {"sweep": SWEEP_RULES, "sampling": SAMPLING_RULES}
@@ -85,6 +87,10 @@ class BenchConfig:
     #: ranged plans only: a TLS directory (`mtplib tls init`): the local shards serve through
     #: their mutual-TLS gateways and the relays connect with TLS, as `generate --tls`
     tls: str | None = None
+    #: ranged plans only: how boundary values reach the next shard, as `generate --seam`
+    #: (`SEAM_CHOICES`: star, ring = patches/0007's shard to shard, auto); each ranged row
+    #: says which ran, per shard pair (``seam``)
+    seam: str = "star"
 
     @classmethod
     def from_dict(cls, d: dict | None, *, threads: int | None = None,

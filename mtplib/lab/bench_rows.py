@@ -26,12 +26,15 @@ class Quality:
 @dataclass(frozen=True)
 class RangedSeam:
     """What a run on shards adds: bytes per token by step kind, the contract's minimum,
-    where the MTP block and the output head ran (None: not recorded)."""
+    where the MTP block and the output head ran and which seam ran (the generation's
+    ``metrics.seam``: asked, chosen and why, each shard pair's star or ring); None: not
+    recorded (older files)."""
 
     seam_by_step: dict[str, float]
     seam_contract_min: dict[str, int]
     mtp_placement: str | None = None
     head: str | None = None
+    seam: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ class BenchRun:
                   if self.sweep else {}),
                "seam_bytes_per_token": self.seam_bytes_per_token, "threads": self.threads}
         if self.ranged:
+            # the seam figures always (None included); the rest where recorded (a row
+            # before the field has no placement, head or seam)
             row.update({k: v for k, v in asdict(self.ranged).items()
-                        if v is not None or k.startswith("seam")})
+                        if v is not None or k in ("seam_by_step", "seam_contract_min")})
         row.update({
             "n_prompt": m.n_prompt, "n_generated": m.n_generated,
             "decode_tok_s": m.decode_tok_s, "ttft_s": m.ttft_s, "decode_s": m.decode_s,

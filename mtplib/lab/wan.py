@@ -144,7 +144,7 @@ def _run_warm(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress, warm_promp
                 req = build_request(trunk, sidecar=sidecar, plan=plan,
                                     opts=by_k[max(cfg.ks)], mtp_placement=place,
                                     shard_threads=cfg.shard_threads,
-                                    allow_cache_crossing=crossing)
+                                    allow_cache_crossing=crossing, seam=cfg.seam)
                 with RangedMTP(req) as r:
                     relays = r.rt.relays.relays
                     if warm_prompt is not None:

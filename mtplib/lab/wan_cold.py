@@ -21,10 +21,11 @@ from mtplib.lab.wan_rows import _row
 
 def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: Sequence[int],
                  n_new: int, wan: str, n_ctx: int | None = None,
-                 endpoints: Sequence[str] | None = None) -> list[str]:
+                 endpoints: Sequence[str] | None = None, seam: str = "star") -> list[str]:
     """The `mtplib generate` command line of one cold run: the CLI's defaults except the
     model, the plan, MTP, the emulated WAN, the running shards when ``endpoints`` are given
-    (else the CLI starts its own) and --ctx only if the config fixes one."""
+    (else the CLI starts its own), --ctx only if the config fixes one and --seam only
+    where it is not the default (star)."""
     import shutil
     import sys
 
@@ -40,6 +41,8 @@ def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: 
         cmd += ["--mtp", str(sidecar), "--draft", str(k)]
     if n_ctx is not None:
         cmd += ["--ctx", str(n_ctx)]
+    if seam != "star":
+        cmd += ["--seam", seam]
     return cmd
 
 
@@ -81,7 +84,8 @@ def _run_cold(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress) -> None:
                             def one(prompt, kw, wan=wan, eps=eps):
                                 cmd = cli_generate(trunk, sidecar, plan=kw["plan"], k=kw["k"],
                                                    tokens=prompt, n_new=cfg.n_new, wan=wan,
-                                                   n_ctx=cfg.n_ctx, endpoints=eps)
+                                                   n_ctx=cfg.n_ctx, endpoints=eps,
+                                                   seam=cfg.seam)
                                 return _cold_run(cmd, **kw)
                             st.measure(cell, prompts, one, plan=plan, topology=topo,
                                        rtt_ms=rtt, mbit=mbit, k=k)

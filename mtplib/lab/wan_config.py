@@ -60,6 +60,7 @@ WAN_RULES: dict[str, C.Check] = {
     "fit_rtts_ms": _RTTS,
     "cost_model_tolerance": C.number(0),
     "upstream": C.text(what="a build name (MTPLIB_UPSTREAM)"),
+    "seam": C.text(labels.SEAM_CHOICES),
 }
 
 
@@ -96,6 +97,9 @@ class WanConfig:
     #: a cost-model prediction is good when within this fraction of the measurement
     cost_model_tolerance: float = 0.15
     upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
+    #: how boundary values reach the next shard in both modes (`SEAM_CHOICES`, as
+    #: `generate --seam`); each row's ``seam`` says which ran, per shard pair
+    seam: str = "star"
 
     def __post_init__(self) -> None:
         C.check_fields(self, WAN_RULES, "wan")  # each field's one rule

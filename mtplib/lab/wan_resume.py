@@ -24,7 +24,7 @@ from mtplib.runtime import build_info
 #: WanConfig fields a cell's rows depend on besides its coordinates: a folder measured
 #: with other values is refused, never resumed into
 RESUME_FIELDS = ("head", "n_prompts", "prompt_len", "n_new", "reps", "warmup", "n_ctx",
-                 "threads", "shard_threads", "upstream")
+                 "threads", "shard_threads", "upstream", "seam")
 #: the same for cold cells only
 COLD_RESUME_FIELDS = ("cold_shards",)
 

@@ -52,6 +52,9 @@ class WanRun:
     #: the link cap in Mbit/s per direction (None: unlimited; rows older than the field
     #: ran unlimited)
     mbit: float | None = None
+    #: which seam ran (the generation's ``metrics.seam``: asked, chosen and why, each
+    #: shard pair's star or ring); None in rows older than the field
+    seam: dict | None = None
 
     def to_dict(self) -> dict:
         """The row as wan.json holds it (the bandwidth after ``rtt_ms``, a cold run's
@@ -64,6 +67,8 @@ class WanRun:
             del head["mbit"]
         if cold["shards"] is None:  # cold rows before the field did not record it
             del cold["shards"]
+        if d["seam"] is None:  # rows before the field
+            del d["seam"]
         return {**head, **(cold if self.mode == "cold" else {}), **d}
 
     @classmethod
@@ -92,7 +97,7 @@ def _row(m: RangedMetrics, tokens: list[int], **kw) -> dict:
         seam_bytes_per_token=m.seam_bytes_per_token,
         cache_bytes_crossing=m.cache_bytes_crossing,
         wire_violations=m.wire_violations, waits_decode_phase=_decode_waits(m),
-        tokens=tokens).to_dict()
+        tokens=tokens, seam=m.seam).to_dict()
 
 
 def _decode_waits(m: RangedMetrics) -> float | None:

@@ -91,6 +91,8 @@ LAYOUTS = {
     "graph-reuse/shared-cores-*.json": "shared_cores",  # client drafting on shared cores
     "graph-reuse/wan-cells.json": "wan_cells",  # MTP off vs on over capped links
     "upstream-patches/windows_projection.json": "windows_projection",  # a design projection
+    "upstream-patches/ring-waits*.json": "ring_waits",  # star vs ring: waits by time
+    "upstream-patches/ring-tokens.json": "ring_tokens",  # star vs ring, MTP on: tokens/s
     "graph-reuse/pipeline_ttft.json": "pipeline_ttft",  # prefill with/without pipeline copies
     "placement/placement.json": "placement",  # evidence/placement: which placement wins where
     "placement/waits.json": "placement_waits",  # waits per step by drafter and head place

@@ -1,6 +1,7 @@
-"""Each shard connection's emulated WAN (`WanLink`, ``--wan``: `parse_wan`) and its one
-bound (`MAX_RTT_MS`). Pure values: a run's request (`mtplib.runtime.request.RunRequest`)
-holds them, the relays in `mtplib.distributed.relay` apply them.
+"""Each shard connection's emulated WAN (`WanLink`, ``--wan``: `parse_wan`), the ring's
+peer links' (``--peer-wan``: `parse_peer_wan`) and their one bound (`MAX_RTT_MS`). Pure
+values: a run's request (`mtplib.runtime.request.RunRequest`) holds them, the relays in
+`mtplib.distributed.relay` apply them.
 """
 
 from __future__ import annotations
@@ -41,22 +42,40 @@ class WanLink:
         return f"{self.rtt_ms:g}" + (f":{self.mbit:g}" if self.mbit is not None else "")
 
 
-def parse_wan(text: str | None, n_shards: int) -> list[WanLink]:
+def parse_wan(text: str | None, n_shards: int, *, option: str = "--wan",
+              each: str = "shard") -> list[WanLink]:
     """``--wan``: ``RTT_MS[:MBIT]`` for every shard, or one entry per shard, comma-separated
-    (``100,0``: shard 0 behind 100 ms, shard 1 co-located). Empty or None: no WAN."""
+    (``100,0``: shard 0 behind 100 ms, shard 1 co-located). Empty or None: no WAN.
+    ``option`` / ``each``: how errors name the option and what it has one entry per
+    (`parse_peer_wan` reuses it for the peer links)."""
     if text is None or not str(text).strip():
         return [WanLink()] * n_shards
     parts = [s.strip() for s in str(text).split(",")]
     if len(parts) not in (1, n_shards):
-        raise InputError(f"--wan {text!r}: give one RTT_MS[:MBIT] for every shard or one per "
-                         f"shard ({n_shards} shards), comma-separated")
+        raise InputError(f"{option} {text!r}: give one RTT_MS[:MBIT] for every {each} or one "
+                         f"per {each} ({n_shards} {each}s), comma-separated")
     links = []
     for part in parts:
         rtt, _, mbit = part.partition(":")
         try:
             values = float(rtt), float(mbit) if mbit else None
         except ValueError:
-            raise InputError(f"--wan {text!r}: {part!r} is not RTT_MS[:MBIT] "
+            raise InputError(f"{option} {text!r}: {part!r} is not RTT_MS[:MBIT] "
                              "(numbers, e.g. 100 or 100:50)") from None
-        links.append(WanLink(*values))
+        try:
+            links.append(WanLink(*values))
+        except InputError as e:
+            raise InputError(f"{option} {text!r}: {e}") from None
     return links * n_shards if len(links) == 1 else links
+
+
+def parse_peer_wan(text: str, n_shards: int, *, option: str = "--peer-wan") -> list[WanLink]:
+    """``--peer-wan``: the emulated WAN of the ring's shard-to-shard links (patches/0007),
+    ``RTT_MS[:MBIT]`` for every peer link or one per link in plan order (link i: shard i
+    -> shard i + 1, ``n_shards - 1`` of them). Without it a peer link gets the link of the
+    shard it pushes into (its relay's ``--wan``): the deployments the ring is for have
+    shards near each other and the client far away (client links 100 ms, peer links 10)."""
+    if n_shards < 2:
+        raise InputError(f"{option} needs at least 2 shards (a peer link joins two), the plan "
+                         f"has {n_shards}")
+    return parse_wan(text, n_shards - 1, option=option, each="peer link")

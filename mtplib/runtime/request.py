@@ -111,6 +111,10 @@ class RunRequest:
     #: how boundary values reach the next shard (`SEAM_CHOICES`: star, ring, auto), as asked;
     #: the runtime resolves it against the shards' protocol (`resolve_seam`)
     seam: str = "star"
+    #: the ring's shard-to-shard links' emulated WAN (`parse_peer_wan`), one per link in
+    #: plan order (shard i -> i + 1); None: a peer link gets the link of the shard it
+    #: pushes into (``wan``)
+    peer_wan: tuple[WanLink, ...] | None = None
     trunk_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
     sidecar_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
 
@@ -149,7 +153,7 @@ class RunRequest:
 #: how `build_request`'s errors name each field (the CLI passes its option names)
 FIELD_NAMES: Mapping[str, str] = {f: f for f in (
     "draft", "plan", "endpoints", "wan", "mtp_placement", "shard_threads", "tls",
-    "insecure_plaintext", "allow_cache_crossing", "seam")}
+    "insecure_plaintext", "allow_cache_crossing", "seam", "peer_wan")}
 
 
 def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None = None,
@@ -158,7 +162,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                   wan: str | Sequence[WanLink] | None = None, mtp_placement: str = "auto",
                   shard_threads: int = 1, tls: TlsConfig | None = None,
                   insecure_plaintext: bool = False, allow_cache_crossing: bool = False,
-                  seam: str = "star",
+                  seam: str = "star", peer_wan: str | Sequence[WanLink] | None = None,
                   policy: Policy | str | None = None, own_drafter: bool = False,
                   headers: tuple[GGUFHeader | None, GGUFHeader | None] = (None, None),
                   names: Mapping[str, str] | None = None, **options: object) -> RunRequest:
@@ -172,7 +176,9 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     3. the files: each header read once and validated (the pair check validates both);
     4. ranged (``plan`` given): the plan parsed against the trunk's layers, the endpoints
        checked against it (`check_endpoints`) and each one's address, one WAN link per
-       shard (`parse_wan`), the drafter placement, the local shards' threads. Without a
+       shard (`parse_wan`), the drafter placement, the local shards' threads, the seam
+       and the ring's peer links' WAN (`parse_peer_wan`, only where a relay here carries
+       them). Without a
        plan none of the shard fields may be given.
 
     ``options``: any `EngineOptions` or `DecodeSettings` field (`EngineOptions.build`)
@@ -218,7 +224,9 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                                       ("tls", tls is not None),
                                       ("insecure_plaintext", insecure_plaintext),
                                       ("allow_cache_crossing", allow_cache_crossing),
-                                      ("seam", seam != "star")) if v]
+                                      ("seam", seam != "star"),
+                                      ("peer_wan", peer_wan is not None
+                                       and str(peer_wan).strip() != "")) if v]
         if given:
             raise InputError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} "
                              f"{name('plan')}: they describe shards (a whole-model run has "
@@ -226,7 +234,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
         return RunRequest(**req)
     return RunRequest(**req, **_shards(
         th, plan, endpoints, wan, mtp_placement, shard_threads, tls, insecure_plaintext,
-        allow_cache_crossing, seam, name))
+        allow_cache_crossing, seam, peer_wan, name))
 
 
 def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
@@ -250,7 +258,7 @@ def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
 
 def _shards(th: GGUFHeader, plan, endpoints, wan, mtp_placement: str, shard_threads: int,
             tls, insecure_plaintext: bool, allow_cache_crossing: bool, seam: str,
-            name) -> dict:
+            peer_wan, name) -> dict:
     """A ranged request's shard fields, each checked once."""
     from mtplib.ownership import plan as plans
     from mtplib.runtime.links import parse_wan
@@ -302,7 +310,40 @@ def _shards(th: GGUFHeader, plan, endpoints, wan, mtp_placement: str, shard_thre
     if tls is not None and not isinstance(tls, TlsConfig):
         raise InputError(f"{name('tls')} must be a TlsConfig (TlsConfig.load(DIR)), got "
                          f"{type(tls).__name__}")
-    return dict(plan=shard_plan, endpoints=eps, wan=links, mtp_placement=mtp_placement,
-                shard_threads=shard_threads, tls=tls,
+    peers = _peer_wan(peer_wan, shard_plan.n_shards, eps, tls, name)
+    return dict(plan=shard_plan, endpoints=eps, wan=links, peer_wan=peers,
+                mtp_placement=mtp_placement, shard_threads=shard_threads, tls=tls,
                 insecure_plaintext=bool(insecure_plaintext),
                 allow_cache_crossing=bool(allow_cache_crossing), seam=str(seam))
+
+
+def _peer_wan(peer_wan, n_shards: int, eps, tls, name) -> tuple[WanLink, ...] | None:
+    """The peer links' WAN, checked once: one link per shard pair, each emulated by the
+    relay of the shard it pushes into, so that shard must be reached through a relay on
+    this host (a local shard or a loopback endpoint; a remote shard is dialled directly
+    by the shard before it) and the gateways must not be between them (no TLS)."""
+    from mtplib.runtime.links import parse_peer_wan
+    from mtplib.runtime.rpc import parse_endpoint
+
+    if peer_wan is None or (isinstance(peer_wan, str) and not peer_wan.strip()):
+        return None
+    if isinstance(peer_wan, str):
+        links = tuple(parse_peer_wan(peer_wan, n_shards, option=name("peer_wan")))
+    else:
+        links = tuple(peer_wan)
+        if not all(isinstance(w, WanLink) for w in links):
+            raise InputError(f"{name('peer_wan')} must be RTT_MS[:MBIT],... or WanLinks, got "
+                             f"{peer_wan!r}")
+        if len(links) != n_shards - 1:
+            raise InputError(f"{name('peer_wan')}: {len(links)} WAN links for "
+                             f"{n_shards - 1} peer links ({n_shards} shards)")
+    if tls is not None:
+        raise InputError(f"{name('peer_wan')} describes the ring's peer links, which do not "
+                         f"pass the TLS gateways yet (leave out {name('tls')})")
+    for i, e in enumerate(eps or ()):
+        if i and not parse_endpoint(e, allow_remote=True)[0].startswith("127."):
+            raise InputError(f"{name('peer_wan')}: shard {i} at {e} is remote, so the shard "
+                             "before it dials it directly and no relay here can delay that "
+                             f"link; {name('peer_wan')} emulates peer links between local "
+                             "or loopback shards")
+    return links
