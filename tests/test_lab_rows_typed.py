@@ -20,11 +20,12 @@ from mtplib.runtime.settings import DecodeSettings
 
 REPO = Path(__file__).resolve().parent.parent
 #: every JSON of these kinds under evidence/ (side-by-side runs and sweeps; the TLS results
-#: in evidence/tls are mtplib.lab.tls_overhead's, another kind)
+#: in evidence/tls are mtplib.lab.tls_overhead's, another kind, and a WAN run's wan.json,
+#: e.g. evidence/wan/target/sweep/, is mtplib.lab.wan's)
 COMMITTED = sorted(
     p for p in (REPO / "evidence").rglob("*.json")
     if any(w in str(p.relative_to(REPO)).lower() for w in ("side", "sweep"))
-    and p.name != "run_record.json")
+    and p.name not in ("run_record.json", "wan.json"))
 
 
 def _kind(p: Path) -> str | None:
