@@ -139,8 +139,8 @@ def test_stopped_worker_is_reported_as_the_worker(pair):
             assert "client worker made no progress" in msg and "stopped sending heartbeats" in msg
 
 
-def _worker_of(parent: int) -> bool:
-    """True when ``parent`` (a `mtplib generate --plan` process) runs its client worker."""
+def _processes():
+    """(pid, argv) of every process this user can read."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -148,25 +148,20 @@ def _worker_of(parent: int) -> bool:
             argv = [a.decode() for a in (d / "cmdline").read_bytes().split(b"\0") if a]
         except (OSError, UnicodeDecodeError):
             continue
-        if any("mtplib.distributed.worker" in a for a in argv) and argv[-1:] == [str(parent)]:
-            return True
-    return False
+        yield int(d.name), argv
+
+
+def _worker_of(parent: int) -> bool:
+    """True when ``parent`` (a `mtplib generate --plan` process) runs its client worker."""
+    return any(any("mtplib.distributed.worker" in a for a in argv) and argv[-1:] == [str(parent)]
+               for _, argv in _processes())
 
 
 def _shards_of(parent: int) -> list[tuple[str, int]]:
     """(endpoint, pid) of the `shard serve` processes started by ``parent``."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = [a.decode() for a in (d / "cmdline").read_bytes().split(b"\0") if a]
-        except (OSError, UnicodeDecodeError):
-            continue
-        if "serve" in argv and "--parent-pid" in argv \
-                and argv[argv.index("--parent-pid") + 1] == str(parent):
-            found.append((argv[argv.index("--endpoint") + 1], int(d.name)))
-    return sorted(found)
+    return sorted((argv[argv.index("--endpoint") + 1], pid) for pid, argv in _processes()
+                  if "serve" in argv and "--parent-pid" in argv
+                  and argv[argv.index("--parent-pid") + 1] == str(parent))
 
 
 @pytest.mark.parametrize("when", ["starting", "loading", "generating"])

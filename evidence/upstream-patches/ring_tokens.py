@@ -24,13 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 
 from mtplib import host, paths
 from mtplib.distributed.results import RangedMetrics
-from mtplib.lab.wan_cold import cli_generate
+from mtplib.lab.wan_cold import cli_generate, run_cli_json
 from mtplib.lab.wan_inputs import trained_prompts
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import build_info
@@ -43,16 +41,10 @@ def run(trunk: str, sidecar: str, *, plan: str, k: int, prompt: list[int], n: in
     """One fresh CLI process: its tokens, tokens/s, waits and which seam ran."""
     cmd = [*cli_generate(trunk, sidecar, plan=plan, k=k, tokens=prompt, n_new=n, wan=wan),
            "--seam", seam]
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    wall = time.time() - t0
-    try:
-        out = json.loads(p.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        out = {"error": (p.stderr or p.stdout)[-600:]}
-    if "error" in out or p.returncode != 0:
+    rc, out, wall = run_cli_json(cmd)
+    if "error" in out or rc != 0:
         raise SystemExit(f"ring_tokens.py: {' '.join(cmd[:8])} ... --seam {seam} failed "
-                         f"(exit {p.returncode}): {out.get('error')}")
+                         f"(exit {rc}): {out.get('error')}")
     m = RangedMetrics.from_dict(out["metrics"])
     steps = m.verify_steps + m.plain_steps
     return {"seam_asked": seam, "k": k, "wan": wan, "tokens": out["tokens"],

@@ -91,22 +91,29 @@ def _run_cold(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress) -> None:
                                        rtt_ms=rtt, mbit=mbit, k=k)
 
 
-def _cold_run(cmd: list[str], *, k: int, **coords) -> dict:
-    """One CLI process and its row; InputError with its message when it failed."""
+def run_cli_json(cmd: list[str], timeout_s: float = 900) -> tuple[int, dict, float]:
+    """One `mtplib generate --json` process: (exit code, its last stdout line as JSON, or
+    ``{"error": the output's tail}`` when there is none, wall seconds)."""
     import json
     import subprocess
 
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     wall = time.time() - t0
     try:
         out = json.loads(p.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         out = {"error": (p.stderr or p.stdout)[-600:]}
-    if "error" in out or p.returncode not in (0, 3):
-        raise InputError(f"cold run failed (exit {p.returncode}): {' '.join(cmd[:12])} ...: "
+    return p.returncode, out, wall
+
+
+def _cold_run(cmd: list[str], *, k: int, **coords) -> dict:
+    """One CLI process and its row; InputError with its message when it failed."""
+    rc, out, wall = run_cli_json(cmd)
+    if "error" in out or rc not in (0, 3):
+        raise InputError(f"cold run failed (exit {rc}): {' '.join(cmd[:12])} ...: "
                          f"{out.get('error')}")
     m = RangedMetrics.from_dict(out["metrics"])  # the CLI's JSON
     return _row(m, out["tokens"], mode="cold", k=k,
                 placement=(m.mtp_placement or "-") if k else "-", process_wall_s=wall,
-                exit=p.returncode, shards="local" if m.local_shards else "endpoints", **coords)
+                exit=rc, shards="local" if m.local_shards else "endpoints", **coords)
