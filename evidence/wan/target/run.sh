@@ -2,7 +2,9 @@
 # The WAN target run of issue 29 item 5 on the default (patched) build, resumable: each
 # part below measures into its own folder; a rerun keeps every finished cell there (its
 # wan.partial.json / wan.json) and measures only what is missing. Parts in priority order.
-#   evidence/wan/target/run.sh [PART ...]     (default: every part)
+#   evidence/wan/target/run.sh [PART[@TAG] ...]     (default: every part)
+# PART@TAG measures PART's cells again into the folder PART-TAG (a rerun on another build or
+# a quieter host; the first folder is kept as it is).
 # CLI defaults and a cold `mtplib generate` process per generation; the target parts use
 # external `mtplib shard serve` processes on this host (--endpoints), the sweep the CLI's
 # own shards. The 1-minute load average is logged each minute to DIR/loadavg.log.
@@ -26,8 +28,9 @@ config() {
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(3shard-20 tail-2shard sweep 3shard-100-unlimited tail-3shard)
 for part in "${parts[@]}"; do
-  cfg="$(config "$part")"
-  out="$HERE/$part"; mkdir -p "$out"
+  name="${part%@*}"; tag=""; [ "$name" = "$part" ] || tag="-${part#*@}"
+  cfg="$(config "$name")"
+  out="$HERE/$name$tag"; mkdir -p "$out"
   ( while :; do echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg)" >> "$out/loadavg.log"; sleep 60; done ) &
   logger=$!
   echo "[run.sh] $part: $cfg" >&2
