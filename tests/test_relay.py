@@ -16,8 +16,10 @@ from mtplib.distributed.relay import (
     RelaySet,
     WanLink,
     parse_wan,
+    summed,
 )
 from mtplib.errors import InputError
+from mtplib.runtime import rpc
 from mtplib.runtime.links import parse_peer_wan
 from mtplib.runtime.rpc import RPC_PEER_HELLO, ShardError, recv_exact
 
@@ -155,8 +157,28 @@ def test_pipelined_gets_are_one_wait_sequential_gets_two():
         snap = r.snapshot()
         assert (snap["pipelined"]["waits"], snap["sequential"]["waits"]) == (1, 2)
         assert snap["pipelined"]["data"] == snap["sequential"]["data"] == 16
+        # each wait under the command that opened it, by upstream's name
+        rs = RelaySet([r])
+        assert rs.waits_by_command("pipelined") == [{"GET_TENSOR": 1}]
+        assert rs.waits_by_command("sequential") == [{"GET_TENSOR": 2}]
+        assert rs.waits_by_command("sequential", peer=True) == [{}]
+        assert rs.waits_by_command("never") == [{}]
+        r.reset()
+        assert rs.waits_by_command("sequential") == [{}]
+        assert summed([{"GET_TENSOR": 1}, {"GET_TENSOR": 2, "GET_ALLOC_SIZE": 5}]) == {
+            "GET_ALLOC_SIZE": 5, "GET_TENSOR": 3}
         s.close()
     echo.close()
+
+
+def test_command_names_are_the_command_numbers():
+    """Each name RPC_COMMAND_NAMES gives is the module's constant of that number."""
+    names = rpc.RPC_COMMAND_NAMES
+    assert len(names) == len(set(names.values())) == rpc.RPC_N_COMMANDS + 2
+    assert names[rpc.RPC_CMD_HELLO] == "HELLO"
+    for i, n in names.items():
+        if n != "HELLO":
+            assert getattr(rpc, "RPC_" + n) == i, n
 
 
 def test_upstream_close_closes_client_and_is_recorded():

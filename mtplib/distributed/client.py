@@ -48,7 +48,7 @@ from mtplib.distributed.processes import (
     _spawn,
     _tail,
 )
-from mtplib.distributed.relay import WanLink
+from mtplib.distributed.relay import WanLink, summed
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
@@ -730,6 +730,8 @@ class RangedRuntime:
                    "unparsed": c["unparsed"], "per_shard": c["per_shard"],
                    "waits": c["waits"], "waits_per_shard": c["waits_per_shard"],
                    "waits_per_step": c["waits"] / n_steps if n_steps else None,
+                   # what the waits were for: the command that opened each round trip
+                   "waits_by_command": summed(self.relays.waits_by_command(label)),
                    "classes": classes[label], "seam_values": seam_by_value(per_dir),
                    "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,

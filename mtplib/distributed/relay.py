@@ -20,7 +20,10 @@ while an earlier one is still unanswered rides in the same round trip (pipelined
 patched client sends a split's boundary reads: patches/0002) and is not counted again. Over
 a WAN each wait costs a round trip, so waits per step kind are what a WAN-bound loop pays
 for. (Over plain loopback a reply can overtake a pipelined request in the relay; then that
-request counts as a wait of its own.)
+request counts as a wait of its own.) Each wait is also counted under the command that
+opened it (`RelaySet.waits_by_command`), so a step's waits say what they were for: a
+boundary or output read (GET_TENSOR), or upstream asking a shard how much memory a tensor
+shape needs (GET_ALLOC_SIZE, once per new shape per process) and the like.
 
 Checks: every reply a shard sends is checked (`mtplib.runtime.rpc.check_reply`: sizes,
 device count, alignment, memory; a reply nobody asked for) before it is forwarded to
@@ -45,6 +48,7 @@ from mtplib.distributed.tls import TlsConfig, connect_ready
 from mtplib.runtime.links import MAX_RTT_MS, WanLink, parse_wan  # noqa: F401 - their old home
 from mtplib.runtime.rpc import (
     REPLY_SIZES,
+    RPC_COMMAND_NAMES,
     RPC_GET_TENSOR,
     RPC_GRAPH_COMPUTE,
     RPC_GRAPH_COMPUTE_SLOT,
@@ -107,10 +111,11 @@ class _RpcParser:
         self.desc_skip = 0  # of the descriptor, the bytes before its rpc_tensor
         self.reply = b""  # a fixed-size reply's payload, checked when complete
 
-    def feed(self, data: bytes, out: dict, names: dict) -> None:
+    def feed(self, data: bytes, out: dict, names: dict, waits: dict | None = None) -> None:
         """Add this chunk's bytes to ``out`` by category (and the requests the client will
-        wait on to ``out["waits"]``), and its tensor data to ``names[(direction, tensor
-        name)]`` (direction "up": client -> shard, SET_TENSOR; "down": GET_TENSOR replies)."""
+        wait on to ``out["waits"]``, and by command to ``waits[cmd]``), and its tensor data
+        to ``names[(direction, tensor name)]`` (direction "up": client -> shard, SET_TENSOR;
+        "down": GET_TENSOR replies)."""
         if self.broken:
             out["unparsed"] += len(data)
             return
@@ -122,13 +127,13 @@ class _RpcParser:
             if kind == PART:
                 continue
             if self.up:
-                self._request(out)
+                self._request(out, waits)
             elif not self._reply_header():
                 self.broken = True  # not RPC: stop sorting
                 out["unparsed"] += len(data) - j
                 return
 
-    def _request(self, out: dict) -> None:
+    def _request(self, out: dict, waits: dict | None) -> None:
         """A complete request header: what the client will wait for, what to name."""
         self.cmd, size = self.frames.cmd, self.frames.size
         if self.cmd in RPC_GRAPH_SENDS:
@@ -143,6 +148,8 @@ class _RpcParser:
         if self.cmd in RPC_ANSWERED:
             if self.unanswered[0] == 0:  # else pipelined: same round trip
                 out["waits"] += 1
+                if waits is not None:
+                    waits[self.cmd] = waits.get(self.cmd, 0) + 1
             self.unanswered[0] += 1
         if self.cmd in RPC_ANSWERED and self.cmd != RPC_GET_TENSOR:
             self.expect.append((self.cmd, ""))
@@ -277,6 +284,10 @@ class CountingRelay:
         self.peer_counts: dict[str, dict[str, int]] = defaultdict(
             lambda: dict.fromkeys(COUNTERS, 0))
         self.peer_tensors: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+        #: label -> command -> waits (the command whose request opened the round trip),
+        #: on the client's connections and on peer links into this shard
+        self.waits_by_cmd: dict[str, dict[int, int]] = defaultdict(dict)
+        self.peer_waits_by_cmd: dict[str, dict[int, int]] = defaultdict(dict)
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
         self._opening = False  # a connection accepted, its pumps not started yet
@@ -329,6 +340,8 @@ class CountingRelay:
             self.tensors.clear()
             self.peer_counts.clear()
             self.peer_tensors.clear()
+            self.waits_by_cmd.clear()
+            self.peer_waits_by_cmd.clear()
 
     def quiesce(self, timeout_s: float = 0.5) -> bool:
         """Wait until nothing is in flight: everything counted (`settled`) and no chunk held
@@ -435,8 +448,9 @@ class CountingRelay:
                     with self._lock:
                         c = (self.peer_counts if peer else self.counts)[self.label]
                         c[key] += len(data)
-                        conn.parsers[i].feed(data, c, (self.peer_tensors if peer
-                                                       else self.tensors)[self.label])
+                        conn.parsers[i].feed(
+                            data, c, (self.peer_tensors if peer else self.tensors)[self.label],
+                            (self.peer_waits_by_cmd if peer else self.waits_by_cmd)[self.label])
                 except ReplyError as e:  # never forwarded: upstream's client would act on it
                     with self._lock:
                         self.violation = self.violation or str(e)
@@ -535,6 +549,15 @@ class CountingRelay:
         self.close()
 
 
+def summed(per_relay: Sequence[dict[str, int]]) -> dict[str, int]:
+    """Per-relay counts (e.g. `RelaySet.waits_by_command`) added up over the relays."""
+    out: dict[str, int] = {}
+    for d in per_relay:
+        for k, n in d.items():
+            out[k] = out.get(k, 0) + n
+    return dict(sorted(out.items()))
+
+
 class RelaySet:
     """Several relays labelled together (one per shard of a plan)."""
 
@@ -615,6 +638,17 @@ class RelaySet:
         for r in self.relays:
             with r._lock:
                 out.append(dict(r.peer_tensors.get(label, {})))
+        return out
+
+    def waits_by_command(self, label: str, *, peer: bool = False) -> list[dict[str, int]]:
+        """Per relay: the waits under ``label`` by the command that opened each round trip
+        (upstream's name, e.g. ``GET_TENSOR``, ``GET_ALLOC_SIZE``), on the client's
+        connections (``peer``: on the peer links into that shard)."""
+        out = []
+        for r in self.relays:
+            with r._lock:
+                d = (r.peer_waits_by_cmd if peer else r.waits_by_cmd).get(label, {})
+                out.append({RPC_COMMAND_NAMES.get(c, str(c)): n for c, n in sorted(d.items())})
         return out
 
     def by_tensor(self, label: str) -> list[dict[str, int]]:

@@ -67,6 +67,15 @@ GGML_MAX_SRC = 10
  RPC_GRAPH_COMPUTE_SLOT, RPC_GRAPH_RECOMPUTE_SLOT,
  RPC_PEER_EXPECT, RPC_PEER_CONNECT, RPC_PUSH_TENSOR, RPC_WAIT_TENSOR,
  RPC_PEER_HELLO, RPC_PEER_PUSH) = range(26)
+#: each command's name (upstream's ``RPC_CMD_<name>``), for counts that say which commands
+#: a client waited on
+RPC_COMMAND_NAMES: dict[int, str] = dict(enumerate((
+    "ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER",
+    "BUFFER_CLEAR", "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR",
+    "GRAPH_COMPUTE", "GET_DEVICE_MEMORY", "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO",
+    "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR", "GRAPH_COMPUTE_SLOT",
+    "GRAPH_RECOMPUTE_SLOT", "PEER_EXPECT", "PEER_CONNECT", "PUSH_TENSOR", "WAIT_TENSOR",
+    "PEER_HELLO", "PEER_PUSH")))
 #: commands a client may send (RPC_CMD_NONE = 26 never goes on the wire); the two graph-slot
 #: commands exist from protocol 7.1 (patches/0006): a client sends them only to a 7.1 server;
 #: the four seam commands (PEER_EXPECT .. WAIT_TENSOR) from 7.2 (patches/0007)
