@@ -7,6 +7,7 @@ from mtplib.contract.wire import (
     SEAM_TENSORS,
     cache_tensors_on_wire,
     classify,
+    classify_by_direction,
     classify_step,
     seam_by_value,
     seam_value,
@@ -29,6 +30,22 @@ def test_classes_of_a_stock_decode():
     assert c == {"seam": 8192, "outputs": 2048, "inputs": 4, "constants": 65536,
                  "cache": 512, "weights": 0}
     assert wire_violations({"decode": c}) and not wire_violations({"load": c})
+
+
+def test_classes_by_link_and_direction_add_up_to_the_step_classes():
+    """Per connection, which class went which way: a boundary value read out of shard 0
+    (down) is the seam value written into shard 1 (up); the totals are classify_step's."""
+    links = classify_by_direction(STOCK)
+    assert links[0] == {"constants": {"up": 65536}, "inputs": {"up": 4},
+                        "seam": {"down": 4096}}
+    assert links[1] == {"cache": {"up": 512}, "outputs": {"down": 2048},
+                        "seam": {"up": 4096}}
+    total = {c: 0 for c in classify_step(STOCK)}
+    for link in links:
+        for c, ways in link.items():
+            total[c] += sum(ways.values())
+    assert total == classify_step(STOCK)
+    assert classify_by_direction([{("peer", "l_last-1"): 100}]) == [{"seam": {"peer": 100}}]
 
 
 def test_seam_tensors_are_the_boundary_value_and_a_derived_norm():

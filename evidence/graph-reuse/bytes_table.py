@@ -32,7 +32,7 @@ LABELS = ("prefill", "decode", "verify")
 
 def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
     """In this process (the build MTPLIB_UPSTREAM selects): one row per (k, step kind)."""
-    from mtplib.contract.wire import classify
+    from mtplib.contract.wire import classify_by_direction
     from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.runtime.lib import upstream_info
     from mtplib.runtime.settings import DecodeSettings
@@ -51,13 +51,11 @@ def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:
             for label, row in rep["steps"].items():
                 if label not in LABELS or not row["steps"]:
                     continue
-                per_dir = relays.by_tensor_dir(label)
-                fetched = {n for d in per_dir for (way, n) in d if way == "down"}
                 by_class: dict[str, dict[str, int]] = {}
-                for d in per_dir:
-                    for (way, name), n in d.items():
-                        cls = classify(way, name, fetched)
-                        by_class.setdefault(cls, {"up": 0, "down": 0})[way] += n
+                for link in classify_by_direction(relays.by_tensor_dir(label)):
+                    for cls, ways in link.items():
+                        for way, n in ways.items():
+                            by_class.setdefault(cls, {"up": 0, "down": 0})[way] += n
                 s = row["steps"]
                 rows.append({
                     "k": k, "label": label, "steps": s, "tokens": row["tokens"],

@@ -105,12 +105,26 @@ def classify(direction: str, name: str, fetched: set[str]) -> str:
 
 def classify_step(per_relay: Iterable[Mapping[tuple[str, str], int]]) -> dict[str, int]:
     """Data bytes of one step kind on all shard connections, by class."""
+    out = dict.fromkeys(WIRE_CLASSES, 0)
+    for link in classify_by_direction(per_relay):
+        for cls, ways in link.items():
+            out[cls] += sum(ways.values())
+    return out
+
+
+def classify_by_direction(per_relay: Iterable[Mapping[tuple[str, str], int]]
+                          ) -> list[dict[str, dict[str, int]]]:
+    """Per connection: class -> direction -> data bytes of one step kind (what crossed
+    which way on each link; `classify_step` adds them up over the links and directions)."""
     per_relay = list(per_relay)
     fetched = {base_name(n) for d in per_relay for (dr, n) in d if dr == "down"}
-    out = dict.fromkeys(WIRE_CLASSES, 0)
+    out: list[dict[str, dict[str, int]]] = []
     for d in per_relay:
+        link: dict[str, dict[str, int]] = {}
         for (direction, name), n in d.items():
-            out[classify(direction, name, fetched)] += n
+            way = link.setdefault(classify(direction, name, fetched), {})
+            way[direction] = way.get(direction, 0) + n
+        out.append({c: dict(sorted(w.items())) for c, w in sorted(link.items())})
     return out
 
 
