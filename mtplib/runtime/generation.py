@@ -148,7 +148,11 @@ def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
     attention shape (a blocking round trip each, cached process-wide) and its scheduler
     reallocates compute buffers on first use; a fresh process paid that inside its first
     verify steps (up to 8.5 waits per verify step instead of 3 over a WAN). Paid here, at
-    load, it is setup time apart from TTFT. Returns {"setup_s", "widths"}."""
+    load, it is setup time apart from TTFT. The prompt's width is not among them (a
+    caller's prompt is unknown at load; this prefill is ``n_prompt`` tokens): the first
+    prefill of each other width in a process pays those queries inside its prefill step
+    (ranged, they are counted as GET_ALLOC_SIZE in its waits_by_command). Returns
+    {"setup_s", "widths"}."""
     t0 = time.perf_counter()
     k, target = engine.k, engine.target
     n_prompt = max(1, min(n_prompt, target.n_ctx - (k + 2) * (k + 3)))
