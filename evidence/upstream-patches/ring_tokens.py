@@ -5,7 +5,7 @@
 
 Per plan and held-out prompt of the trained pair (64 tokens each): `mtplib generate --json`
 in a fresh process per generation with the CLI's defaults (only the model, ``--plan``,
-``--mtp``/``--draft``, ``--wan`` and ``--seam`` given; `mtplib.lab.wan_cold.cli_generate`),
+``--mtp``/``--draft``, ``--wan`` and ``--seam`` given; `mtplib.lab.wan_cold.seam_run`),
 local shards behind the CLI's relays, every shard link at ``--rtt`` (the ring's peer links
 pass the receiving shard's relay, so a shard-to-shard hop costs what a client hop costs):
 
@@ -27,32 +27,12 @@ import statistics
 import sys
 
 from mtplib import host, paths
-from mtplib.distributed.results import RangedMetrics
-from mtplib.lab.wan_cold import cli_generate, run_cli_json
+from mtplib.lab.wan_cold import seam_run as run
 from mtplib.lab.wan_inputs import trained_prompts
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import build_info
 from mtplib.runtime.lib import upstream_info
 from mtplib.runtime.rpc import client_proto_minor
-
-
-def run(trunk: str, sidecar: str, *, plan: str, k: int, prompt: list[int], n: int,
-        wan: str, seam: str) -> dict:
-    """One fresh CLI process: its tokens, tokens/s, waits and which seam ran."""
-    cmd = [*cli_generate(trunk, sidecar, plan=plan, k=k, tokens=prompt, n_new=n, wan=wan),
-           "--seam", seam]
-    rc, out, wall = run_cli_json(cmd)
-    if "error" in out or rc != 0:
-        raise SystemExit(f"ring_tokens.py: {' '.join(cmd[:8])} ... --seam {seam} failed "
-                         f"(exit {rc}): {out.get('error')}")
-    m = RangedMetrics.from_dict(out["metrics"])
-    steps = m.verify_steps + m.plain_steps
-    return {"seam_asked": seam, "k": k, "wan": wan, "tokens": out["tokens"],
-            "decode_tok_s": m.decode_tok_s,
-            "tokens_per_step": (m.n_generated - 1) / steps if steps else None,
-            "acceptance_rate": m.acceptance_rate,
-            "waits_per_step": m.waits_per_step, "seam": m.seam,
-            "cache_bytes_crossing": m.cache_bytes_crossing, "process_wall_s": wall}
 
 
 def summarize(rows: list[dict]) -> dict:

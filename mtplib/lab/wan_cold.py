@@ -107,6 +107,31 @@ def run_cli_json(cmd: list[str], timeout_s: float = 900) -> tuple[int, dict, flo
     return p.returncode, out, wall
 
 
+def seam_run(trunk: str, sidecar: str, *, plan: str, k: int, prompt: Sequence[int], n: int,
+             wan: str, seam: str) -> dict:
+    """One fresh `mtplib generate --json` process with the CLI's defaults and ``--seam``
+    (evidence/upstream-patches' ring_tokens.py and ring_rtt.py): its tokens, tokens/s,
+    TTFT, waits per step (and what the prefill's waited on) and which seam ran; InputError
+    naming the command when it failed."""
+    cmd = [*cli_generate(trunk, sidecar, plan=plan, k=k, tokens=prompt, n_new=n, wan=wan),
+           "--seam", seam]
+    rc, out, wall = run_cli_json(cmd)
+    if "error" in out or rc != 0:
+        raise InputError(f"{' '.join(cmd[:8])} ... --seam {seam} failed (exit {rc}): "
+                         f"{out.get('error')}")
+    m = RangedMetrics.from_dict(out["metrics"])
+    steps = m.verify_steps + m.plain_steps
+    prefill = m.seam_report.get("steps", {}).get("prefill", {})
+    return {"seam_asked": seam, "k": k, "wan": wan, "tokens": out["tokens"],
+            "decode_tok_s": m.decode_tok_s, "ttft_s": m.ttft_s,
+            "tokens_per_step": (m.n_generated - 1) / steps if steps else None,
+            "acceptance_rate": m.acceptance_rate,
+            "waits_per_step": m.waits_per_step,
+            # None in results of a build whose relays did not count waits by command
+            "prefill_waits_by_command": prefill.get("waits_by_command"), "seam": m.seam,
+            "cache_bytes_crossing": m.cache_bytes_crossing, "process_wall_s": wall}
+
+
 def _cold_run(cmd: list[str], *, k: int, **coords) -> dict:
     """One CLI process and its row; InputError with its message when it failed."""
     rc, out, wall = run_cli_json(cmd)
