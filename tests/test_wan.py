@@ -56,6 +56,26 @@ def test_cli_generate_with_endpoints_gives_them_and_nothing_else():
     assert ring[ring.index("--seam") + 1] == "ring"
 
 
+def test_seam_run_names_the_command_and_the_error_when_the_cli_fails(monkeypatch):
+    """A failed CLI generation (ring_tokens.py, ring_rtt.py) is an InputError naming the
+    command, the seam and the CLI's own message, not a KeyError on missing metrics."""
+    from mtplib.lab import wan_cold
+
+    seen = []
+
+    def fake(cmd):
+        seen.append(cmd)
+        return 2, {"error": "shard 1 lost"}, 0.1
+
+    monkeypatch.setattr(wan_cold, "run_cli_json", fake)
+    with pytest.raises(InputError, match=r"generate .*--seam ring failed \(exit 2\): shard 1 lost"):
+        wan_cold.seam_run("t", "m", plan="0-1,2-3", k=2, prompt=[1, 2], n=4, wan="25",
+                          seam="ring")
+    cmd = seen[0]
+    assert cmd[cmd.index("--seam") + 1] == "ring" and cmd[cmd.index("--wan") + 1] == "25"
+    assert cmd[cmd.index("--draft") + 1] == "2"
+
+
 def _row(k, rtt, tok_s, tps, waits, *, topo="remote", place="client", tokens=(1, 2),
          **more):
     return {"plan": "0-1,2-3", "topology": topo, "placement": place if k else "-", "k": k,
