@@ -93,6 +93,8 @@ LAYOUTS = {
     "upstream-patches/windows_projection.json": "windows_projection",  # a design projection
     "upstream-patches/ring-waits*.json": "ring_waits",  # star vs ring: waits by time
     "upstream-patches/ring-tokens.json": "ring_tokens",  # star vs ring, MTP on: tokens/s
+    "upstream-patches/ring-kinds.json": "ring_kinds",  # star vs ring per step kind and link
+    "upstream-patches/ring-rtt.json": "ring_rtt",  # star vs ring: tokens/s against the RTT
     "graph-reuse/pipeline_ttft.json": "pipeline_ttft",  # prefill with/without pipeline copies
     "placement/placement.json": "placement",  # evidence/placement: which placement wins where
     "placement/waits.json": "placement_waits",  # waits per step by drafter and head place
