@@ -142,8 +142,11 @@ def _row(plan: str, seam: str, k: int, label: str, agg: dict) -> dict:
             "client_bytes_per_step": {"up": sum(ln["up"] for ln in client),
                                       "down": sum(ln["down"] for ln in client)},
             "client_classes_per_step": tot,
+            # the same, both directions together (what the table shows)
+            "client_class_bytes_per_step": {c: sum(w.values()) for c, w in tot.items()},
             "peer_bytes_per_step": sum(ln["up"] + ln["down"] for ln in peer),
             "peer_classes_per_step": ptot,
+            "peer_class_bytes_per_step": {c: sum(w.values()) for c, w in ptot.items()},
             "cache_bytes": agg["cache_bytes"], "links": links}
 
 
@@ -224,7 +227,7 @@ def measure(rtt_ms: float) -> dict:
 
 
 def _bytes(c: dict, cls: str) -> str:
-    return f"{sum(c.get(cls, {}).values()):,.0f}"
+    return f"{c.get(cls, 0):,.0f}"
 
 
 def table(doc: dict) -> str:
@@ -243,7 +246,7 @@ def table(doc: dict) -> str:
              ("prefill", 2)}]
     rows.sort(key=lambda r: (r["n_shards"], order[r["kind"]], r["k"], r["seam"] != "star"))
     for r in rows:
-        c, p = r["client_classes_per_step"], r["peer_classes_per_step"]
+        c, p = r["client_class_bytes_per_step"], r["peer_class_bytes_per_step"]
         per = "/".join(f"{w:g}" for w in r["client_waits_per_step_by_link"])
         out.append(
             f"| `{r['plan']}` | {r['kind']} ({r['k']}) | {r['seam']} | "

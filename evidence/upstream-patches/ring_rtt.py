@@ -1,13 +1,14 @@
 """Ring vs star (patches/0007) against the RTT, through the CLI: tokens/s, MTP off and on.
 
-The full run (about two hours on 2 cores; run it on a quiet host, it is timed):
+The full run (136 CLI processes, about an hour on 2 cores, most of it emulated WAN waits
+and process start-up; run it on a quiet host, it is timed):
 
     PYTHONPATH=$PWD nice -n 19 .venv/bin/python evidence/upstream-patches/ring_rtt.py \\
         evidence/upstream-patches/ring-rtt.json
     PYTHONPATH=$PWD .venv/bin/python evidence/upstream-patches/ring_rtt.py --table \\
         evidence/upstream-patches/ring-rtt.json
 
-Smoke test (1 prompt, 8 tokens, one RTT, 2 shards; a few minutes):
+Smoke test (1 prompt, 8 tokens, one RTT, 2 shards: 5 CLI processes, about a minute):
 
     PYTHONPATH=$PWD nice -n 19 .venv/bin/python evidence/upstream-patches/ring_rtt.py \\
         /tmp/ring-rtt-smoke.json --plans 0-1,2-3 --rtts 25 --prompts 1 --n 8
