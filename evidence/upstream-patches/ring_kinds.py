@@ -226,8 +226,15 @@ def measure(rtt_ms: float) -> dict:
             "cache_bytes": sum(x["cache_bytes"] for x in rows)}
 
 
+def _num(v: float) -> str:
+    """A count per step as the docs print one: whole, comma-grouped (4,096); a mean that is
+    not whole with one decimal and no grouping (13322.3), so that either reads back as a
+    value of the JSON (tests/test_doc_figures.py)."""
+    return f"{v:,.0f}" if v == int(v) else f"{v:.1f}"
+
+
 def _bytes(c: dict, cls: str) -> str:
-    return f"{c.get(cls, 0):,.0f}"
+    return _num(c.get(cls, 0))
 
 
 def table(doc: dict) -> str:
@@ -253,8 +260,8 @@ def table(doc: dict) -> str:
             f"{r['client_waits_per_step']:g} ({per}) | {_bytes(c, 'graph')} | "
             f"{_bytes(c, 'inputs')} | {_bytes(c, 'seam')} | {_bytes(p, 'seam')} | "
             f"{_bytes(c, 'outputs')} | {_bytes(c, 'control')} | "
-            f"{r['client_bytes_per_step']['up']:,.0f} / "
-            f"{r['client_bytes_per_step']['down']:,.0f} | {r['steps']} |")
+            f"{_num(r['client_bytes_per_step']['up'])} / "
+            f"{_num(r['client_bytes_per_step']['down'])} | {r['steps']} |")
     return "\n".join(out)
 
 
