@@ -2,7 +2,9 @@
 
 `FakeShard` speaks upstream's RPC framing well enough for the handshake: it answers
 HELLO, DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE and GET_DEVICE_MEMORY, each answer
-replaceable per connection (a hostile shard), and records every request it received.
+replaceable per connection (a hostile shard), and records every request it received; with
+``concurrent`` it serves every connection at once (as a 7.2 server takes peer links next to
+its client). `peer_stream` opens a peer link (a shard's gateway's side) through a gateway.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import time
 from collections.abc import Callable
 
 from mtplib.distributed.gateway import RpcLimits
+from mtplib.distributed.tls import PEER_ALPN, TlsConfig, TlsStream
 from mtplib.runtime.rpc import (
     GRAPH_HEADER,
+    PEER_PUSH_HEADER,
     REQUEST_SIZES,
     RPC_CMD_HELLO,
     RPC_DEVICE_COUNT,
@@ -27,6 +31,8 @@ from mtplib.runtime.rpc import (
     RPC_GET_MAX_SIZE,
     RPC_GRAPH_COMPUTE,
     RPC_N_COMMANDS,
+    RPC_PEER_HELLO,
+    RPC_PEER_PUSH,
     RPC_SET_TENSOR,
     SET_TENSOR_HEADER,
 )
@@ -53,6 +59,27 @@ def hello() -> bytes:
     return request(RPC_CMD_HELLO, bytes(24))
 
 
+def peer_hello(link: int = 1, token: bytes = bytes(16)) -> bytes:
+    """A peer link's first request (patches/0007): | link (4) | token (16) |."""
+    return request(RPC_PEER_HELLO, struct.pack("<I", link) + token)
+
+
+def peer_push(seq: int = 1, n: int = 64) -> bytes:
+    """A PEER_PUSH frame: | seq (8) | rpc_tensor dst (296, zeros here) | n data bytes |."""
+    return request(RPC_PEER_PUSH, struct.pack("<Q", seq) + bytes(PEER_PUSH_HEADER - 8 + n))
+
+
+def peer_stream(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0
+                ) -> TlsStream:
+    """A peer link into the gateway at ``addr`` as a shard's gateway opens one: mutual TLS
+    with the shard's certificate (`TlsConfig.peer_context`), ALPN PEER_ALPN settled."""
+    sock = socket.create_connection(addr, timeout=timeout_s)
+    s = TlsStream(sock, tls.peer_context(), server_side=False, server_hostname=addr[0])
+    s.handshake(timeout_s)
+    assert s.alpn() == PEER_ALPN
+    return s
+
+
 class FakeShard:
     """A loopback RPC server that, like upstream's, serves one connection at a time (the
     next waits in the listen backlog); ``answer(conn_index, cmd, payload)`` returns the raw
@@ -60,8 +87,9 @@ class FakeShard:
     ``raw[i]``: every byte it received."""
 
     def __init__(self, answer: Callable[[int, int, bytes], bytes | None] | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", concurrent: bool = False) -> None:
         self.answer = answer or (lambda i, cmd, payload: None)
+        self.concurrent = concurrent
         self.srv = socket.create_server((host, 0))
         self.srv.settimeout(0.2)
         self.endpoint = f"{host}:{self.srv.getsockname()[1]}"
@@ -85,7 +113,10 @@ class FakeShard:
             self.received.append([])
             self.raw.append(bytearray())
             self._conns.append(c)
-            self._serve(i, c)
+            if self.concurrent:
+                threading.Thread(target=self._serve, args=(i, c), daemon=True).start()
+            else:
+                self._serve(i, c)
 
     def _serve(self, i: int, c: socket.socket) -> None:
         raw = self.raw[i]
@@ -158,10 +189,13 @@ def wait_closed(s, timeout_s: float) -> float:
 
 
 # -- malformed streams, generated (never committed) ---------------------------------------
-def client_hello() -> bytes:
-    """A real TLS 1.3 ClientHello (no certificate involved yet), for truncation/corruption."""
+def client_hello(alpn: str | None = None) -> bytes:
+    """A real TLS 1.3 ClientHello (no certificate involved yet), for truncation/corruption;
+    ``alpn``: offering that protocol (a peer link's: PEER_ALPN)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    if alpn:
+        ctx.set_alpn_protocols([alpn])
     i, o = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = ctx.wrap_bio(i, o, server_hostname="127.0.0.1")
     try:
@@ -176,9 +210,11 @@ def corpus(seed: int = 0) -> list[bytes]:
     sizes), random bytes, TLS records with garbage, truncated and corrupted ClientHellos."""
     rng = random.Random(seed)
     ch = client_hello()
+    peer = client_hello(PEER_ALPN)  # a peer link's ClientHello, cut short
     out = [b"", b"\x00", hello(), hello() + request(RPC_DEVICE_COUNT),
            b"\x16\x03\x01", b"\x16\x03\x01\xff\xff" + bytes(64), b"\x17\x03\x03\x00\x10" * 50,
-           ch[:5], ch[: len(ch) // 2], ch[:-1], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"]
+           ch[:5], ch[: len(ch) // 2], ch[:-1], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+           peer_hello(), peer_hello() + peer_push(), peer[: len(peer) // 2], peer[:-1]]
     for cmd in range(256):
         size = rng.choice([0, 1, 24, 296, 1 << 32, (1 << 64) - 1])
         out.append(bytes([cmd]) + struct.pack("<Q", size) + rng.randbytes(rng.randint(0, 64)))
@@ -220,4 +256,26 @@ def bad_sessions(rng: random.Random) -> list[bytes]:
             out.append(hello() + bytes([cmd]) + struct.pack("<Q", size + rng.choice([1, 999])))
     for _ in range(10):
         out.append(hello() + rng.randbytes(rng.randint(9, 4096)))
+    return out
+
+
+def bad_peer_sessions(rng: random.Random) -> list[bytes]:
+    """Byte streams an authenticated peer link could send that are not PEER_HELLO then
+    pushes within the bounds: the fixed ones first (each cut at its bad header: anything
+    first but PEER_HELLO, a wrong PEER_HELLO, pushes out of bounds, every client command at
+    its exact size after a good push), then 10 random tails after a PEER_HELLO."""
+    big = PEER_PUSH_HEADER + RpcLimits().max_push_bytes + 1
+    out = [hello(), request(RPC_DEVICE_COUNT), peer_push(),
+           request(RPC_PEER_HELLO, bytes(21)), request(RPC_PEER_HELLO, bytes(19)),
+           peer_hello() + peer_hello(),
+           peer_hello() + bytes([RPC_PEER_PUSH]) + struct.pack("<Q", PEER_PUSH_HEADER - 1),
+           peer_hello() + bytes([RPC_PEER_PUSH]) + struct.pack("<Q", big),
+           peer_hello() + bytes([RPC_PEER_PUSH]) + struct.pack("<Q", (1 << 64) - 1),
+           peer_hello() + peer_push() + bytes([255]) + struct.pack("<Q", 0),
+           peer_hello() + peer_push() + request(RPC_SET_TENSOR, bytes(SET_TENSOR_HEADER + 4)),
+           peer_hello() + peer_push() + request(RPC_GRAPH_COMPUTE, bytes(GRAPH_HEADER))]
+    for cmd, size in REQUEST_SIZES.items():
+        out.append(peer_hello() + peer_push() + request(cmd, bytes(size)))
+    for _ in range(10):
+        out.append(peer_hello() + rng.randbytes(rng.randint(9, 4096)))
     return out

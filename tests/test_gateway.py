@@ -4,6 +4,9 @@ A corpus of malformed streams is generated here (never committed) and sent to th
 gateway's public port without a client certificate, and with one: without, no connection
 ever reaches the RPC server behind it and each peer is closed within 5 s; with one, only
 well-framed requests within the bounds are forwarded. The gateway keeps serving after all.
+The same for peer links (patches/0007's shard-to-shard pushes, ALPN PEER_ALPN): admitted
+only with a certificate and next to a served client, and of their streams only PEER_HELLO
+then pushes within the bounds reach the RPC server, while the client's session goes on.
 """
 
 from __future__ import annotations
@@ -19,17 +22,35 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from rpc_fakes import (
     FakeShard,
+    bad_peer_sessions,
     bad_sessions,
     client_hello,
     corpus,
     hello,
+    peer_hello,
+    peer_push,
+    peer_stream,
+    reply,
     request,
     send_and_time_close,
     wait_closed,
 )
 
-from mtplib.distributed.gateway import FrameError, Gateway, RequestChecker, RpcLimits
-from mtplib.distributed.tls import TlsConfig, TlsStream, connect, init_pki
+from mtplib.distributed.gateway import (
+    FrameError,
+    Gateway,
+    PeerChecker,
+    RequestChecker,
+    RpcLimits,
+)
+from mtplib.distributed.tls import (
+    GATEWAY_PEER,
+    PEER_ALPN,
+    TlsConfig,
+    TlsStream,
+    connect,
+    init_pki,
+)
 from mtplib.runtime.rpc import (
     GRAPH_HEADER,
     REQUEST_SIZES,
@@ -37,6 +58,9 @@ from mtplib.runtime.rpc import (
     RPC_DEVICE_COUNT,
     RPC_GET_ALIGNMENT,
     RPC_GRAPH_COMPUTE,
+    RPC_PEER_CONNECT,
+    RPC_PEER_EXPECT,
+    RPC_PEER_HELLO,
     RPC_SET_TENSOR,
     SET_TENSOR_HEADER,
     ShardError,
@@ -178,12 +202,7 @@ def test_authenticated_malformed_requests_are_cut_before_forwarding(shard, pki):
             assert time.monotonic() < end, "gateway stayed busy"
             time.sleep(0.02)
         with stream:
-            try:
-                stream.sendall(data)
-                while stream.recv(65536):  # the fake answers HELLO; then the cut
-                    pass
-            except OSError:
-                pass
+            _send_and_drain(stream, data)  # the fake answers HELLO; then the cut
         forwarded_before += 1
     deadline = time.monotonic() + 3
     while fake.n_connections < len(sessions) and time.monotonic() < deadline:
@@ -197,6 +216,26 @@ def test_authenticated_malformed_requests_are_cut_before_forwarding(shard, pki):
         assert st.ready and handshake(stream, gw.endpoint).alignment == 32
 
 
+def _send_and_drain(stream, data: bytes) -> None:
+    """Send ``data`` and read until the other side closes (errors are a close too)."""
+    try:
+        stream.sendall(data)
+        while stream.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+def _chunked(chk, stream: bytes, rng: random.Random, most: int) -> bytes:
+    """What ``chk`` forwards of ``stream`` fed in random chunks of 1..``most`` bytes."""
+    out, i = b"", 0
+    while i < len(stream):
+        n = rng.randint(1, most)
+        out += chk.feed(stream[i:i + n])
+        i += n
+    return out
+
+
 def test_request_checker_passes_legit_streams_in_any_chunking():
     rng = random.Random(2)
     frames = [hello(), request(RPC_DEVICE_COUNT), request(RPC_GET_ALIGNMENT, bytes(4)),
@@ -205,13 +244,7 @@ def test_request_checker_passes_legit_streams_in_any_chunking():
     frames += [request(c, bytes(n)) for c, n in REQUEST_SIZES.items() if c != RPC_CMD_HELLO]
     stream = b"".join(frames)
     for _ in range(50):
-        chk = RequestChecker()
-        out, i = b"", 0
-        while i < len(stream):
-            n = rng.randint(1, 700)
-            out += chk.feed(stream[i:i + n])
-            i += n
-        assert out == stream
+        assert _chunked(RequestChecker(), stream, rng, 700) == stream
     with pytest.raises(FrameError, match="HELLO"):
         RequestChecker().feed(request(RPC_DEVICE_COUNT))
     chk = RequestChecker()
@@ -402,3 +435,147 @@ def test_the_oldest_pending_handshake_is_evicted_first(pki):
         finally:
             for s in socks:
                 s.close()
+
+
+
+# -- issue 31 item 2: peer links through the gateway ------------------------------------
+def _answer_peers(i: int, cmd: int, payload: bytes) -> bytes | None:
+    """A 7.2 server's yes to PEER_EXPECT, PEER_CONNECT and PEER_HELLO."""
+    return reply(b"\x01") if cmd in (RPC_PEER_EXPECT, RPC_PEER_CONNECT, RPC_PEER_HELLO) \
+        else None
+
+
+@pytest.fixture
+def shard72(pki):
+    """A FakeShard that serves its connections at once (a client and peer links), behind
+    a Gateway."""
+    fake = FakeShard(_answer_peers, concurrent=True)
+    gw = Gateway(("127.0.0.1", 0), fake.addr, pki, log=lambda s: None).start()
+    yield fake, gw
+    gw.close()
+    fake.close()
+
+
+def _client(gw: Gateway, pki: TlsConfig) -> TlsStream:
+    """A served client session (its HELLO answered), held open by the caller."""
+    stream, st = connect(_addr(gw), pki)
+    assert st.ready and GATEWAY_PEER in st.features
+    assert handshake(stream, gw.endpoint).n_devices == 1
+    return stream
+
+
+def _still_served(stream: TlsStream) -> None:
+    stream.sendall(request(RPC_DEVICE_COUNT))
+    assert recv_exact(stream, 12)[8:] == b"\x01\x00\x00\x00"
+
+
+def _wait_for(cond, timeout_s: float = 3.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end
+        time.sleep(0.02)
+
+
+def test_peer_checker_passes_hello_then_pushes_in_any_chunking():
+    rng = random.Random(4)
+    stream = peer_hello(3, rng.randbytes(16)) + b"".join(peer_push(i, rng.randint(0, 900))
+                                                         for i in range(1, 30))
+    for _ in range(30):
+        assert _chunked(PeerChecker(), stream, rng, 500) == stream
+    for bad, why in ((hello(), "not PEER_HELLO"), (peer_push(), "not PEER_HELLO"),
+                     (request(RPC_PEER_HELLO, bytes(21)), "PEER_HELLO with 21"),
+                     (peer_hello() + peer_hello(), "after PEER_HELLO only PEER_PUSH"),
+                     (peer_hello() + request(RPC_DEVICE_COUNT), "command 15 on a peer"),
+                     (peer_hello() + request(25, bytes(10)), "PEER_PUSH of 10 bytes")):
+        with pytest.raises(FrameError, match=why):
+            PeerChecker().feed(bad)
+    chk = PeerChecker(RpcLimits(max_push_bytes=100))
+    chk.feed(peer_hello() + peer_push(1, 100))
+    with pytest.raises(FrameError, match="PEER_PUSH of"):
+        chk.feed(peer_push(2, 101))
+
+
+def test_the_client_path_refuses_a_peers_commands():
+    for cmd in (RPC_PEER_HELLO, 25):  # PEER_HELLO, PEER_PUSH: a shard's, never a client's
+        with pytest.raises(FrameError, match=f"unknown command {cmd}"):
+            RequestChecker().feed(hello() + request(cmd, bytes(20)))
+
+
+def test_a_peer_link_needs_a_certificate_and_a_served_client(shard72, pki, other_pki):
+    """No client served: a peer with a good certificate is refused before anything reaches
+    the RPC server. A client served: peers without a certificate, or with another CA's,
+    are refused at the handshake; none of them reaches the RPC server."""
+    fake, gw = shard72
+    s = peer_stream(_addr(gw), pki)
+    with s:
+        s.sendall(peer_hello())
+        assert wait_closed(s, 3.0) < 3.0
+    assert gw.stats["peer_refused"] == 1 and fake.n_connections == 0
+    client = _client(gw, pki)
+    with client:
+        ctxs = []
+        for cert in (None, other_pki.dir):  # no certificate; one of another CA
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.load_verify_locations(str(pki.dir / "ca.pem"))  # it trusts this shard
+            if cert is not None:
+                ctx.load_cert_chain(str(cert / "shard.pem"), str(cert / "shard.key"))
+            ctx.set_alpn_protocols([PEER_ALPN])
+            ctxs.append(ctx)
+        for ctx in ctxs:
+            with socket.create_connection(_addr(gw), timeout=5) as raw:
+                t = TlsStream(raw, ctx, server_side=False, server_hostname="127.0.0.1")
+                with contextlib.suppress(ssl.SSLError, OSError):
+                    t.handshake(5)  # TLS 1.3: the client finishes, the server then refuses
+                    t.sendall(peer_hello())
+                    while t.recv(100):
+                        pass
+        _wait_for(lambda: gw.stats["handshake_failed"] == 2)
+        assert fake.n_connections == 1  # the client's, nothing of the peers'
+        _still_served(client)
+
+
+def test_a_shards_own_certificate_opens_no_client_session(shard72, pki):
+    """The shard certificate acts as a TLS client (for peer links) but is refused the
+    client path: a shard cannot become another shard's client."""
+    fake, gw = shard72
+    sock = socket.create_connection(_addr(gw), timeout=5)
+    ctx = pki.peer_context()
+    ctx.set_alpn_protocols(["http/1.1"])  # no PEER_ALPN: the client path
+    with TlsStream(sock, ctx, server_side=False, server_hostname="127.0.0.1") as s:
+        s.handshake(5)
+        assert s.alpn() is None
+        assert wait_closed(s, 3.0) < 3.0
+    assert gw.stats["shard_cert_as_client"] == 1 and fake.n_connections == 0
+
+
+def test_authenticated_malformed_peer_streams_are_cut_before_forwarding(shard72, pki):
+    """The corpus for the peer path: anything but PEER_HELLO first, a client command, a
+    push out of bounds or random bytes closes that peer link, nothing of the bad frame is
+    forwarded, and the served client's session goes on."""
+    fake, gw = shard72
+    sessions = bad_peer_sessions(random.Random(5))
+    client = _client(gw, pki)
+    with client:
+        for data in sessions:
+            with peer_stream(_addr(gw), pki) as s:
+                _send_and_drain(s, data)  # the fake answers PEER_HELLO; then the cut
+        _wait_for(lambda: fake.n_connections == 1 + len(sessions)
+                  and gw.stats["peer_sessions"] == len(sessions))
+        assert gw.stats["peer_frame_errors"] >= len(sessions) - 10
+        for raw in fake.raw[1:]:  # whatever reached the RPC server from peers is well-framed
+            PeerChecker().feed(bytes(raw))
+        assert not any(raw[:1] == bytes([RPC_CMD_HELLO]) for raw in fake.raw[1:])
+        _still_served(client)
+        # and a good peer link is forwarded whole
+        good = peer_hello(9, bytes(range(16))) + peer_push(1, 1000) + peer_push(2, 10)
+        with peer_stream(_addr(gw), pki) as s:
+            s.sendall(good)
+            assert recv_exact(s, 9) == reply(b"\x01")
+            _wait_for(lambda: fake.n_connections == 2 + len(sessions)
+                      and len(fake.raw[-1]) == len(good))
+        assert bytes(fake.raw[-1]) == good
+    # the client gone, its peer links end with it and new ones are refused
+    _wait_for(lambda: gw._active is None)
+    with peer_stream(_addr(gw), pki) as s:
+        s.sendall(peer_hello())
+        assert wait_closed(s, 3.0) < 3.0

@@ -140,13 +140,15 @@ def test_seam_links_read_upstreams_lines():
 
 
 # -- generation over the ring ---------------------------------------------------------------
-def _run(seam: str, plan: str, k: int, endpoints: list[str] | None = None) -> dict:
+def _run(seam: str, plan: str, k: int, endpoints: list[str] | None = None,
+         tls=None) -> dict:
     """One warm generation of the trained pair over ``plan`` with ``seam`` (RangedMTP sets
     GGML_RPC_SEAM for its client worker), every shard link at 20 ms after loading (so a
-    pipelined request is one wait, as over a WAN)."""
+    pipelined request is one wait, as over a WAN); ``tls``: through the shards' gateways
+    (tests/test_tls_ring.py)."""
     p = trained_paths()
     with RangedMTP(str(p.trunk), plan=plan, sidecar=str(p.sidecar) if k else None,
-                   endpoints=endpoints, seam=seam) as r:
+                   endpoints=endpoints, seam=seam, tls=tls) as r:
         opts = EngineOptions(k=k, settings=DecodeSettings(n_ctx=256, n_threads=1),
                              head="client")
         r.generate(PROMPT, 4, opts)
@@ -154,20 +156,28 @@ def _run(seam: str, plan: str, k: int, endpoints: list[str] | None = None) -> di
             relay.set_link(WanLink(20))
         toks, m = r.generate(PROMPT, N_NEW, opts)
         opened = [sum(e["event"] == "open" for e in relay.events) for relay in r.rt.relays.relays]
+        # peer links that passed a relay in mutual TLS (its peer port: opened as peers)
+        tls_peers = [sum(e["event"] == "open" and e.get("link") == "peer" for e in relay.events)
+                     for relay in r.rt.relays.relays]
         eps = list(r.rt.endpoints)
     return {"tokens": toks, "waits": m.waits_per_step, "bytes": m.wire_bytes_by_class,
             "opened": opened, "seam": m.seam, "endpoints": eps, "report": m.seam_report,
-            "crossing": m.cache_bytes_crossing}
+            "crossing": m.cache_bytes_crossing, "tls_peers": tls_peers}
 
 
-@pytest.fixture(scope="module")
-def whole() -> dict[int, list[int]]:
+def whole_tokens() -> dict[int, list[int]]:
+    """The whole model's tokens for PROMPT at k = 0 and 2 (also tests/test_tls_ring.py's)."""
     p = trained_paths()
     out = {}
     for k in (0, 2):
         with MTPRuntime(str(p.trunk), str(p.sidecar) if k else None, k=k) as rt:
             out[k] = rt.generate(PROMPT, N_NEW)[0]
     return out
+
+
+@pytest.fixture(scope="module")
+def whole() -> dict[int, list[int]]:
+    return whole_tokens()
 
 
 @needs_ring

@@ -173,19 +173,26 @@ class RemoteContext:
 def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
                  client_minor: int) -> tuple[str, str]:
     """(the seam to run, why) for what was asked (`SEAM_CHOICES`). ``ring`` needs this
-    build and every shard on RPC 7.2 (patches/0007) and no TLS gateway between them (peer
-    links do not pass one yet); ``auto`` is the ring where all of that holds, else the star.
+    build and every shard on RPC 7.2 (patches/0007), and with ``tls`` every shard's gateway
+    carrying peer links (its ready line: `ProbedShard.peer_links`; the gateways then speak
+    mutual TLS to each other); ``auto`` is the ring where all of that holds, else the star.
     An asked ``ring`` with an older shard runs: upstream keeps each pair that cannot ring
-    on the star (the per-link report says which)."""
+    on the star (the per-link report says which); one through a gateway that carries no
+    peer links is refused (an older gateway would pass a peer link in the clear)."""
     if seam not in SEAM_CHOICES:
         raise InputError(f"seam must be one of {', '.join(SEAM_CHOICES)}, got {seam!r}")
     if seam == Seam.STAR:
         return Seam.STAR.value, "asked"
     old = [i for i, info in enumerate(shard_info) if info.version[1] < 2]
+    closed = [i for i, info in enumerate(shard_info) if not getattr(info, "peer_links", False)]
     if client_minor < 2:
         why = f"this upstream build speaks RPC 7.{client_minor} (the ring is patches/0007, 7.2)"
-    elif tls:
-        why = "peer links do not pass the TLS gateways yet"
+    elif tls and closed:
+        many = len(closed) > 1
+        why = (f"the TLS gateway{'s' if many else ''} of shard{'s' if many else ''} "
+               f"{', '.join(map(str, closed))} carr{'y' if many else 'ies'} no peer links (an "
+               "older mtplib, or a shard.pem not valid as a TLS client certificate: `mtplib "
+               "tls init` issues one that is)")
     elif len(shard_info) < 2:
         return (seam if seam == Seam.RING else Seam.STAR.value), "one shard: no seam"
     elif old:
@@ -195,7 +202,7 @@ def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
     else:
         return Seam.RING.value, "every shard speaks RPC 7.2"
     if seam == Seam.RING:
-        if client_minor < 2 or tls:
+        if client_minor < 2 or (tls and closed):
             raise InputError(f"seam ring: {why}")
         return Seam.RING.value, why + ": those pairs stay on the star"
     return Seam.STAR.value, why
@@ -356,6 +363,10 @@ class RangedRuntime:
         # local to this host, so there it dials the shard itself
         peer = [f"{c}={e}" for c, e in zip(self.client_endpoints, self.endpoints, strict=True)
                 if c != e and not parse_endpoint(e, allow_remote=True)[0].startswith("127.")]
+        if self.tls is not None:  # the shard's gateway dials, in mutual TLS: the shard's
+            # public endpoint, or the relay's TLS peer port (a loopback shard, counted here)
+            peer = [f"{r.endpoint}={r.peer_endpoint or e}"
+                    for r, e in zip(self.relays.relays, self.endpoints, strict=True)]
         if peer:
             env["GGML_RPC_PEER_ENDPOINTS"] = ",".join(peer)
         try:
@@ -677,19 +688,40 @@ class RangedRuntime:
     def seam_summary(self) -> dict:
         """Which seam ran: what was asked, what this runtime chose and why, and each shard
         pair upstream's client set up so far (``links``: from/to as shard endpoints, "ring"
-        or "star" and why; a pair appears at its first copy, i.e. once warmed) and the
-        emulated WAN of each pair's peer link (``peer_wan``)."""
+        or "star" and why, and for a ring pair what its peer link passes, ``peer_via``; a
+        pair appears at its first copy, i.e. once warmed) and the emulated WAN of each
+        pair's peer link (``peer_wan``)."""
         from mtplib.distributed.worker import seam_report
 
         back = dict(zip(self.client_endpoints, self.endpoints, strict=True))
         links = [dict(link, **{"from": back.get(link["from"], link["from"]),
                                "to": back.get(link["to"], link["to"])})
                  for link in self.call(seam_report)]
+        via = self._peer_via()
+        for link in links:
+            if link["seam"] == "ring":
+                link["peer_via"] = via.get(link["to"], "")
         # each shard pair's emulated peer link (``--peer-wan``, else the receiving shard's
         # ``--wan``), in plan order; what a ring pair's pushes passed
         peer_wan = [str(r.link_for("peer")) for r in self.relays.relays[1:]]
         return {"requested": self.seam_requested, "seam": self.seam, "why": self.seam_why,
                 "links": links, "peer_wan": peer_wan}
+
+    def _peer_via(self) -> dict[str, str]:
+        """Per shard endpoint: what a peer link into that shard passes (and whether this
+        client's relay counts it)."""
+        out = {}
+        relays = self.relays.relays or [None] * len(self.endpoints)
+        for r, ep in zip(relays, self.endpoints, strict=True):
+            if self.tls is not None:
+                out[ep] = ("mutual TLS, gateway to this client's relay to gateway (counted)"
+                           if r is not None and r.peer_endpoint else
+                           "mutual TLS, gateway to gateway (not counted here)")
+            elif r is not None and ep.startswith("127."):
+                out[ep] = "plain RPC on loopback, through this client's relay (counted)"
+            else:
+                out[ep] = "plain RPC, shard to shard (not counted here)"
+        return out
 
     def seam_report(self, dtype: str = "f32") -> dict:
         """Bytes and waits on all shard connections per step label, per token, next to the

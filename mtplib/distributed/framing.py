@@ -28,15 +28,20 @@ PART, HEADER, PAYLOAD = "part", "header", "payload"
 
 @dataclass(frozen=True)
 class RpcLimits:
-    """Bounds on the two variable-size requests. Legit traffic: upstream's client sends a
-    whole tensor per SET_TENSOR; V4-Flash's largest tensors on a shard are the routed-expert
-    stacks, 1140850688 bytes each in MXFP4 (``mtplib fixture --preset v4-flash``'s table;
-    4.3 GB if they were BF16; token_embd stays on the client). A graph is 12 bytes plus 8
-    per node and 296 per tensor: DeepSeek-V4's node limit keeps it far below 256 MiB. Above
-    either bound the session is closed before the request is forwarded."""
+    """Bounds on the variable-size requests (and a peer link's pushes). Legit traffic:
+    upstream's client sends a whole tensor per SET_TENSOR; V4-Flash's largest tensors on a
+    shard are the routed-expert stacks, 1140850688 bytes each in MXFP4 (``mtplib fixture
+    --preset v4-flash``'s table; 4.3 GB if they were BF16; token_embd stays on the client).
+    A graph is 12 bytes plus 8 per node and 296 per tensor: DeepSeek-V4's node limit keeps
+    it far below 256 MiB. Above any bound the session is closed before the request is
+    forwarded."""
 
     max_tensor_bytes: int = 16 << 30
     max_graph_bytes: int = 256 << 20
+    #: the largest tensor one PEER_PUSH carries on a peer link (the ring, patches/0007):
+    #: upstream's server refuses more (RPC_PEER_MAX_PENDING_BYTES, 1 GiB); a boundary value
+    #: is a few hidden rows (V4-Flash: 4 x 4096 F32 per token)
+    max_push_bytes: int = 1 << 30
 
 
 #: the bounds a gateway checks unless given others

@@ -25,7 +25,7 @@ import socket
 from collections.abc import Sequence
 
 from mtplib.distributed.shard_report import ProbedShard, with_report
-from mtplib.distributed.tls import TlsConfig, connect_ready_status
+from mtplib.distributed.tls import GATEWAY_PEER, TlsConfig, connect_ready_status
 from mtplib.ownership.plan import PlanError
 from mtplib.runtime.rpc import ShardError, handshake, parse_endpoint
 
@@ -56,6 +56,7 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
         for ep in endpoints:
             addr = parse_endpoint(ep, allow_remote=allow)
             token: str | None = None  # plaintext: the report file on this host
+            peer_links = False
             if tls is None:
                 try:
                     s = socket.create_connection(addr, timeout=timeout_s)
@@ -73,8 +74,10 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
                                                  on_busy=same)
                 held.append(s)
                 instances[status.instance], token = ep, status.report
+                peer_links = GATEWAY_PEER in status.features
             try:
-                out.append(with_report(handshake(s, ep, timeout_s=timeout_s), ep, token=token))
+                out.append(with_report(handshake(s, ep, timeout_s=timeout_s), ep, token=token,
+                                       peer_links=peer_links))
             except TimeoutError:
                 others = list(endpoints[:len(out)])
                 same = (f"; it may be {', '.join(others)} under another address (their "

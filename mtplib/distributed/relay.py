@@ -31,6 +31,17 @@ upstream's client, which would act on it unchecked; a bad one closes the connect
 is kept in ``violation``. With ``tls=`` (a `TlsConfig`) the relay speaks mutual TLS to the
 shard's gateway (`mtplib.distributed.gateway`), so upstream's client still talks plain TCP,
 on loopback, to the relay.
+
+Peer links (the ring, patches/0007) into a shard pass its relay where they can, so that
+they are counted apart (``peer_counts``) and get the peer link's emulated WAN: in the
+clear, a loopback shard's peer link dials the relay's ``endpoint`` like the client (its
+first request, PEER_HELLO, tells it apart). Under TLS a shard's gateway opens peer links in
+mutual TLS only, so a relay in front of a loopback shard whose TLS directory also holds the
+shard's certificate (one host holding both sides, as on loopback) opens ``peer_endpoint``:
+it takes the other gateway's mutual TLS there (ALPN `PEER_ALPN`, as the shard's gateway
+would), counts and delays the link like any other, and passes it on in mutual TLS to the
+shard's gateway, as a peer. Elsewhere (a remote shard, or no shard certificate here) peer
+links go gateway to gateway, past every relay, and are not counted here.
 """
 
 from __future__ import annotations
@@ -38,13 +49,15 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 
 from mtplib.distributed.framing import PART, PAYLOAD, Framer, RpcLimits
-from mtplib.distributed.tls import TlsConfig, connect_ready
+from mtplib.distributed.tls import PEER_ALPN, TlsConfig, TlsStream, connect_ready
+from mtplib.errors import InputError
 from mtplib.runtime.links import MAX_RTT_MS, WanLink, parse_wan  # noqa: F401 - their old home
 from mtplib.runtime.rpc import (
     REPLY_SIZES,
@@ -302,6 +315,31 @@ class CountingRelay:
         t = threading.Thread(target=self._accept, daemon=True, name=f"relay-{self.endpoint}")
         t.start()
         self._threads.append(t)
+        #: TLS: where another shard's gateway opens its peer link into this shard through
+        #: this relay (see the module doc); None: peer links do not pass this relay in TLS
+        self.peer_endpoint: str | None = None
+        self._peer_srv: socket.socket | None = None
+        self._peer_opening = 0
+        if tls is not None and self._up_addr[0].startswith("127."):
+            self._open_peer_port(tls)
+
+    def _open_peer_port(self, tls: TlsConfig) -> None:
+        """The TLS peer port (`peer_endpoint`), where this host holds a shard certificate."""
+        try:
+            self._peer_in_ctx = tls.server_context()
+            self._peer_out_ctx = tls.peer_context()
+        except InputError:
+            return  # a client-only TLS directory: peer links go gateway to gateway
+        self._peer_in_ctx.num_tickets = 0
+        self._peer_in_ctx.set_alpn_protocols([PEER_ALPN])
+        srv = socket.create_server(("127.0.0.1", 0), backlog=4)
+        srv.settimeout(0.2)
+        self._peer_srv = srv
+        self.peer_endpoint = f"127.0.0.1:{srv.getsockname()[1]}"
+        t = threading.Thread(target=self._accept_peers, daemon=True,
+                             name=f"relay-peers-{self.peer_endpoint}")
+        t.start()
+        self._threads.append(t)
 
     def set_link(self, link: WanLink, peer: WanLink | None = None) -> None:
         """Change the emulated WAN (e.g. after loading over loopback): ``link`` for the
@@ -367,9 +405,12 @@ class CountingRelay:
             return False
         with self._lock:
             conns = [c for c in self._conns if not c.closed.is_set()]
+            if self._peer_opening:
+                return False
         socks = [s for c in conns for s in (c.client, c.upstream)]
-        try:  # the listening socket too: a connection not yet accepted holds bytes
-            if select.select([self._srv, *socks], [], [], 0)[0]:
+        listening = [self._srv, *([self._peer_srv] if self._peer_srv is not None else [])]
+        try:  # the listening sockets too: a connection not yet accepted holds bytes
+            if select.select([*listening, *socks], [], [], 0)[0]:
                 return False
         except (OSError, ValueError):  # a socket closed under us: nothing more comes
             pass
@@ -398,20 +439,73 @@ class CountingRelay:
                 continue
             for s in (client, up):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(client, up, self.check_replies)
-            with self._lock:
-                self._conns.append(conn)
-            self._event("open")
-            for i, (src, dst, key) in enumerate(((client, up, "up"), (up, client, "down"))):
-                t = threading.Thread(target=self._pump, args=(conn, i, src, dst, key),
-                                     daemon=True, name=f"relay-{self.endpoint}-{key}")
-                t.start()
-                self._threads.append(t)
-                t = threading.Thread(target=self._release, args=(conn, i, dst),
-                                     daemon=True, name=f"relay-{self.endpoint}-{key}-out")
-                t.start()
-                self._threads.append(t)
+            self._start(_Conn(client, up, self.check_replies))
             self._opening = False
+
+    def _start(self, conn: _Conn) -> None:
+        """Count and forward a connection from here on (its two pumps and releases)."""
+        with self._lock:
+            self._conns.append(conn)
+        self._event("open", **({"link": "peer"} if conn.kind == "peer" else {}))
+        client, up = conn.client, conn.upstream
+        for i, (src, dst, key) in enumerate(((client, up, "up"), (up, client, "down"))):
+            t = threading.Thread(target=self._pump, args=(conn, i, src, dst, key),
+                                 daemon=True, name=f"relay-{self.endpoint}-{key}")
+            t.start()
+            self._threads.append(t)
+            t = threading.Thread(target=self._release, args=(conn, i, dst),
+                                 daemon=True, name=f"relay-{self.endpoint}-{key}-out")
+            t.start()
+            self._threads.append(t)
+
+    def _accept_peers(self) -> None:
+        assert self._peer_srv is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._peer_srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._peer_opening += 1
+            threading.Thread(target=self._open_peer, args=(sock,), daemon=True,
+                             name=f"relay-peer-{self.peer_endpoint}").start()
+
+    def _open_peer(self, sock: socket.socket) -> None:
+        """One TLS peer link into this shard: mutual TLS with the dialing gateway (its
+        certificate checked against the CA, ALPN `PEER_ALPN`), then mutual TLS on to the
+        shard's gateway as a peer; closed if either fails."""
+        inner = up = None
+        started = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            inner = TlsStream(sock, self._peer_in_ctx, server_side=True)
+            inner.handshake(3.0)
+            if inner.alpn() != PEER_ALPN:
+                raise ConnectionError("a TLS connection without ALPN "
+                                      f"{PEER_ALPN} at the peer port")
+            raw = socket.create_connection(self._up_addr, timeout=5)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            up = TlsStream(raw, self._peer_out_ctx, server_side=False,
+                           server_hostname=self._up_addr[0])
+            up.handshake(5.0)
+            if up.alpn() != PEER_ALPN:
+                raise ConnectionError("the shard's gateway does not take peer links")
+            conn = _Conn(inner, up, self.check_replies)
+            conn.kind = "peer"
+            self._start(conn)
+            started = True
+        except (OSError, ssl.SSLError) as e:
+            self._event("peer_refused", error=str(e))
+        finally:
+            if not started:
+                for s in (up, sock):
+                    if s is not None:
+                        with contextlib.suppress(OSError):
+                            s.close()
+            with self._lock:
+                self._peer_opening -= 1
 
     def _connect(self):
         """The shard connection: plain TCP, or mutual TLS to its gateway (retrying "busy"
@@ -531,10 +625,13 @@ class CountingRelay:
 
     def close(self) -> None:
         self._stop.set()
-        with contextlib.suppress(OSError):
-            self._srv.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() on Linux
-        with contextlib.suppress(OSError):
-            self._srv.close()
+        for srv in (self._srv, self._peer_srv):
+            if srv is None:
+                continue
+            with contextlib.suppress(OSError):
+                srv.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() on Linux
+            with contextlib.suppress(OSError):
+                srv.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:

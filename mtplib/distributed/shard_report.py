@@ -210,17 +210,21 @@ def read_report_file(endpoint: str) -> ShardReport:
 @dataclass(frozen=True)
 class ProbedShard(ShardInfo):
     """A shard's handshake answer and its report (None, with ``report_problem``, where it
-    gave none or an unreadable one)."""
+    gave none or an unreadable one); ``peer_links``: its TLS gateway's ready line says it
+    carries peer links (the ring through the gateways; False for a plaintext shard)."""
 
     endpoint: str = ""
     report: ShardReport | None = None
     report_problem: str = ""
+    peer_links: bool = False
 
 
-def with_report(info: ShardInfo, endpoint: str, *, token: str | None) -> ProbedShard:
+def with_report(info: ShardInfo, endpoint: str, *, token: str | None,
+                peer_links: bool = False) -> ProbedShard:
     """``info`` with the shard's report: ``token`` from a gateway's ready line, or (None,
-    a plaintext shard) its report file on this host."""
+    a plaintext shard) its report file on this host; ``peer_links`` as that line says."""
     base = {f: getattr(info, f) for f in ShardInfo.__dataclass_fields__}
+    base["peer_links"] = peer_links
     try:
         if token is None:
             report = read_report_file(endpoint)

@@ -4,7 +4,10 @@ A TLS directory (``--tls DIR``) holds PEM files under fixed names (`TlsConfig`):
 
 - ``ca.pem``: the CA certificate(s) both sides verify the peer against;
 - ``shard.pem`` / ``shard.key``: the shard's certificate (SANs: the addresses clients dial)
-  and key, needed where a shard serves (`mtplib shard serve --tls DIR`);
+  and key, needed where a shard serves (`mtplib shard serve --tls DIR`); `init_pki` makes
+  it valid as a TLS client certificate too (extended key usage serverAuth and clientAuth),
+  so that a shard's gateway presents it when it opens a peer link to another shard's
+  gateway (the ring, patches/0007: `mtplib.distributed.gateway`);
 - ``client.pem`` / ``client.key``: the client's certificate and key, needed where a client
   connects (`mtplib generate --tls DIR`, bench, lanes);
 - ``ca.key``: written by `init_pki` only, to issue more certificates; no command reads it.
@@ -21,8 +24,10 @@ behind a lock, and the raw socket does the I/O.
 
 After the TLS handshake the gateway sends one status line (`GATEWAY_READY` or
 `GATEWAY_BUSY`, then the gateway's instance id, and on a ready line the shard's report of
-its build: `mtplib.distributed.shard_report`), so that a client tells "busy" and "the
-same shard twice" apart from a broken shard before upstream's client sends a byte.
+its build: `mtplib.distributed.shard_report`, and the gateway's features, words starting
+with "+": `GATEWAY_PEER`, it carries peer links), so that a client tells "busy" and "the
+same shard twice" apart from a broken shard before upstream's client sends a byte. A peer
+link (ALPN `PEER_ALPN`) gets no status line.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from mtplib.runtime.tls_config import (  # noqa: F401 - their old home
     CA_KEY,
     CLIENT_CERT,
     CLIENT_KEY,
+    PEER_ALPN,
     SHARD_CERT,
     SHARD_KEY,
     TlsConfig,
@@ -53,6 +59,9 @@ from mtplib.runtime.tls_config import (  # noqa: F401 - their old home
 #: the gateway's status line after the TLS handshake: b"mtplib-gateway 1 ready <id>\n"
 GATEWAY_MAGIC = b"mtplib-gateway 1 "
 GATEWAY_READY, GATEWAY_BUSY = b"ready", b"busy"
+#: the feature word of a gateway that carries peer links both ways (dials other shards'
+#: gateways with its shard certificate, admits theirs next to its client)
+GATEWAY_PEER = "+peer"
 STATUS_MAX = 512
 RECV_CHUNK = 1 << 20
 #: a gateway still closing the previous session (e.g. a probe's) says busy for a moment
@@ -162,6 +171,13 @@ class TlsStream:
     def peer_certificate(self) -> dict:
         return self._obj.getpeercert() or {}
 
+    def peer_certificate_der(self) -> bytes:
+        return self._obj.getpeercert(binary_form=True) or b""
+
+    def alpn(self) -> str | None:
+        """The ALPN protocol the handshake settled (None: none)."""
+        return self._obj.selected_alpn_protocol()
+
     def settimeout(self, t: float | None) -> None:
         self.sock.settimeout(t)
 
@@ -191,6 +207,8 @@ class GatewayStatus:
     instance: str
     #: the shard's report of its build (`ShardReport.token`); "" where the line has none
     report: str = ""
+    #: the gateway's feature words (e.g. `GATEWAY_PEER`); empty for an older gateway
+    features: frozenset[str] = frozenset()
 
 
 def read_status(stream: TlsStream, endpoint: str, timeout_s: float) -> GatewayStatus:
@@ -219,12 +237,14 @@ def read_status(stream: TlsStream, endpoint: str, timeout_s: float) -> GatewaySt
         with contextlib.suppress(OSError):
             stream.settimeout(None)
     parts = buf[len(GATEWAY_MAGIC):].split()
-    if not buf.startswith(GATEWAY_MAGIC) or len(parts) not in (2, 3) \
-            or parts[0] not in (GATEWAY_READY, GATEWAY_BUSY):
+    words = [w.decode("ascii", "replace") for w in parts[2:]]
+    features = frozenset(w for w in words if w.startswith("+"))
+    reports = [w for w in words if not w.startswith("+")]
+    if not buf.startswith(GATEWAY_MAGIC) or len(parts) < 2 or len(reports) > 1 \
+            or len(features) > 8 or parts[0] not in (GATEWAY_READY, GATEWAY_BUSY):
         raise ShardError(f"shard {endpoint}: unexpected gateway status {buf[:STATUS_MAX]!r}")
-    report = parts[2].decode("ascii", "replace") if len(parts) == 3 else ""
     return GatewayStatus(parts[0] == GATEWAY_READY, parts[1].decode("ascii", "replace"),
-                         report)
+                         reports[0] if reports else "", features)
 
 
 def connect(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
@@ -309,7 +329,9 @@ def init_pki(out: str | os.PathLike, hosts: list[str] | None = None, *,
              days: int = 365) -> dict[str, str]:
     """Write a CA and a shard and a client certificate (ECDSA P-256) into ``out`` under the
     names of the module doc; the shard's SANs are ``hosts`` (default 127.0.0.1 and
-    localhost). Refuses to replace any existing file; keys are written mode 0600."""
+    localhost), its extended key usage serverAuth and clientAuth (its gateway serves clients
+    and dials other shards' gateways for peer links); the client's clientAuth only.
+    Refuses to replace any existing file; keys are written mode 0600."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -361,14 +383,15 @@ def init_pki(out: str | os.PathLike, hosts: list[str] | None = None, *,
         b = (builder(name(cn), ca_name, key)
              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
              .add_extension(leaf_usage, critical=True)
-             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+             .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
              .add_extension(aki, critical=False))
         if san is not None:
             b = b.add_extension(san, critical=False)
         return key, b.sign(ca_key, hashes.SHA256())
 
-    shard_key, shard = leaf("mtplib shard", ExtendedKeyUsageOID.SERVER_AUTH, _san(hosts))
-    client_key, client = leaf("mtplib client", ExtendedKeyUsageOID.CLIENT_AUTH)
+    shard_key, shard = leaf("mtplib shard", [ExtendedKeyUsageOID.SERVER_AUTH,
+                                             ExtendedKeyUsageOID.CLIENT_AUTH], _san(hosts))
+    client_key, client = leaf("mtplib client", [ExtendedKeyUsageOID.CLIENT_AUTH])
 
     def pem_key(k) -> bytes:
         return k.private_bytes(serialization.Encoding.PEM,

@@ -338,8 +338,9 @@ def _peer_wan(peer_wan, n_shards: int, eps, tls, name) -> tuple[WanLink, ...] | 
             raise InputError(f"{name('peer_wan')}: {len(links)} WAN links for "
                              f"{n_shards - 1} peer links ({n_shards} shards)")
     if tls is not None:
-        raise InputError(f"{name('peer_wan')} describes the ring's peer links, which do not "
-                         f"pass the TLS gateways yet (leave out {name('tls')})")
+        raise InputError(f"{name('peer_wan')} emulates plain peer links only (under "
+                         f"{name('tls')} a peer link passes this client's relay only where "
+                         f"this host holds the shard certificate; leave out {name('tls')})")
     for i, e in enumerate(eps or ()):
         if i and not parse_endpoint(e, allow_remote=True)[0].startswith("127."):
             raise InputError(f"{name('peer_wan')}: shard {i} at {e} is remote, so the shard "

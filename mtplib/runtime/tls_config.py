@@ -14,6 +14,9 @@ from mtplib.errors import InputError
 
 CA, SHARD_CERT, SHARD_KEY = "ca.pem", "shard.pem", "shard.key"
 CLIENT_CERT, CLIENT_KEY, CA_KEY = "client.pem", "client.key", "ca.key"
+#: the ALPN protocol a shard's gateway offers when it dials another shard's gateway for a
+#: peer link (the ring, patches/0007); a connection without it is a client's
+PEER_ALPN = "mtplib-peer/1"
 
 
 @dataclass(frozen=True)
@@ -62,4 +65,14 @@ class TlsConfig:
         the endpoint's address (check_hostname)."""
         ctx = self._context(ssl.Purpose.SERVER_AUTH, CLIENT_CERT, CLIENT_KEY)
         ctx.check_hostname = True
+        return ctx
+
+    def peer_context(self) -> ssl.SSLContext:
+        """A shard's side of a peer link it opens to another shard's gateway: the shard's
+        own certificate as the TLS client's (`mtplib tls init` issues it for both uses),
+        the other gateway's checked against the CA and the dialed address, ALPN
+        `PEER_ALPN` (so that gateway takes it for a peer, not a client)."""
+        ctx = self._context(ssl.Purpose.SERVER_AUTH, SHARD_CERT, SHARD_KEY)
+        ctx.check_hostname = True
+        ctx.set_alpn_protocols([PEER_ALPN])
         return ctx
