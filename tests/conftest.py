@@ -58,13 +58,20 @@ def _stock_only_allows_cache_crossing(monkeypatch):
                             lambda opts, n, *, allow: check(opts, n, allow=True))
 
 
-def decode_waits(n_shards: int) -> int:
-    """Waits (synchronous round trips) of a plain ranged decode step on the loaded build:
-    one per shard where patches/0002 and 0004 are in (one boundary tensor per seam, read in
-    one round trip: evidence/upstream-patches), else two reads per seam plus the tail's
-    output row."""
+def decode_waits(n_shards: int, seam: str | None = None) -> int:
+    """Waits (synchronous round trips) of a plain ranged decode step on the loaded build,
+    over ``seam`` as asked (None: the request's default, `DEFAULT_SEAM`), with local shards
+    of this build and no TLS: one, the tail's output, where the seam resolves to the ring
+    (patches/0007's RPC 7.2: the boundary values go shard to shard); else one per shard
+    where patches/0002 and 0004 are in (one boundary tensor per seam, read in one round
+    trip: evidence/upstream-patches), else two reads per seam plus the tail's output row."""
     from mtplib.runtime import build_info
+    from mtplib.runtime.request import DEFAULT_SEAM
+    from mtplib.runtime.rpc import client_proto_minor
 
+    seam = DEFAULT_SEAM if seam is None else seam
+    if n_shards > 1 and seam != "star" and client_proto_minor() >= 2:
+        return 1
     b = build_info()
     seam_once = b["build"] == "patched" and any("0004" in p for p in b["patches"])
     return n_shards if seam_once else 2 * (n_shards - 1) + 1

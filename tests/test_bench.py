@@ -283,7 +283,7 @@ def test_bench_takes_a_wan_for_its_ranged_plans():
 
 
 def test_bench_takes_a_seam_for_its_ranged_plans():
-    assert BC.BenchConfig.from_dict({}).seam == "star"
+    assert BC.BenchConfig.from_dict({}).seam == "auto"  # the request's default
     assert BC.BenchConfig.from_dict({"plans": ["0-1,2-3"], "seam": "ring"}).seam == "ring"
     with pytest.raises(BC.BenchConfigError, match="seam must be one of auto, star, ring"):
         BC.BenchConfig.from_dict({"seam": "mesh"})
@@ -298,21 +298,27 @@ def test_bench_takes_a_seam_for_its_ranged_plans():
 
 @pytest.mark.slow
 def test_a_ranged_bench_row_says_which_seam_ran_per_pair(tmp_path):
-    """bench.seam ring on 0-1,2-3: every ranged row carries the generation's seam (asked,
-    ran, each shard pair's ring or star), as generate's metrics do; it reads back."""
+    """The default bench.seam (auto) on 0-1,2-3: every ranged row carries the generation's
+    seam (asked, ran, each shard pair's ring or star and why), as generate's metrics do;
+    it reads back. With this build's local shards auto is the ring where the build speaks
+    RPC 7.2 (patches/0007), else the star."""
     from mtplib.lab import bench as B
     from mtplib.lab.bench_rows import BenchRun
     from mtplib.runtime.rpc import client_proto_minor
 
     pair = trained_paths()
     cfg = BC.BenchConfig.from_dict({"plans": ["whole", "0-1,2-3"], "ks": [2], "n_new": 6,
-                                    "reps": 1, "warmup": 0, "sweep": None, "seam": "ring",
+                                    "reps": 1, "warmup": 0, "sweep": None,
                                     "n_ctx": 256, "prompts": [{"seed": 0, "len": 8}]},
                                    threads=1)
     res = B.run_bench(str(pair.trunk), str(pair.sidecar), cfg)
     rows = [r.to_dict() for r in res.runs]
     ranged = [r for r in rows if r["plan"] == "0-1,2-3"]
-    assert ranged and all(r["seam"]["requested"] == "ring" for r in ranged)
+    assert ranged and all(r["seam"]["requested"] == "auto" for r in ranged)
     want = "ring" if client_proto_minor() >= 2 else "star"
-    assert all([x["seam"] for x in r["seam"]["links"]] == [want] for r in ranged)
+    assert all(r["seam"]["seam"] == want for r in ranged)
+    assert all([x["seam"] for x in r["seam"]["pairs"]] == [want] for r in ranged)
+    # upstream logs a link per pair only where it was asked to ring
+    assert all([x["seam"] for x in r["seam"]["links"]] == ([want] if want == "ring" else [])
+               for r in ranged)
     assert BenchRun.from_dict(ranged[0]).ranged.seam == ranged[0]["seam"]

@@ -109,8 +109,9 @@ def test_cli_opted_in_cache_crossing_exits_3(pair):
 @pytest.mark.slow
 def test_cli_default_ranged_mtp_is_the_safe_fast_path(pair):
     """`mtplib generate --plan --mtp` with no other option: drafter and head in the client,
-    the patched build, setup reported apart, no cache bytes, and a verify step waits as
-    often as a plain step, over the whole cold generation."""
+    the patched build, the default seam (auto: the ring on this build's local shards, where
+    0007 is in), setup reported apart, no cache bytes, and a verify step waits as often as
+    a plain step (once over the ring), over the whole cold generation."""
     base = ["generate", "--model", str(pair.trunk), "--plan", "0-1,2-3", "--tokens",
             ",".join(map(str, PROMPT)), "--n", str(N_NEW), "--json"]
     off = _cli(*base)
@@ -129,6 +130,12 @@ def test_cli_default_ranged_mtp_is_the_safe_fast_path(pair):
 
     assert m.waits_per_step["verify"] == m_off.waits_per_step["decode"] == decode_waits(2)
     assert m.waits_per_step.get("draft", 0) == 0  # the drafter is in the client
+    from mtplib.runtime.rpc import client_proto_minor
+
+    want = "ring" if client_proto_minor() >= 2 else "star"
+    for run in (m, m_off):
+        assert run.seam["requested"] == "auto" and run.seam["seam"] == want
+        assert [p["seam"] for p in run.seam["pairs"]] == [want]
 
 
 @patched

@@ -94,7 +94,7 @@ from mtplib.runtime.lib import upstream_info
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions
 trunk, plan = sys.argv[1], sys.argv[2]
-with RangedMTP(trunk, plan=plan) as r:
+with RangedMTP(trunk, plan=plan, seam="star") as r:  # about the star: 0002-0004's figures
     opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1), head="client")
     r.generate(list(range(100, 132)), 4, opts)
     for relay in r.rt.relays.relays:  # a short WAN: a pipelined request is then one wait
@@ -118,10 +118,11 @@ def _wan_probe(build: str, plan: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("plan,n_shards", [("0-1,2-3", 2), ("0-0,1-2,3-3", 3)])
 def test_patched_waits_once_per_shard_and_sends_no_constants(plan, n_shards):
-    """A plain decode, every shard behind a 20 ms link: stock waits 2 per seam + 1 (two
-    hc*n_embd tensors per seam, one blocking GET each) and re-sends the indexer's rotation
-    matrix every step; patched (0002-0004) waits once per shard, moves one tensor per seam
-    and no constant. Same tokens."""
+    """A plain decode on the star (asked: the default, auto, rings on the patched build),
+    every shard behind a 20 ms link: stock waits 2 per seam + 1 (two hc*n_embd tensors per
+    seam, one blocking GET each) and re-sends the indexer's rotation matrix every step;
+    patched (0002-0004) waits once per shard, moves one tensor per seam and no constant.
+    Same tokens."""
     stock, patched = _wan_probe("stock", plan), _wan_probe("patched", plan)
     assert (stock["build"], patched["build"]) == ("stock", "patched")
     assert stock["tokens"] == patched["tokens"]

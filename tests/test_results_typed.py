@@ -138,7 +138,15 @@ def test_a_ranged_generation_is_typed_with_the_keys_it_always_had(pair, k):
     # the sidecar is loaded; "seam" (patches/0007): which seam ran, per shard pair
     want = RANGED_KEYS | {"mtp_placement", "mtp_endpoints", "seam"}
     assert set(d) == want
-    assert d["seam"]["requested"] == d["seam"]["seam"] == "star"
+    # the default seam, auto: the ring where this build speaks RPC 7.2 (its local shards
+    # then do too), else the star; either way each shard pair says which ran and why
+    from mtplib.runtime.rpc import client_proto_minor
+
+    ring = client_proto_minor() >= 2
+    assert d["seam"]["requested"] == "auto"
+    assert d["seam"]["seam"] == ("ring" if ring else "star")
+    assert [(p["from"], p["to"], p["seam"]) for p in d["seam"]["pairs"]] == [
+        (*m.endpoints, "ring" if ring else "star")]
     assert json.loads(json.dumps(d)) == d
     assert RangedMetrics.from_dict(d) == m
     assert RangedMetrics.from_dict(json.loads(json.dumps(d))).to_dict() == d

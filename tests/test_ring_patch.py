@@ -271,8 +271,14 @@ def test_ring_falls_back_to_the_star_per_pair():
     links = [(x["seam"], x["why"]) for x in mixed["seam"]["links"]]
     assert links == [("ring", ""), ("star", "a server speaks protocol 7.1 or older")]
     assert [x["seam"] for x in stock["seam"]["links"]] == ["star", "star"]
+    # each plan pair says which seam ran there and why (seam.pairs)
+    assert [(x["seam"], x["why"]) for x in mixed["seam"]["pairs"]] == [
+        ("ring", "both shards speak RPC 7.2: the link opened"),
+        ("star", "a server speaks protocol 7.1 or older")]
     # auto: the ring only where every shard speaks it
     assert auto["seam"]["seam"] == "star" and "shard 2 speaks RPC 7.0" in auto["seam"]["why"]
+    assert [(x["seam"], x["why"]) for x in auto["seam"]["pairs"]] == [
+        ("star", auto["seam"]["why"])] * 2
     assert auto["waits"]["decode"] == 3
 
 

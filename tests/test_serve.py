@@ -308,7 +308,8 @@ def _cache_args() -> list[str]:
 @pytest.mark.slow
 def test_whole_and_ranged_serve_the_same_tokens(pair, server_factory):
     """The ranged service (local shards, the same MTP options as generate) answers with the
-    whole model's tokens, and SIGTERM closes the shards and exits 0."""
+    whole model's tokens, says which seam its session runs (the default, auto: the ring
+    where this build speaks RPC 7.2), and SIGTERM closes the shards and exits 0."""
     common = ["-m", str(pair.trunk), "-md", str(pair.sidecar), "--draft", "2", "-c", "256",
               "-t", "1"]
     body = {"return_tokens": True, "ignore_eos": True}
@@ -325,6 +326,14 @@ def test_whole_and_ranged_serve_the_same_tokens(pair, server_factory):
     chunks = list(c.completions.create(model=pair.trunk.name, prompt=[5, 6, 7, 8],
                                        max_tokens=12, stream=True, extra_body=body))
     assert chunks[-1].model_extra["tokens"] == w.model_extra["tokens"]
+    from mtplib.runtime.rpc import client_proto_minor
+
+    want = "ring" if client_proto_minor() >= 2 else "star"
+    seam = ranged.ready["seam"]  # the ready line, and /v1/models' meta, say it per pair
+    assert seam["requested"] == "auto" and seam["seam"] == want
+    assert [p["seam"] for p in seam["pairs"]] == [want]
+    assert c.models.list().data[0].model_extra["meta"]["seam"] == seam
+    assert "seam" not in whole.ready  # a whole model has none
     assert stop(ranged.proc) == 0, ranged.log()
 
 

@@ -293,10 +293,27 @@ def _gen(pair, *extra) -> dict:
 
 def test_generate_through_tls_equals_plaintext(pair, pki):
     """Local shards behind their gateways (`shard serve --tls`), the relays speaking TLS:
-    the same tokens and the same waits per step as in plaintext."""
-    plain, secure = _gen(pair), _gen(pair, "--tls", str(pki.dir))
+    the same tokens and the same waits per step as in plaintext on the same seam (both ask
+    for the star). With TLS the default seam (auto) is the ring where this build speaks RPC
+    7.2 (the gateways carry the peer links in mutual TLS: tests/test_tls_ring.py), and the
+    result says so per pair."""
+    plain = _gen(pair, "--seam", "star")
+    secure = _gen(pair, "--tls", str(pki.dir), "--seam", "star")
     assert secure["tokens"] == plain["tokens"]
     assert secure["metrics"]["waits_per_step"] == plain["metrics"]["waits_per_step"]
+    from mtplib.runtime.rpc import client_proto_minor
+
+    auto = _gen(pair, "--tls", str(pki.dir))
+    assert auto["tokens"] == plain["tokens"]
+    seam = auto["metrics"]["seam"]
+    if client_proto_minor() >= 2:
+        assert (seam["requested"], seam["seam"]) == ("auto", "ring")
+        assert [p["seam"] for p in seam["pairs"]] == ["ring"]
+    else:
+        why = f"this upstream build speaks RPC 7.{client_proto_minor()} (the ring is " \
+            "patches/0007, 7.2)"
+        assert (seam["requested"], seam["seam"], seam["why"]) == ("auto", "star", why)
+        assert [(p["seam"], p["why"]) for p in seam["pairs"]] == [("star", why)]
     assert secure["metrics"]["transport"] == "tls" and plain["metrics"]["transport"] == \
         "plaintext"
 

@@ -50,10 +50,11 @@ def test_cli_generate_with_endpoints_gives_them_and_nothing_else():
     assert "--threads" not in cmd and "--shard-threads" not in cmd  # the CLI's defaults
     assert "--endpoints" not in W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1],
                                                n_new=4, wan="0")
-    assert "--seam" not in cmd  # the CLI's default (star) is left to it
-    ring = W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1], n_new=4, wan="0",
-                          seam="ring")
-    assert ring[ring.index("--seam") + 1] == "ring"
+    assert "--seam" not in cmd  # the CLI's default (auto) is left to it
+    for seam in ("ring", "star"):
+        given = W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1], n_new=4, wan="0",
+                               seam=seam)
+        assert given[given.index("--seam") + 1] == seam
 
 
 def test_seam_run_names_the_command_and_the_error_when_the_cli_fails(monkeypatch):
@@ -248,7 +249,7 @@ def test_a_stopped_run_resumes_keeping_its_finished_cells(tmp_path, monkeypatch)
     again = W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
     assert _FakeRanged.calls == [] and again["rows"] == res["rows"]
     for bad, msg in [({"n_new": 5}, "n_new: 4 there, 5 now"),
-                     ({"seam": "ring"}, "seam: 'star' there, 'ring' now"),
+                     ({"seam": "ring"}, "seam: 'auto' there, 'ring' now"),
                      ({"rtts_ms": [25]}, "holds cells this config does not list")]:
         with pytest.raises(InputError, match=msg):
             W.run_wan(str(PAIR.trunk), None, replace(cfg, **bad), prompts, out_dir=tmp_path,
@@ -257,6 +258,16 @@ def test_a_stopped_run_resumes_keeping_its_finished_cells(tmp_path, monkeypatch)
         W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path,
                   upstream={"build": "patched", "patches": ["p", "q"]})
     assert _FakeRanged.calls == []
+    # a folder whose config names no seam predates the choice: it ran the star, so the
+    # default (auto) does not resume into it and an asked star does
+    done = json.loads((tmp_path / W.WAN_JSON).read_text())
+    del done["config"]["seam"]
+    (tmp_path / W.WAN_JSON).write_text(json.dumps(done))
+    with pytest.raises(InputError, match="seam: 'star' there, 'auto' now"):
+        W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
+    star = W.run_wan(str(PAIR.trunk), None, replace(cfg, seam="star"), prompts,
+                     out_dir=tmp_path, upstream=up)
+    assert _FakeRanged.calls == [] and star["rows"] == res["rows"]
 
 
 @needs_pair
@@ -330,8 +341,9 @@ def test_cold_cells_on_external_shards_stop_them_also_on_ctrl_c(tmp_path, monkey
 def test_short_wan_run_over_the_relays():
     """Two RTTs, MTP off and k=2 with the drafter and the head in the client: identical
     tokens; drafts cost no shard round trip; a plain step costs 3 waits on stock (2 seam
-    tensors on shard 0, the hidden rows from the tail), 2 on the full patch set (one per
-    shard); the RTT shows up in the time per token."""
+    tensors on shard 0, the hidden rows from the tail), 2 on 0002-0004's star (one per
+    shard), 1 over the ring (the default seam, auto, where 0007 is in: `decode_waits`);
+    the RTT shows up in the time per token."""
     from conftest import decode_waits
 
     cfg = W.WanConfig(rtts_ms=[0, 40], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],

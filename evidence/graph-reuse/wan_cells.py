@@ -52,12 +52,13 @@ def parse_cell(text: str) -> tuple[str, float, float | None]:
 
 
 def cell_config(plan: str, rtt: float, mbit: float | None, *, prompts: int, n: int, k: int):
-    """The cell as a lab.wan config: cold, every shard remote, MTP off and ``k``."""
+    """The cell as a lab.wan config: cold, every shard remote, MTP off and ``k``, on the
+    star (what the committed cells measured: the default seam then)."""
     from mtplib.lab.wan import WanConfig
 
     return WanConfig(modes=["cold"], plans=[plan], topologies=["remote"], cold_rtts_ms=[rtt],
                      mbits=[mbit], cold_ks=[0, k], cold_shards="local", n_prompts=prompts,
-                     prompt_len=64, n_new=n, fit_rtts_ms=[rtt])
+                     prompt_len=64, n_new=n, fit_rtts_ms=[rtt], seam="star")
 
 
 def link_text(rtt: float, mbit: float | None) -> str:

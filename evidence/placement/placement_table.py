@@ -50,8 +50,9 @@ ASSUMED_TAIL_FRACTIONS = (1.0, 0.1, 0.01)
 def waits(pair, prompt) -> list[dict]:
     rows = []
     for placement in ("tail", "client"):
+        # the star: what the committed figures measured (the default seam then)
         with RangedMTP(str(pair.trunk), plan=PLAN, sidecar=str(pair.sidecar),
-                       mtp_placement=placement) as r:
+                       mtp_placement=placement, seam="star") as r:
             for head in ("upstream", "client"):
                 opts = EngineOptions(k=K, settings=SETTINGS, head=head)
                 r.generate(prompt, 16, opts)  # warm-up
@@ -73,7 +74,7 @@ def draft_costs(name: str, pair, loads: int) -> dict:
     for _ in range(loads):
         for placement in ("client", "tail"):
             with RangedMTP(str(pair.trunk), plan=PLAN, sidecar=str(pair.sidecar),
-                           mtp_placement=placement, opts=opts) as r:
+                           mtp_placement=placement, opts=opts, seam="star") as r:
                 rec = r.placement_record
             t = rec["timings"]
             if placement == "client":

@@ -65,7 +65,8 @@ def main() -> int:
     engine = ["-m", str(pair.trunk), "-md", str(pair.sidecar), "--draft", str(a.draft),
               "-c", str(n_ctx), "--parallel", str(a.parallel)]
     if a.plan:
-        engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
+        # the star: what the committed figures measured (the default seam then)
+        engine += ["--plan", a.plan, "--seam", "star"] + (["--wan", a.wan] if a.wan else [])
     cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0", "--json"]
     if a.step_log:
         cmd[1:3] = [str(HERE / "serve_steplog.py")]

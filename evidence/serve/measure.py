@@ -79,7 +79,8 @@ def main() -> int:
     engine = ["-m", str(pair.trunk), "-md", str(pair.sidecar), "--draft", str(a.draft),
               "-c", "512", "-t", str(a.threads)]
     if a.plan:
-        engine += ["--plan", a.plan] + (["--wan", a.wan] if a.wan else [])
+        # the star: what the committed figures measured (the default seam then)
+        engine += ["--plan", a.plan, "--seam", "star"] + (["--wan", a.wan] if a.wan else [])
     serve_cmd = [sys.executable, "-m", "mtplib.cli", "serve", *engine, "--port", "0",
                  "--json"]
     prompts = trained_prompts(a.prompts, a.prompt_len)

@@ -36,8 +36,9 @@ def main() -> None:
 
 
 def run(model: str, trunk, sidecar, plan: str) -> None:
+    # the star: what the committed figures measured (the default seam then)
     with RangedMTP(str(trunk), plan=plan, sidecar=str(sidecar),
-                   allow_cache_crossing=True) as r:
+                   allow_cache_crossing=True, seam="star") as r:
         for k in (1, 3):
             opts = EngineOptions(k=k, settings=DecodeSettings(n_threads=1))
             toks, m = r.generate(seeded_prompt(7, 10), 16, opts)

@@ -16,7 +16,9 @@ pair = trained_paths()
 prompt = list(range(100, 132))
 print("upstream build:", upstream_info()["build"])
 for rs in (0, 2):
-    with RangedMTP(str(pair.trunk), plan="0-1,2-3", allow_cache_crossing=True) as r:
+    # the star: what the committed figures measured (the default seam then)
+    with RangedMTP(str(pair.trunk), plan="0-1,2-3", allow_cache_crossing=True,
+                   seam="star") as r:
         opts = EngineOptions(k=0, n_rs_seq=rs, settings=DecodeSettings(n_ctx=256, n_threads=1))
         r.generate(prompt, 4, opts)  # warm-up: one-time allocations
         toks, m = r.generate(prompt, 8, opts)

@@ -37,8 +37,9 @@ def main(out_path: str) -> None:
     settings = DecodeSettings(n_ctx=256, n_threads=1)
     rows = []
     for plan in PLANS:
+        # the star: what the committed figures measured (the default seam then)
         with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
-                       mtp_placement="client") as r:
+                       mtp_placement="client", seam="star") as r:
             relays = r.rt.relays.relays
             for k in (0, 2):
                 opts = EngineOptions(k=k, settings=settings, head="client")

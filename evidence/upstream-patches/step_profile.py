@@ -41,9 +41,11 @@ def main() -> None:
     pair = trained_paths()
     prompts = trained_prompts(4, 48)
     settings = _settings(WanConfig(), str(pair.trunk))
+    # the star: what the committed figures measured (the default seam then)
     with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
                    mtp_placement="client", shard_threads=1,
-                   opts=EngineOptions(k=2, settings=settings, head="client")) as r:
+                   opts=EngineOptions(k=2, settings=settings, head="client"),
+                   seam="star") as r:
         relays = r.rt.relays.relays
         for relay, link in zip(relays, links_for("remote", len(relays), rtt), strict=True):
             relay.set_link(link)

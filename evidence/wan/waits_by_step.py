@@ -29,8 +29,10 @@ prompt = trained_prompts(1, 48)[0]
 settings = DecodeSettings(n_ctx=256, n_threads=1)
 rows = []
 for placement in ("tail", "client"):
+    # the star: what the committed figures measured (the default seam then)
     with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
-                   mtp_placement=placement, allow_cache_crossing=True) as r:
+                   mtp_placement=placement, allow_cache_crossing=True,
+                   seam="star") as r:
         for k in (0, 2):
             if k == 0 and placement == "client":
                 continue

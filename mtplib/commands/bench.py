@@ -10,6 +10,7 @@ from pathlib import Path
 from mtplib import paths
 from mtplib.commands.common import add_json_arg, add_tls_args
 from mtplib.contract.labels import SEAM_CHOICES
+from mtplib.runtime.request import DEFAULT_SEAM
 
 
 def run(a: argparse.Namespace) -> int:
@@ -95,9 +96,12 @@ def register(sub) -> None:
                    "--wan; default: the lane's bench.wan, else loopback)")
     b.add_argument("--seam", choices=SEAM_CHOICES, default=None,
                    help="ranged plans: how boundary values reach the next shard (as generate "
-                   "--seam: star, ring = shard to shard with patches/0007, auto); default: "
-                   "the lane's bench.seam, else star; each ranged row's seam says which ran, "
-                   "per shard pair")
+                   "--seam: star, ring = shard to shard with patches/0007, auto = the ring "
+                   "where this build and every shard speak RPC 7.2 and, under --tls, every "
+                   "shard gateway carries peer links, else the star); default: the lane's "
+                   f"bench.seam, else "
+                   f"{DEFAULT_SEAM}; each ranged row's seam says which ran and why, per shard "
+                   "pair")
     b.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy (default: the lane's `policy:`, else beta); "
                    "alpha disables MTP, so the bench refuses to run (exit 2)")

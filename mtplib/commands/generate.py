@@ -29,6 +29,7 @@ from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DraftSpec
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError, MtplibError
 from mtplib.runtime.request import DEFAULT_CTX as REQUEST_DEFAULT_CTX
+from mtplib.runtime.request import DEFAULT_SEAM
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, ROW_SOURCES
 
@@ -146,7 +147,8 @@ def check_engine_args(a: argparse.Namespace) -> None:
         raise InputError("--endpoints/--rpc needs --plan (which layers each endpoint serves; "
                          "mtplib does not split the layers by itself)")
     if not a.plan and (a.wan or a.mtp_placement != "auto" or a.allow_cache_crossing
-                       or a.tls or a.insecure_plaintext or getattr(a, "seam", "star") != "star"
+                       or a.tls or a.insecure_plaintext
+                       or getattr(a, "seam", DEFAULT_SEAM) != DEFAULT_SEAM
                        or getattr(a, "peer_wan", None)):
         raise InputError("--wan, --peer-wan, --mtp-placement, --allow-cache-crossing, --tls, "
                          "--insecure-plaintext and --seam need --plan (they describe shards)")
@@ -182,7 +184,7 @@ def request_from_args(a: argparse.Namespace):
             plan=a.plan, endpoints=endpoints(a), wan=a.wan,
             mtp_placement=a.mtp_placement, shard_threads=a.shard_threads,
             tls=tls_from_args(a), insecure_plaintext=a.insecure_plaintext,
-            allow_cache_crossing=a.allow_cache_crossing, seam=getattr(a, "seam", "star"),
+            allow_cache_crossing=a.allow_cache_crossing, seam=getattr(a, "seam", DEFAULT_SEAM),
             peer_wan=getattr(a, "peer_wan", None), policy=a.policy, names=CLI_NAMES)
     except DraftRefused:  # --mtp is given: 0 is no choice here (leave --mtp out)
         raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}") from None
@@ -260,12 +262,14 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    "that moved cache bytes exits 3")
     g.add_argument("--shard-threads", type=int, default=1,
                    help="threads per local shard with --plan")
-    g.add_argument("--seam", default="star", choices=SEAM_CHOICES,
+    g.add_argument("--seam", default=DEFAULT_SEAM, choices=SEAM_CHOICES,
                    help="with --plan: how boundary values reach the next shard: star = "
                    "through this process (it waits once per shard and step), ring = shard to "
                    "shard (patches/0007, RPC 7.2: one wait per step; a shard pair with an "
-                   "older shard stays on the star), auto = ring where every shard speaks it "
-                   "and no TLS gateway is between them; metrics.seam says which ran, per pair")
+                   "older shard stays on the star), auto = the ring where this build and "
+                   "every shard speak RPC 7.2 and, under --tls, every shard gateway carries "
+                   "peer links, else the star; metrics.seam says which ran and why, per "
+                   "shard pair (pairs)")
     g.add_argument("--peer-wan", metavar="RTT_MS[:MBIT][,...]",
                    help="with --plan and the ring: emulate the WAN of the shard-to-shard links "
                    "apart from --wan (e.g. --wan 100 --peer-wan 10: the client far, the "

@@ -118,6 +118,9 @@ def _config(a: argparse.Namespace, backend):
     meta = {"plan": a.plan, "head": a.head, "upstream": build_info()}
     if a.plan:
         meta["mtp_placement"] = a.mtp_placement
+        # which seam the loaded (and warmed) session runs, asked, chosen and why, per
+        # shard pair: /v1/models' meta and the ready line say it
+        meta["seam"] = backend.seam_summary()
     return ServeConfig(
         model_id=a.alias or Path(a.model).name, n_ctx=int(backend.n_ctx), n_vocab=h.n_vocab,
         eog=eog, k=draft_k(a), default_n=a.n, default_temperature=a.temp,
@@ -248,12 +251,15 @@ def _serve(a: argparse.Namespace, sock: socket.socket) -> int:
         ready = {"listening": url, "host": a.host, "port": port, "model": cfg.model_id,
                  "n_ctx": cfg.n_ctx, "parallel": a.parallel, "draft": cfg.k, "plan": a.plan,
                  "upstream": cfg.meta["upstream"]}
+        if a.plan:
+            ready["seam"] = cfg.meta["seam"]
         if a.json:
             print(json.dumps(ready), flush=True)
         log_line(f"listening on {url} (model {cfg.model_id}, n_ctx {cfg.n_ctx}"
                  + (f" per slot, {a.parallel} slots" if a.parallel > 1 else "") + ", "
-                 f"draft {cfg.k}{', plan ' + a.plan if a.plan else ''}); SIGTERM or Ctrl-C "
-                 "stops it")
+                 f"draft {cfg.k}{', plan ' + a.plan if a.plan else ''}"
+                 + (f", seam {cfg.meta['seam']['seam']}" if a.plan else "")
+                 + "); SIGTERM or Ctrl-C stops it")
         server.run(sockets=[sock])
         if stopped and not stopped[0]:
             # upstream still runs a step in the worker thread: closing the models under it

@@ -53,7 +53,7 @@ from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
-from mtplib.runtime.request import RunRequest, build_request
+from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
 from mtplib.runtime.rpc import ShardError, ShardInfo, client_proto_minor, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
@@ -208,6 +208,30 @@ def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
     return Seam.STAR.value, why
 
 
+def seam_pairs(endpoints: Sequence[str], seam: str, why: str,
+               links: Sequence[dict]) -> list[dict[str, str | None]]:
+    """Each consecutive shard pair of the plan (``from`` -> ``to``, shard endpoints) with
+    the seam that ran between them and why, so a result says it even where upstream logged
+    nothing: under the star (``GGML_RPC_SEAM=star``) upstream's client sets up no link, and
+    the pair ran the star for the runtime's reason (``why``, e.g. a shard on RPC 7.1);
+    under the ring a pair is what upstream's client logged for it (``links``: a ring only
+    where both shards speak 7.2 and the link opened, else the star and upstream's reason),
+    and ``None`` until its first copy (not warmed)."""
+    logged = {(x["from"], x["to"]): x for x in links}
+    out: list[dict[str, str | None]] = []
+    for a, b in zip(endpoints[:-1], endpoints[1:], strict=True):
+        if seam == Seam.STAR:
+            out.append({"from": a, "to": b, "seam": Seam.STAR.value, "why": why})
+        elif (a, b) in logged:
+            x = logged[(a, b)]
+            out.append({"from": a, "to": b, "seam": x["seam"],
+                        "why": x["why"] or "both shards speak RPC 7.2: the link opened"})
+        else:
+            out.append({"from": a, "to": b, "seam": None,
+                        "why": "no boundary copy between them yet"})
+    return out
+
+
 class RangedRuntime:
     """A trunk (and optional MTP sidecar) on RPC shards, driven from a worker process.
 
@@ -234,7 +258,9 @@ class RangedRuntime:
     worker pickled, as the object, with its headers, so the worker parses and reads none.
     ``headers`` (trunk, sidecar GGUFHeader): as the caller read them (path form only).
 
-    ``seam`` (`SEAM_CHOICES`, default star): how boundary values reach the next shard
+    ``seam`` (`SEAM_CHOICES`, default `DEFAULT_SEAM`, auto: the ring where this build and
+    every shard speak RPC 7.2 and, under TLS, every shard's gateway carries peer links,
+    else the star): how boundary values reach the next shard
     (`resolve_seam`; patches/0007's ring sends them shard to shard, each shard dialing the
     next at the endpoint the client dials for it: its relay on loopback, else the shard
     itself); `seam_summary` says what ran, per shard pair."""
@@ -264,7 +290,7 @@ class RangedRuntime:
             request = build_request(trunk, sidecar=sidecar, draft=NO_DRAFT, plan=plan,
                                     endpoints=endpoints, wan=wan, tls=tls,
                                     insecure_plaintext=insecure_plaintext,
-                                    seam=Seam.STAR.value if seam is None else seam,
+                                    seam=DEFAULT_SEAM if seam is None else seam,
                                     headers=headers or (None, None))
         if not request.ranged:
             raise PlanError("a RangedRuntime needs a ranged request (one with a plan)")
@@ -686,11 +712,13 @@ class RangedRuntime:
         self.steps.clear()
 
     def seam_summary(self) -> dict:
-        """Which seam ran: what was asked, what this runtime chose and why, and each shard
+        """Which seam ran: what was asked, what this runtime chose and why, each shard
         pair upstream's client set up so far (``links``: from/to as shard endpoints, "ring"
         or "star" and why, and for a ring pair what its peer link passes, ``peer_via``; a
-        pair appears at its first copy, i.e. once warmed) and the emulated WAN of each
-        pair's peer link (``peer_wan``)."""
+        pair appears at its first copy, i.e. once warmed), each consecutive pair of the plan
+        with the seam that ran there and why (``pairs``, `seam_pairs`: said under the star
+        too, where upstream logs no link) and the emulated WAN of each pair's peer link
+        (``peer_wan``)."""
         from mtplib.distributed.worker import seam_report
 
         back = dict(zip(self.client_endpoints, self.endpoints, strict=True))
@@ -705,7 +733,9 @@ class RangedRuntime:
         # ``--wan``), in plan order; what a ring pair's pushes passed
         peer_wan = [str(r.link_for("peer")) for r in self.relays.relays[1:]]
         return {"requested": self.seam_requested, "seam": self.seam, "why": self.seam_why,
-                "links": links, "peer_wan": peer_wan}
+                "links": links, "pairs": seam_pairs(self.endpoints, self.seam, self.seam_why,
+                                                    links),
+                "peer_wan": peer_wan}
 
     def _peer_via(self) -> dict[str, str]:
         """Per shard endpoint: what a peer link into that shard passes (and whether this

@@ -45,7 +45,7 @@ from mtplib.errors import InputError
 from mtplib.ownership.plan import ShardPlan
 from mtplib.runtime import build_info
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
-from mtplib.runtime.request import RunRequest, build_request
+from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
 from mtplib.runtime.routing import (
     PIN,
     certified_recipes,
@@ -171,9 +171,12 @@ class RangedMTP:
     ``mtp_placement`` / ``opts.head`` ``auto``: decided from the costs timed at load
     (`auto_placement`); ``placement_costs`` (seconds, `placement.COST_FIELDS`) replace
     measured ones, e.g. a GPU tail's known draft time.
-    ``seam`` (auto, ring, star; default star): boundary values through the client or shard
-    to shard (patches/0007: one client wait per step); see `RangedRuntime`; every
-    generation's metrics say which ran, per shard pair (``seam``).
+    ``seam`` (auto, ring, star; default `DEFAULT_SEAM`, auto: the ring where this build and
+    every shard speak RPC 7.2 and, under TLS, every shard's gateway carries peer links,
+    else the star): boundary
+    values through the client or shard to shard (patches/0007: one client wait per step);
+    see `RangedRuntime`; every generation's metrics say which ran and why, per shard pair
+    (``seam``: ``pairs``).
 
     Thread-safe by serializing: one generation at a time per object (a second caller waits),
     held from resetting the byte counters to reading them, so each result's seam bytes are
@@ -196,7 +199,7 @@ class RangedMTP:
                  warm: bool = True, allow_cache_crossing: bool = False,
                  tls: TlsConfig | None = None,
                  placement_costs: Mapping[str, float] | None = None,
-                 seam: str = "star", peer_wan: str | Sequence[WanLink] | None = None) -> None:
+                 seam: str = DEFAULT_SEAM, peer_wan: str | Sequence[WanLink] | None = None) -> None:
         from mtplib.distributed.client import RangedRuntime
         from mtplib.distributed.processes import LocalShards
 
@@ -205,7 +208,7 @@ class RangedMTP:
                          policy=policy, tls=tls, peer_wan=peer_wan)
             if any(v is not None for v in asked.values()) or shard_threads != 1 or \
                     insecure_plaintext or mtp_placement != "auto" or allow_cache_crossing or \
-                    seam != "star":
+                    seam != DEFAULT_SEAM:
                 raise TypeError("RangedMTP(request): the request holds the plan, files, "
                                 "shards and options; give them to build_request")
             req = trunk
@@ -453,6 +456,14 @@ class RangedMTP:
             raise SessionFailedError("no session: the last reconnect() did not succeed; "
                                      "call reconnect() again")
 
+    def seam_summary(self) -> dict:
+        """Which seam the session runs, asked, chosen and why, per shard pair
+        (`RangedRuntime.seam_summary`), without a generation: what `mtplib serve` reports
+        at load (each generation's metrics carry their own, ``seam``)."""
+        with self._lock:
+            self._live()
+            return self.rt.seam_summary()
+
     def tokenize(self, text: str) -> list[int]:
         from mtplib.distributed.worker import tokenize
 
@@ -605,9 +616,10 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                     wan: str | Sequence[WanLink] | None = None,
                     mtp_placement: str = "auto", policy: Policy | str | None = None,
                     allow_cache_crossing: bool = False, warm: bool = True,
-                    tls: TlsConfig | None = None) -> RangedGeneration:
+                    tls: TlsConfig | None = None, seam: str = DEFAULT_SEAM
+                    ) -> RangedGeneration:
     """One generation with the trunk split over shards by ``plan`` (MTP when a sidecar is
-    given and k > 0). A policy that refuses the
+    given and k > 0), over ``seam`` (as `RangedMTP`'s). A policy that refuses the
     recipe, or a configuration that would move cache state (RangedMTP), is refused before any
     shard starts; the engine is built and warmed at load (``metrics.setup``)."""
     from mtplib.distributed.worker import detokenize
@@ -618,7 +630,8 @@ def generate_ranged(trunk: str, prompt: Sequence[int] | str, n_new: int, *, plan
                         endpoints=endpoints, wan=wan, mtp_placement=mtp_placement,
                         shard_threads=shard_threads, tls=tls,
                         insecure_plaintext=insecure_plaintext,
-                        allow_cache_crossing=allow_cache_crossing, policy=policy)
+                        allow_cache_crossing=allow_cache_crossing, seam=seam,
+                        policy=policy)
     with RangedMTP(req, warm=warm) as r:  # the policy was asked before any shard starts
         tokens, metrics = r.generate(prompt, n_new)
         text = r.rt.call(detokenize, tokens) if isinstance(prompt, str) else None

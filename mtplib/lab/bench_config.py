@@ -12,6 +12,7 @@ from mtplib.errors import InputError, UpstreamFault
 from mtplib.lab import checks as C
 from mtplib.lab.sweep import SWEEP_RULES, SweepConfig
 from mtplib.runtime.links import WanLink, parse_wan
+from mtplib.runtime.request import DEFAULT_SEAM
 from mtplib.runtime.routing import resolve_policy, route
 from mtplib.runtime.settings import DecodeSettings
 
@@ -88,9 +89,10 @@ class BenchConfig:
     #: their mutual-TLS gateways and the relays connect with TLS, as `generate --tls`
     tls: str | None = None
     #: ranged plans only: how boundary values reach the next shard, as `generate --seam`
-    #: (`SEAM_CHOICES`: star, ring = patches/0007's shard to shard, auto); each ranged row
-    #: says which ran, per shard pair (``seam``)
-    seam: str = "star"
+    #: (`SEAM_CHOICES`: star, ring = patches/0007's shard to shard, auto; default the
+    #: request's, `DEFAULT_SEAM`); each ranged row says which ran and why, per shard pair
+    #: (``seam``)
+    seam: str = DEFAULT_SEAM
 
     @classmethod
     def from_dict(cls, d: dict | None, *, threads: int | None = None,

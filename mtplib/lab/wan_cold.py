@@ -17,15 +17,17 @@ from mtplib.lab.wan_config import WanConfig
 from mtplib.lab.wan_inputs import wan_arg
 from mtplib.lab.wan_resume import _Progress
 from mtplib.lab.wan_rows import _row
+from mtplib.runtime.request import DEFAULT_SEAM
 
 
 def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: Sequence[int],
                  n_new: int, wan: str, n_ctx: int | None = None,
-                 endpoints: Sequence[str] | None = None, seam: str = "star") -> list[str]:
+                 endpoints: Sequence[str] | None = None, seam: str = DEFAULT_SEAM
+                 ) -> list[str]:
     """The `mtplib generate` command line of one cold run: the CLI's defaults except the
     model, the plan, MTP, the emulated WAN, the running shards when ``endpoints`` are given
     (else the CLI starts its own), --ctx only if the config fixes one and --seam only
-    where it is not the default (star)."""
+    where it is not the default (`DEFAULT_SEAM`, the CLI's)."""
     import shutil
     import sys
 
@@ -41,7 +43,7 @@ def cli_generate(trunk: str, sidecar: str | None, *, plan: str, k: int, tokens: 
         cmd += ["--mtp", str(sidecar), "--draft", str(k)]
     if n_ctx is not None:
         cmd += ["--ctx", str(n_ctx)]
-    if seam != "star":
+    if seam != DEFAULT_SEAM:
         cmd += ["--seam", seam]
     return cmd
 

@@ -14,6 +14,7 @@ from mtplib.errors import InputError
 from mtplib.lab import checks as C
 from mtplib.runtime.engine_options import HEADS
 from mtplib.runtime.links import MAX_RTT_MS
+from mtplib.runtime.request import DEFAULT_SEAM
 
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")
@@ -98,8 +99,9 @@ class WanConfig:
     cost_model_tolerance: float = 0.15
     upstream: str = "stock"  # which build ran (recorded; chosen by MTPLIB_UPSTREAM)
     #: how boundary values reach the next shard in both modes (`SEAM_CHOICES`, as
-    #: `generate --seam`); each row's ``seam`` says which ran, per shard pair
-    seam: str = "star"
+    #: `generate --seam`; default the request's, `DEFAULT_SEAM`); each row's ``seam`` says
+    #: which ran and why, per shard pair
+    seam: str = DEFAULT_SEAM
 
     def __post_init__(self) -> None:
         C.check_fields(self, WAN_RULES, "wan")  # each field's one rule

@@ -27,6 +27,10 @@ RESUME_FIELDS = ("head", "n_prompts", "prompt_len", "n_new", "reps", "warmup", "
                  "threads", "shard_threads", "upstream", "seam")
 #: the same for cold cells only
 COLD_RESUME_FIELDS = ("cold_shards",)
+#: what a field's absence from a results folder's config means: the value every run had
+#: before the field was recorded (a config without ``seam`` ran the star, whatever the
+#: default is now), not today's default
+UNRECORDED = {"seam": "star"}
 
 
 @dataclass
@@ -60,7 +64,7 @@ def resume(out_dir, cfg: WanConfig, upstream: dict | None) -> Resumed:
     again = "use another output folder, or move it away to measure afresh"
     rows_cold = any(r.get("mode") == "cold" for r in old_rows)
     fields = RESUME_FIELDS + (COLD_RESUME_FIELDS if rows_cold else ())
-    defaults = asdict(WanConfig())
+    defaults = {**asdict(WanConfig()), **UNRECORDED}
     new = asdict(cfg)
     diff = [f"{f}: {old_cfg.get(f, defaults[f])!r} there, {new[f]!r} now" for f in fields
             if old_cfg.get(f, defaults[f]) != new[f]]

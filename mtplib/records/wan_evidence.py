@@ -129,10 +129,12 @@ def _headline(raw: dict) -> list[str]:
     n runs, medians with their ranges, speed-up against the ideal, waits, cache bytes."""
     rows = []
     bws = False
+    used: list[str] = []
     for b in BUILDS:
         key = f"target-{b}" if f"target-{b}" in raw else b
         if key not in raw:
             continue
+        used.append(key)
         summ = raw[key]["summary"]
         for t in raw[key]["targets"]:
             on = next((x for x in summ if (_mode(x), x["plan"], x["topology"], x["placement"],
@@ -165,9 +167,11 @@ def _headline(raw: dict) -> list[str]:
                 "yes" if t["identical_to_off"] else "**no**"])
     if not rows:
         return []
+    seams = ", ".join(sorted({_seam_text(raw[k].get("config") or {}) for k in used}))
     out = ["## The path users take: 100 ms RTT, plan `0-1,2-3`, k=2", "",
            "`cold`: one `mtplib generate --json` process per generation with its default "
-           "options (only the model, `--plan`, `--mtp/--draft` and `--wan` given); `warm`: one "
+           "options (only the model, `--plan`, `--mtp/--draft` and `--wan` given; "
+           f"{seams}); `warm`: one "
            "`RangedMTP` (the object `mtplib serve` holds) for every generation, engines warmed "
            "at load. tok/s are medians over the runs with [min–max]; the speed-up column is the "
            "median of the per-run paired ratios (same prompt and repetition, MTP on / off) "
@@ -180,6 +184,14 @@ def _headline(raw: dict) -> list[str]:
                     "tokens = MTP off"], rows)
     out.append("")
     return out
+
+
+def _seam_text(config: dict) -> str:
+    """The seam a results folder's config ran: as configured, or the star where it names
+    none (the default before `auto`; a config without the field predates the choice)."""
+    if "seam" in config:
+        return f"the seam `{config['seam']}`"
+    return "the seam `star`, the default when it ran"
 
 
 def _bw(r: dict) -> str:

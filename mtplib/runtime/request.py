@@ -11,10 +11,14 @@ gets it pickled, as the object) and checks none of them again. What stays per ge
 is only what a generation may change: its own options (another draft length on a loaded
 `RangedMTP`), to which the run's policy verdict is applied (`routing.check_policy`).
 
-Not here: the seam's topology (every ranged run is a star: each shard talks to the client
-only, there is no other to choose), and what is decided from costs measured at load (the
+The seam's rule is here too: a ranged run asks for ``auto`` unless told otherwise
+(`DEFAULT_SEAM`), and every entry point (the CLI's --seam, the lanes' ``bench.seam`` and
+``wan.seam``, `RangedMTP`, `RangedRuntime`) takes its default from this one name. What
+``auto`` becomes is decided against the shards (`resolve_seam` in the ranged runtime: the
+ring where this build and every shard speak RPC 7.2 and, under TLS, every shard's gateway
+carries peer links, else the star), as is what is decided from costs measured at load (the
 ``auto`` drafter and head placements: `mtplib.distributed.auto_placement`); the request
-keeps what was asked for them.
+keeps what was asked.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.links import WanLink
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.tls_config import TlsConfig
+
+#: the seam a ranged run asks for when none is given: ``auto`` = patches/0007's shard-to-shard
+#: ring where this build and every shard speak RPC 7.2 and, under TLS, every shard's
+#: gateway carries peer links, else the star (through the client); the one default of every
+#: entry point
+DEFAULT_SEAM = "auto"
 
 #: a run's context size when none is given (`mtplib generate` without --ctx, the lab's WAN
 #: runs): min(this, the model's context_length), `default_n_ctx`
@@ -108,9 +118,10 @@ class RunRequest:
     tls: TlsConfig | None = None
     insecure_plaintext: bool = False
     allow_cache_crossing: bool = False
-    #: how boundary values reach the next shard (`SEAM_CHOICES`: star, ring, auto), as asked;
-    #: the runtime resolves it against the shards' protocol (`resolve_seam`)
-    seam: str = "star"
+    #: how boundary values reach the next shard (`SEAM_CHOICES`: star, ring, auto; default
+    #: `DEFAULT_SEAM`), as asked; the runtime resolves it against the shards' protocol
+    #: (`resolve_seam`)
+    seam: str = DEFAULT_SEAM
     #: the ring's shard-to-shard links' emulated WAN (`parse_peer_wan`), one per link in
     #: plan order (shard i -> i + 1); None: a peer link gets the link of the shard it
     #: pushes into (``wan``)
@@ -162,7 +173,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                   wan: str | Sequence[WanLink] | None = None, mtp_placement: str = "auto",
                   shard_threads: int = 1, tls: TlsConfig | None = None,
                   insecure_plaintext: bool = False, allow_cache_crossing: bool = False,
-                  seam: str = "star", peer_wan: str | Sequence[WanLink] | None = None,
+                  seam: str = DEFAULT_SEAM, peer_wan: str | Sequence[WanLink] | None = None,
                   policy: Policy | str | None = None, own_drafter: bool = False,
                   headers: tuple[GGUFHeader | None, GGUFHeader | None] = (None, None),
                   names: Mapping[str, str] | None = None, **options: object) -> RunRequest:
@@ -177,9 +188,9 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     4. ranged (``plan`` given): the plan parsed against the trunk's layers, the endpoints
        checked against it (`check_endpoints`) and each one's address, one WAN link per
        shard (`parse_wan`), the drafter placement, the local shards' threads, the seam
-       and the ring's peer links' WAN (`parse_peer_wan`, only where a relay here carries
-       them). Without a
-       plan none of the shard fields may be given.
+       (default `DEFAULT_SEAM`) and the ring's peer links' WAN (`parse_peer_wan`, only
+       where a relay here carries them). Without a plan none of the shard fields may be
+       given (the seam only as its default).
 
     ``options``: any `EngineOptions` or `DecodeSettings` field (`EngineOptions.build`)
     on top of ``opts``. ``own_drafter``: the caller drafts with its own drafter, so the
@@ -224,7 +235,7 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                                       ("tls", tls is not None),
                                       ("insecure_plaintext", insecure_plaintext),
                                       ("allow_cache_crossing", allow_cache_crossing),
-                                      ("seam", seam != "star"),
+                                      ("seam", seam != DEFAULT_SEAM),
                                       ("peer_wan", peer_wan is not None
                                        and str(peer_wan).strip() != "")) if v]
         if given:

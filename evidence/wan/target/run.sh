@@ -7,14 +7,16 @@
 # a quieter host; the first folder is kept as it is).
 # CLI defaults and a cold `mtplib generate` process per generation; the target parts use
 # external `mtplib shard serve` processes on this host (--endpoints), the sweep the CLI's
-# own shards. The 1-minute load average is logged each minute to DIR/loadavg.log.
+# own shards. The 1-minute load average is logged each minute to DIR/loadavg.log. Every part
+# runs on the star ("seam":"star"), what its first folders measured (the default seam then,
+# so a config without the field resumes as the star).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 HERE="$ROOT/evidence/wan/target"
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-TARGET='"modes":["cold"],"cold_rtts_ms":[100],"cold_ks":[0,2],"cold_shards":"endpoints","placements":["client"],"n_prompts":16,"prompt_len":64,"n_new":64,"reps":2,"fit_rtts_ms":[100]'
-SWEEP='"modes":["cold"],"cold_rtts_ms":[25,50,200],"cold_ks":[0,2],"cold_shards":"local","placements":["client"],"plans":["0-1,2-3","0-0,1-2,3-3"],"topologies":["remote"],"mbits":[null],"n_prompts":4,"prompt_len":64,"n_new":64,"reps":1,"fit_rtts_ms":[25,50]'
+TARGET='"modes":["cold"],"cold_rtts_ms":[100],"cold_ks":[0,2],"cold_shards":"endpoints","placements":["client"],"n_prompts":16,"prompt_len":64,"n_new":64,"reps":2,"fit_rtts_ms":[100],"seam":"star"'
+SWEEP='"modes":["cold"],"cold_rtts_ms":[25,50,200],"cold_ks":[0,2],"cold_shards":"local","placements":["client"],"plans":["0-1,2-3","0-0,1-2,3-3"],"topologies":["remote"],"mbits":[null],"n_prompts":4,"prompt_len":64,"n_new":64,"reps":1,"fit_rtts_ms":[25,50],"seam":"star"'
 config() {
   case "$1" in
     3shard-20) echo "{$TARGET,\"plans\":[\"0-0,1-2,3-3\"],\"topologies\":[\"remote\"],\"mbits\":[20]}" ;;
