@@ -80,12 +80,12 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
     with tempfile.TemporaryDirectory(prefix="mtplib-tls-") as d:
         init_pki(d)
         tls = TlsConfig.load(d)
-        # both on the star: TLS keeps a run there (peer links do not pass the gateways
-        # yet), so plaintext asks for it too and the pair differs by the transport alone
+        # both on the star, so the pair differs by the transport alone (the ring through the
+        # gateways is measured apart: tests/test_tls_ring.py)
         with RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
                        mtp_placement=placement, seam="star") as plain, \
                 RangedMTP(str(pair.trunk), plan=plan, sidecar=str(pair.sidecar),
-                          mtp_placement=placement, tls=tls) as secure:
+                          mtp_placement=placement, tls=tls, seam="star") as secure:
             runs = dict(zip(TRANSPORTS, (plain, secure), strict=True))
             for r in runs.values():  # warm-up over loopback, not recorded
                 r.generate(list(prompts[0]), n_new, opts)

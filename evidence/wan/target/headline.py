@@ -10,6 +10,12 @@ each figure as the part's own ``wan_summary.csv`` holds it; ``--csv PATH`` also 
 rows as CSV (not committed: the parts' summaries are the sources). A part still running
 counts with its finished cells (its ``wan.partial.json``); a cell is finished when it
 holds n_prompts x reps rows.
+
+``--steps`` prints instead, per cell, where a verify step's time goes against a plain
+token's: the median ms per plain token (MTP off: one step per token) and per verify step
+(k=2: decode seconds / steps of each generation), their difference (the verify step's extra
+compute: the RTT waits are the same) and plain / verify, the per-step efficiency that caps
+the fraction of the ideal whatever the acceptance.
 """
 
 from __future__ import annotations
@@ -61,6 +67,35 @@ def rows() -> list[dict]:
     return out
 
 
+def step_rows() -> list[dict]:
+    """Per cell (plan, topology, RTT, bandwidth): median ms per plain token and per verify
+    step, from the rows of each finished or running part."""
+    import statistics
+
+    out = []
+    for folder in SOURCES:
+        got = _results(folder)
+        if got is None:
+            continue
+        cells: dict[tuple, dict[int, list[float]]] = {}
+        for r in got[0]["rows"]:
+            if not r.get("decode_tok_s") or not r.get("n_generated"):
+                continue
+            steps = r["steps"] if r["k"] else r["n_generated"]
+            key = (r["plan"], r["topology"], r["rtt_ms"], r.get("mbit"))
+            cells.setdefault(key, {}).setdefault(r["k"], []).append(
+                1000.0 * r["n_generated"] / r["decode_tok_s"] / steps)
+        for (plan, topo, rtt, mbit), by_k in cells.items():
+            if 0 not in by_k or 2 not in by_k:
+                continue
+            plain, verify = statistics.median(by_k[0]), statistics.median(by_k[2])
+            out.append({"source": folder.relative_to(HERE.parent).as_posix(),
+                        "shards": plan.count(",") + 1, "topology": topo, "rtt_ms": rtt,
+                        "mbit": mbit, "plain_ms": plain, "verify_ms": verify,
+                        "extra_ms": verify - plain, "plain_over_verify": plain / verify})
+    return out
+
+
 def _fmt(v) -> str:
     if v is None:
         return "unlimited"
@@ -72,7 +107,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", help="also write the rows to this CSV file")
+    ap.add_argument("--steps", action="store_true",
+                    help="print ms per plain token and per verify step per cell instead")
     a = ap.parse_args(argv)
+    if a.steps:
+        print("| source | shards | topology | RTT ms | Mbit/s | ms per plain token | "
+              "ms per verify step | extra ms per verify step | plain / verify |")
+        print("|" + "---|" * 9)
+        for r in step_rows():
+            print(f"| {r['source']} | {r['shards']} | {r['topology']} | {r['rtt_ms']:g} | "
+                  f"{_fmt(r['mbit'])} | {r['plain_ms']:.1f} | {r['verify_ms']:.1f} | "
+                  f"{r['extra_ms']:.1f} | {r['plain_over_verify']:.3f} |")
+        return 0
     got = rows()
     if a.csv:
         with open(a.csv, "w", newline="") as f:
