@@ -583,3 +583,203 @@ def test_random_peer_streams_never_crash_the_shard(shard):
     assert shard.alive()[0]
     c.close()
     assert _alive(shard)
+
+
+# -- a peer address that never answers: PEER_CONNECT's own timeout ---------------------------
+CONNECT_TIMEOUT_S = 2.0
+
+
+class _VerboseShards(LocalShards):
+    """Local shards whose logs hold upstream's log lines too (`shard serve --verbose`): the
+    errors and warnings these tests read."""
+
+    def _argv(self, endpoint: str) -> list[str]:
+        return [*super()._argv(endpoint), "--verbose"]
+
+
+@contextlib.contextmanager
+def _blackhole():
+    """A loopback endpoint that drops SYNs, as a firewall or a vanished host does: a listener
+    with backlog 0 whose one accept-queue place is taken (Linux drops a SYN to a full accept
+    queue; a blocking connect then retries for its SYN retries, about 127 s). Skips where this
+    host answers such a connect within 1 s instead."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    addr = srv.getsockname()
+    fill = socket.create_connection(addr, timeout=5)
+    probe = socket.socket()
+    probe.settimeout(1.0)
+    try:
+        probe.connect(addr)
+        blocked = False
+    except TimeoutError:
+        blocked = True
+    finally:
+        probe.close()
+    try:
+        if not blocked:
+            pytest.skip("this host does not drop SYNs to a full accept queue")
+        yield f"{addr[0]}:{addr[1]}"
+    finally:
+        fill.close()
+        srv.close()
+
+
+@contextlib.contextmanager
+def _silent():
+    """A loopback endpoint that completes the connection and then never answers (the kernel
+    queues it; nothing accepts or reads)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    host, port = srv.getsockname()
+    try:
+        yield f"{host}:{port}"
+    finally:
+        srv.close()
+
+
+def _peer_connect(c: Client, link: int, endpoint: str) -> int:
+    """PEER_CONNECT on ``c``'s session: | link (4) | token (16) | endpoint (128, NUL-padded) |;
+    the shard's answer (1: the link is open)."""
+    payload = struct.pack("<I", link) + bytes(16) + endpoint.encode().ljust(128, b"\0")
+    return c.ask(RPC_PEER_CONNECT, payload, 1)[0]
+
+
+def _blocking_connect_s(endpoint: str, limit_s: float, out: list) -> None:
+    """How long a plain connect (patches/0007 before its connect timeout) blocks, up to
+    ``limit_s``: appends (seconds, connected?) to ``out``."""
+    host, port = endpoint.rsplit(":", 1)
+    s = socket.socket()
+    s.settimeout(limit_s)
+    t0 = time.monotonic()
+    try:
+        s.connect((host, int(port)))
+        out.append((time.monotonic() - t0, True))
+    except OSError:
+        out.append((time.monotonic() - t0, False))
+    finally:
+        s.close()
+
+
+@needs_ring
+@pytest.mark.parametrize("peer", ["drops SYNs", "never answers PEER_HELLO"])
+def test_peer_connect_gives_up_after_its_connect_timeout(peer):
+    """GGML_RPC_PEER_CONNECT_TIMEOUT=2 (the peer timeout 30 s): a PEER_CONNECT to an address
+    that drops SYNs, or to one that accepts and never answers PEER_HELLO, is answered 0
+    (refused: the client keeps that pair on the star) after about 2 s, and the shard's log
+    names the endpoint and the timeout; the session goes on. Before the connect timeout the
+    first blocked in the OS's connect (SYN retries, about 127 s on Linux; a plain connect to
+    the same address, run beside it, is still blocked 3 s after the answer) and the second
+    waited for the peer timeout (here 30 s: this test's 10 s socket timeout would fail)."""
+    env = dict(os.environ, MTPLIB_UPSTREAM="patched", GGML_RPC_PEER_TIMEOUT="30",
+               GGML_RPC_PEER_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT_S))
+    target = _blackhole() if peer == "drops SYNs" else _silent()
+    with target as ep, _VerboseShards(1, env=env, cwd=REPO, start_timeout_s=60) as sh:
+        c = Client(sh.endpoints[0])
+        plain: list = []
+        beside = None
+        if peer == "drops SYNs":
+            import threading
+
+            beside = threading.Thread(target=_blocking_connect_s,
+                                      args=(ep, CONNECT_TIMEOUT_S + 3, plain))
+            beside.start()
+        t0 = time.monotonic()
+        answer = _peer_connect(c, 1, ep)
+        took = time.monotonic() - t0
+        assert answer == 0
+        assert CONNECT_TIMEOUT_S - 0.2 <= took < CONNECT_TIMEOUT_S + 2, took
+        assert c.contents() == c.pattern  # a refused link is an answer, not an error
+        c.close()
+        if beside is not None:
+            beside.join(10)
+            assert plain and not plain[0][1] and plain[0][0] >= CONNECT_TIMEOUT_S + 2.9, plain
+        log = sh.log_path(0).read_text()
+        assert _alive(sh)
+    if peer == "drops SYNs":
+        want = f"link 1: no connection to {ep} within 2 s (GGML_RPC_PEER_CONNECT_TIMEOUT)"
+    else:
+        want = (f"link 1: {ep} closed the link or gave no answer to PEER_HELLO within 2 s "
+                "(GGML_RPC_PEER_CONNECT_TIMEOUT)")
+    assert want in log, log[-2000:]
+
+
+@needs_ring
+def test_malformed_peer_timeouts_are_warned_and_the_defaults_used():
+    """GGML_RPC_PEER_CONNECT_TIMEOUT=soon and GGML_RPC_PEER_TIMEOUT=-1: each is warned about
+    in the shard's log with the default it uses (10 s, 300 s); a connect to a closed port is
+    still answered 0 at once, naming the endpoint."""
+    env = dict(os.environ, MTPLIB_UPSTREAM="patched", GGML_RPC_PEER_CONNECT_TIMEOUT="soon",
+               GGML_RPC_PEER_TIMEOUT="-1")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    ep = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()  # nothing listens there: refused
+    with _VerboseShards(1, env=env, cwd=REPO, start_timeout_s=60) as sh:
+        c = Client(sh.endpoints[0])
+        t0 = time.monotonic()
+        assert _peer_connect(c, 1, ep) == 0
+        assert time.monotonic() - t0 < 1.5
+        link, s = Links(c, sh.endpoints[0]).open()  # the first wait reads the peer timeout
+        s.close()
+        c.wait(link, 1, c.tensor(0, 16))
+        assert wait_closed(c.s, 5) < 1.5  # the lost peer fails the wait at once
+        log = sh.log_path(0).read_text()
+        assert _alive(sh)
+    for line in (f"link 1: cannot connect to {ep}",
+                 "GGML_RPC_PEER_CONNECT_TIMEOUT=soon: expected seconds in (0, 1e6), using 10",
+                 "GGML_RPC_PEER_TIMEOUT=-1: expected seconds in (0, 1e6), using 300"):
+        assert line in log, (line, log[-2000:])
+
+
+@needs_ring
+@pytest.mark.slow
+def test_a_generation_whose_peer_drops_syns_runs_that_pair_on_the_star(monkeypatch):
+    """GGML_RPC_SEAM=ring on plan 0-1,2-3 with shard 1's peer address dropping SYNs
+    (GGML_RPC_PEER_ENDPOINTS points shard 0 at a black hole) and
+    GGML_RPC_PEER_CONNECT_TIMEOUT=2 on the shards: the pair falls back to the star, the
+    run costs about those 2 s more than the star's and gives the star's tokens and waits.
+    Without the connect timeout the first step would have waited for the OS's connect
+    (about 127 s on Linux, SYN retries) before the pair fell back."""
+    import mtplib.distributed.client as client_mod
+
+    p = trained_paths()
+    opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1))
+    env = dict(os.environ, MTPLIB_UPSTREAM="patched",
+               GGML_RPC_PEER_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT_S))
+    real_spawn = client_mod._spawn
+    real_start = client_mod.RangedRuntime._start_worker
+    with _blackhole() as hole, _VerboseShards(2, env=env, cwd=REPO, start_timeout_s=60) as sh:
+
+        def start(rt) -> None:  # the client worker: shard 1's peer endpoint is the hole
+            def spawn(argv, **kw):
+                kw["env"] = dict(kw["env"],
+                                 GGML_RPC_PEER_ENDPOINTS=f"{rt.client_endpoints[1]}={hole}")
+                return real_spawn(argv, **kw)
+
+            monkeypatch.setattr(client_mod, "_spawn", spawn)
+            try:
+                real_start(rt)
+            finally:
+                monkeypatch.setattr(client_mod, "_spawn", real_spawn)
+
+        out = {}
+        for seam in ("star", "ring"):
+            if seam == "ring":
+                monkeypatch.setattr(client_mod.RangedRuntime, "_start_worker", start)
+            t0 = time.monotonic()
+            with RangedMTP(str(p.trunk), plan="0-1,2-3", endpoints=sh.endpoints,
+                           seam=seam) as r:
+                toks, m = r.generate(PROMPT, N_NEW, opts)
+            out[seam] = (toks, m, time.monotonic() - t0)
+        log = sh.log_path(0).read_text()
+    (star, star_m, star_s), (ring, ring_m, ring_s) = out["star"], out["ring"]
+    assert ring == star
+    why = "the source could not connect to the destination"
+    assert [(x["seam"], x["why"]) for x in ring_m.seam["links"]] == [("star", why)]
+    assert [(x["seam"], x["why"]) for x in ring_m.seam["pairs"]] == [("star", why)]
+    assert ring_m.waits_per_step["decode"] == star_m.waits_per_step["decode"] == 2
+    assert f"no connection to {hole} within 2 s (GGML_RPC_PEER_CONNECT_TIMEOUT)" in log
+    assert ring_s - star_s < CONNECT_TIMEOUT_S + 8, (ring_s, star_s)
