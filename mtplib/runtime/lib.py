@@ -80,7 +80,8 @@ def _install_logger() -> None:
         f = _state["log_file"]
         if f is not None:
             f.write(s)
-        if _state["verbose"] or level == 3 and os.environ.get("MTPLIB_SHOW_ERRORS"):
+        # ggml's levels: 3 WARN, 4 ERROR (MTPLIB_SHOW_ERRORS=1 shows both without --verbose)
+        if _state["verbose"] or level in (3, 4) and os.environ.get("MTPLIB_SHOW_ERRORS"):
             sys.stderr.write(s)
 
     _state["cb"] = _log  # keep a reference: upstream holds the pointer
