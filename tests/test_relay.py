@@ -20,7 +20,7 @@ from mtplib.distributed.relay import (
 )
 from mtplib.errors import InputError
 from mtplib.runtime import rpc
-from mtplib.runtime.links import parse_peer_wan
+from mtplib.runtime.links import default_peer_links, parse_peer_wan
 from mtplib.runtime.rpc import RPC_PEER_HELLO, ShardError, recv_exact
 
 
@@ -270,6 +270,18 @@ def test_parse_peer_wan():
                         ("10", 1, "needs at least 2 shards")]:
         with pytest.raises(InputError, match=msg):
             parse_peer_wan(bad, n)
+
+
+def test_a_peer_link_defaults_to_the_farther_of_its_two_shards():
+    """Without --peer-wan a peer link gets the longer RTT and the lower cap of its two
+    shards' client links: a tail next to the client (--wan 100,0) is 100 ms from the shard
+    before it, not 0 (which would halve a ring step's time)."""
+    assert default_peer_links(parse_wan("100,0", 2)) == [WanLink(100.0)]
+    assert default_peer_links(parse_wan("0,100", 2)) == [WanLink(100.0)]
+    assert default_peer_links(parse_wan("100:20,50,0:5", 3)) == [WanLink(100.0, 20.0),
+                                                                 WanLink(50.0, 5.0)]
+    assert default_peer_links(parse_wan("30", 3)) == [WanLink(30.0)] * 2
+    assert default_peer_links(parse_wan(None, 1)) == []
 
 
 def test_a_peer_link_gets_its_own_wan_and_a_client_link_keeps_its_own():

@@ -242,6 +242,23 @@ def test_peer_wan_gives_the_peer_links_their_own_rtt():
     assert 0.118 <= fast < 0.2, fast  # 1 round trip
 
 
+@needs_ring
+@pytest.mark.slow
+def test_a_tail_next_to_the_client_keeps_its_peer_link_far():
+    """--wan 120,0 on the ring (the tail co-located with the client): without --peer-wan
+    the peer link into the tail gets 120 ms, the farther of its two shards, so a step pays
+    one 120 ms round trip (client -> head 60, head -> tail 60), as the star does, not the
+    60 ms the tail's own link would give."""
+    p = trained_paths()
+    opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1))
+    with RangedMTP(str(p.trunk), plan="0-1,2-3", seam="ring", wan="120,0") as r:
+        r.generate(PROMPT, 2, opts)
+        _, m = r.generate(PROMPT, 8, opts)
+        assert m.seam["peer_wan"] == r.rt.seam_report()["peer_links"] == ["120"]
+    per_token = m.decode_s / (m.n_generated - 1)
+    assert 0.118 <= per_token < 0.2, per_token
+
+
 def _shards(build: str, n: int) -> LocalShards:
     return LocalShards(n, env=dict(os.environ, MTPLIB_UPSTREAM=build), cwd=REPO,
                        start_timeout_s=60)

@@ -274,8 +274,9 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    help="with --plan and the ring: emulate the WAN of the shard-to-shard links "
                    "apart from --wan (e.g. --wan 100 --peer-wan 10: the client far, the "
                    "shards near each other), one value for every link or one per link "
-                   "(shard i -> i+1); default: a peer link gets the --wan of the shard it "
-                   "pushes into; local or loopback shards only; metrics.seam.peer_wan")
+                   "(shard i -> i+1); default: a peer link gets the longer of its two "
+                   "shards' --wan links (--wan 100,0: the tail's peer link 100); local or "
+                   "loopback shards only; metrics.seam.peer_wan")
     add_tls_args(g)  # mutual TLS to the shards (--tls DIR), passed on by open_backend
     g.add_argument("--policy", choices=["alpha", "beta"], default=None,
                    help="deployment policy negotiated before MTP runs: alpha refuses --mtp "

@@ -53,6 +53,7 @@ from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
+from mtplib.runtime.links import default_peer_links
 from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
 from mtplib.runtime.rpc import ShardError, ShardInfo, client_proto_minor, parse_endpoint
 
@@ -363,7 +364,7 @@ class RangedRuntime:
             self.trunk, self.sidecar = info["trunk"], info["sidecar"]
             # loading runs over loopback; the emulated WAN applies from here on
             # (the ring's peer link into shard i, from shard i - 1, passes shard i's relay)
-            peers = [None, *request.peer_wan] if request.peer_wan else [None] * len(wan)
+            peers = [None, *(request.peer_wan or default_peer_links(wan))]
             for r, link, peer in zip(self.relays.relays, wan if relay else [],
                                      peers if relay else [], strict=True):
                 r.set_link(link, peer)
@@ -729,8 +730,9 @@ class RangedRuntime:
         for link in links:
             if link["seam"] == "ring":
                 link["peer_via"] = via.get(link["to"], "")
-        # each shard pair's emulated peer link (``--peer-wan``, else the receiving shard's
-        # ``--wan``), in plan order; what a ring pair's pushes passed
+        # each shard pair's emulated peer link (``--peer-wan``, else the farther of its two
+        # shards' ``--wan``: `default_peer_links`), in plan order; what a ring pair's pushes
+        # passed
         peer_wan = [str(r.link_for("peer")) for r in self.relays.relays[1:]]
         return {"requested": self.seam_requested, "seam": self.seam, "why": self.seam_why,
                 "links": links, "pairs": seam_pairs(self.endpoints, self.seam, self.seam_why,

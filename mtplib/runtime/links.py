@@ -7,6 +7,7 @@ values: a run's request (`mtplib.runtime.request.RunRequest`) holds them, the re
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mtplib.errors import InputError
@@ -69,12 +70,25 @@ def parse_wan(text: str | None, n_shards: int, *, option: str = "--wan",
     return links * n_shards if len(links) == 1 else links
 
 
+def default_peer_links(wan: Sequence[WanLink]) -> list[WanLink]:
+    """The ring's peer links when ``--peer-wan`` is not given: link i (shard i -> i + 1)
+    gets the longer RTT and the lower cap of the two shards' client links. Only the client's
+    distances are known, and the pair is at least as far apart as their difference: a tail
+    next to the client (``--wan 100,0``) is as far from the shard before it as that shard is
+    from the client, so the receiver's link alone (0 there) would halve a step's time."""
+    def pair(a: WanLink, b: WanLink) -> WanLink:
+        caps = [m for m in (a.mbit, b.mbit) if m is not None]
+        return WanLink(max(a.rtt_ms, b.rtt_ms), min(caps) if caps else None)
+
+    return [pair(a, b) for a, b in zip(wan, wan[1:], strict=False)]
+
+
 def parse_peer_wan(text: str, n_shards: int, *, option: str = "--peer-wan") -> list[WanLink]:
     """``--peer-wan``: the emulated WAN of the ring's shard-to-shard links (patches/0007),
     ``RTT_MS[:MBIT]`` for every peer link or one per link in plan order (link i: shard i
-    -> shard i + 1, ``n_shards - 1`` of them). Without it a peer link gets the link of the
-    shard it pushes into (its relay's ``--wan``): the deployments the ring is for have
-    shards near each other and the client far away (client links 100 ms, peer links 10)."""
+    -> shard i + 1, ``n_shards - 1`` of them). Without it a peer link gets the longer of
+    its two shards' ``--wan`` links (`default_peer_links`): the deployments the ring is for
+    have shards near each other and the client far away (client links 100 ms, peer links 10)."""
     if n_shards < 2:
         raise InputError(f"{option} needs at least 2 shards (a peer link joins two), the plan "
                          f"has {n_shards}")

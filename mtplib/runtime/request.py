@@ -123,8 +123,8 @@ class RunRequest:
     #: (`resolve_seam`)
     seam: str = DEFAULT_SEAM
     #: the ring's shard-to-shard links' emulated WAN (`parse_peer_wan`), one per link in
-    #: plan order (shard i -> i + 1); None: a peer link gets the link of the shard it
-    #: pushes into (``wan``)
+    #: plan order (shard i -> i + 1); None: a peer link gets the longer of its two
+    #: shards' ``wan`` links (`default_peer_links`)
     peer_wan: tuple[WanLink, ...] | None = None
     trunk_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
     sidecar_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
