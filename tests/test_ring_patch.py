@@ -41,6 +41,7 @@ from mtplib.distributed.client import ShardLostError, resolve_seam
 from mtplib.distributed.processes import LocalShards
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.distributed.relay import WanLink
+from mtplib.distributed.shard_report import ProbedShard
 from mtplib.errors import InputError
 from mtplib.model.trained import trained_paths
 from mtplib.runtime.rpc import (
@@ -55,7 +56,6 @@ from mtplib.runtime.rpc import (
     RPC_SET_TENSOR,
     RPC_TENSOR_SIZE,
     RPC_WAIT_TENSOR,
-    ShardInfo,
     client_proto_minor,
     seam_links,
 )
@@ -105,8 +105,8 @@ def test_ring_patch_applies_and_reverses_after_the_set(tmp_path):
 
 
 # -- mtplib's choice and report (no upstream) ----------------------------------------------
-def _info(minor: int) -> ShardInfo:
-    return ShardInfo((7, minor, 0), 1, 32, 1 << 40, 1 << 30, 2 << 30)
+def _info(minor: int) -> ProbedShard:
+    return ProbedShard((7, minor, 0), 1, 32, 1 << 40, 1 << 30, 2 << 30)
 
 
 def test_resolve_seam_rings_only_where_everything_speaks_it():

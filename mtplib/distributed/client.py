@@ -49,13 +49,14 @@ from mtplib.distributed.processes import (
     _tail,
 )
 from mtplib.distributed.relay import WanLink, summed
+from mtplib.distributed.shard_report import ProbedShard, require_shard_mtp
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
 from mtplib.runtime.links import default_peer_links
 from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
-from mtplib.runtime.rpc import ShardError, ShardInfo, client_proto_minor, parse_endpoint
+from mtplib.runtime.rpc import ShardError, client_proto_minor, parse_endpoint
 
 #: where the MTP block runs in a ranged run: on the tail shard (next to the output head) or
 #: in the client process, next to the sampler (a draft then costs no shard round trip)
@@ -171,7 +172,7 @@ class RemoteContext:
         self.close()
 
 
-def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
+def resolve_seam(seam: str, shard_info: Sequence[ProbedShard], *, tls: bool,
                  client_minor: int) -> tuple[str, str]:
     """(the seam to run, why) for what was asked (`SEAM_CHOICES`). ``ring`` needs this
     build and every shard on RPC 7.2 (patches/0007), and with ``tls`` every shard's gateway
@@ -185,7 +186,7 @@ def resolve_seam(seam: str, shard_info: Sequence[ShardInfo], *, tls: bool,
     if seam == Seam.STAR:
         return Seam.STAR.value, "asked"
     old = [i for i, info in enumerate(shard_info) if info.version[1] < 2]
-    closed = [i for i, info in enumerate(shard_info) if not getattr(info, "peer_links", False)]
+    closed = [i for i, info in enumerate(shard_info) if not info.peer_links]
     if client_minor < 2:
         why = f"this upstream build speaks RPC 7.{client_minor} (the ring is patches/0007, 7.2)"
     elif tls and closed:
@@ -869,7 +870,6 @@ class RangedRuntime:
         beta)."""
         from dataclasses import asdict
 
-        from mtplib.distributed.shard_report import require_shard_mtp
         from mtplib.runtime.model import ContextConfig
 
         cfg = cfg or ContextConfig()
