@@ -26,7 +26,7 @@ from mtplib.lab.bench_config import BenchConfig
 from mtplib.lab.wan_cold import cli_generate
 from mtplib.lab.wan_config import WanConfig
 from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
-from mtplib.runtime.rpc import ShardInfo, client_proto_minor
+from mtplib.runtime.rpc import client_proto_minor
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.speculative import EngineOptions
 
@@ -97,8 +97,8 @@ def test_the_lanes_default_to_auto(pair):
 
 
 # -- what auto becomes, and what the result says ---------------------------------------------
-def _info(minor: int) -> ShardInfo:
-    return ShardInfo((7, minor, 0), 1, 32, 1 << 40, 1 << 30, 2 << 30)
+def _info(minor: int) -> ProbedShard:
+    return ProbedShard((7, minor, 0), 1, 32, 1 << 40, 1 << 30, 2 << 30)
 
 
 def test_auto_rings_only_where_everything_speaks_it_and_each_pair_says_why():
@@ -126,7 +126,7 @@ def test_auto_rings_only_where_everything_speaks_it_and_each_pair_says_why():
     assert [(x["seam"], x["why"]) for x in seam_pairs(eps, "ring", "", mixed)] == [
         ("ring", "both shards speak RPC 7.2: the link opened"),
         ("star", "a server speaks protocol 7.1 or older")]
-    # TLS gateways that carry no peer links (plain ShardInfo: not probed as +peer) and a
+    # TLS gateways that carry no peer links (peer_links=False: not probed as +peer) and a
     # 7.1 build: the star, said; gateways that carry them: the ring (tests/test_tls_ring.py)
     seam, why = resolve_seam(DEFAULT_SEAM, [new, new], tls=True, client_minor=2)
     assert seam == "star" and "carry no peer links" in why
