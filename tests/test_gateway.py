@@ -138,6 +138,8 @@ def test_a_certificate_from_another_ca_is_refused_both_ways(shard, pki, other_pk
         (tmp_path / n).write_bytes((other_pki.dir / n).read_bytes())
     with pytest.raises(ShardError, match="refused this client's certificate"):
         connect(_addr(gw), TlsConfig.load(tmp_path))
+    # the client reads the shard's alert before the gateway's thread has counted it
+    _wait_for(lambda: gw.stats["handshake_failed"] >= 1)
     assert fake.n_connections == 0 and gw.stats["handshake_failed"] == 1
     # and a client that does not know the shard's CA refuses the shard
     other = Gateway(("127.0.0.1", 0), fake.addr, other_pki, log=lambda s: None).start()

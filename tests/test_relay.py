@@ -363,3 +363,88 @@ def test_worker_flush_finds_loopback_connections_only():
     finally:
         for s in (c, a, srv):
             s.close()
+
+
+# -- allocation-size queries answered in the relay (a CPU shard) ---------------------------
+def _alloc_size_query(device: int = 0) -> bytes:
+    payload = struct.pack("<I", device) + bytes(RPC_TENSOR_SIZE * (1 + rpc.GGML_MAX_SRC))
+    return bytes([rpc.RPC_GET_ALLOC_SIZE]) + struct.pack("<Q", len(payload)) + payload
+
+
+def _set_tensor(n: int = 10) -> bytes:
+    payload = bytes(RPC_TENSOR_SIZE) + b"\0" + struct.pack("<Q", 0) + b"d" * n
+    return bytes([rpc.RPC_SET_TENSOR]) + struct.pack("<Q", len(payload)) + payload
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_a_cpu_shards_alloc_size_queries_never_reach_it_and_cost_no_wait(chunk):
+    """A relay told its shard serves the CPU answers GET_ALLOC_SIZE itself (0: upstream's
+    client takes max(answer, ggml_nbytes), the CPU shard's own answer), across any chunking,
+    over an emulated WAN; the requests around it reach the shard unchanged."""
+    seen = bytearray()
+    echo = Echo(lambda b: seen.extend(b) or b"")
+    msgs = _set_tensor() + _alloc_size_query()
+    with CountingRelay(echo.endpoint, link=WanLink(1000), answer_alloc_sizes=True) as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        t0 = time.monotonic()
+        with r.step("q"):
+            for i in range(0, len(msgs), chunk):
+                s.sendall(msgs[i:i + chunk])
+            assert recv_exact(s, 16) == struct.pack("<QQ", 8, 0)
+        assert time.monotonic() - t0 < 0.5  # no round trip of the 1 s link
+        s.sendall(_set_tensor(3))
+        r.quiesce(3.0)
+        assert bytes(seen) == _set_tensor() + _set_tensor(3)
+        c = r.snapshot()["q"]
+        assert c["waits"] == 0 and r.answered_here["q"] == 1
+        assert c["up"] == len(_set_tensor()) and c["down"] == 0
+        assert RelaySet([r]).answered_here("q") == [1]
+        s.close()
+    echo.close()
+
+
+class _Shard:
+    """Answers each complete request in order: a GET_TENSOR with its 8 bytes, a
+    GET_ALLOC_SIZE with 4096; records what reached it."""
+
+    def __init__(self) -> None:
+        from mtplib.distributed.framing import HEADER, Framer
+
+        self.frames, self.header, self.seen, self.cmds = Framer(requests=True), HEADER, \
+            bytearray(), []
+
+    def __call__(self, b: bytes) -> bytes:
+        self.seen.extend(b)
+        out = b""
+        for kind, _, _ in self.frames.split(b):
+            if kind == self.header:
+                self.cmds.append(self.frames.cmd)
+            if kind != "part" and self.frames.left == 0 and self.cmds:
+                cmd = self.cmds[-1]
+                out += (struct.pack("<Q", 8) + b"r" * 8 if cmd == rpc.RPC_GET_TENSOR
+                        else struct.pack("<QQ", 8, 4096) if cmd == rpc.RPC_GET_ALLOC_SIZE
+                        else b"")
+        return out
+
+
+@pytest.mark.parametrize("case", ["not a cpu shard", "device 1", "an answer owed"])
+def test_alloc_size_queries_go_to_the_shard_unless_the_relay_may_answer(case):
+    """Not told the shard is a CPU one, a device other than 0, or an answer of the shard
+    still owed (the reply would overtake it): the query goes to the shard, which answers
+    it (a wait), in order."""
+    shard = _Shard()
+    echo = Echo(shard)
+    query = _alloc_size_query(1 if case == "device 1" else 0)
+    first = _get_request(b"a", 8) if case == "an answer owed" else b""
+    with CountingRelay(echo.endpoint, answer_alloc_sizes=case != "not a cpu shard") as r:
+        s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)
+        with r.step("q"):
+            s.sendall(first + query)  # pipelined: the query sent before the GET's answer
+            if first:
+                assert recv_exact(s, 16) == struct.pack("<Q", 8) + b"r" * 8
+            assert recv_exact(s, 16) == struct.pack("<QQ", 8, 4096)
+        r.quiesce(2.0)
+        assert bytes(shard.seen) == first + query
+        assert r.snapshot()["q"]["waits"] == 1 and r.answered_here["q"] == 0
+        s.close()
+    echo.close()

@@ -32,7 +32,7 @@ def serve(a: argparse.Namespace) -> int:
     setup_logging(a)
     from mtplib.errors import InputError
     from mtplib.runtime.model import check_threads
-    from mtplib.runtime.rpc import parse_endpoint, serve, shard_device
+    from mtplib.runtime.rpc import parse_endpoint, serve, shard_device, shard_device_kind
 
     if a.allow_remote:
         raise InputError("--allow-remote is gone: give --tls DIR (mutual TLS, see `mtplib tls "
@@ -45,7 +45,8 @@ def serve(a: argparse.Namespace) -> int:
     shard_device(a.device)  # a GPU asked of a CPU build: refused here, not in the thread
     from mtplib.distributed.shard_report import local_report
 
-    report = local_report()  # what this process loaded, told to every client
+    # what this process loaded and serves, told to every client
+    report = local_report(shard_device_kind(a.device))
     rpc_endpoint, gateway, report_file = a.endpoint, None, None
     if tls is not None:
         from mtplib.distributed.gateway import Gateway

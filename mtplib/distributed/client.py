@@ -49,7 +49,7 @@ from mtplib.distributed.processes import (
     _tail,
 )
 from mtplib.distributed.relay import WanLink, summed
-from mtplib.distributed.shard_report import ProbedShard, require_shard_mtp
+from mtplib.distributed.shard_report import ProbedShard, answers_alloc_sizes, require_shard_mtp
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker import HEARTBEAT_S
 from mtplib.errors import InputError
@@ -342,8 +342,12 @@ class RangedRuntime:
         self.worker_log = Path(self._tmp.name) / "worker.log"
         from mtplib.distributed.relay import CountingRelay, RelaySet
 
-        self.relays = RelaySet([CountingRelay(ep, allow_remote=allow_remote, tls=tls)
-                                for ep in self.endpoints] if relay else [])
+        # a CPU shard's allocation sizes are answered by its relay, not over the link
+        answer = [answers_alloc_sizes(info) for info in self.shard_info]
+        self.relays = RelaySet([CountingRelay(ep, allow_remote=allow_remote, tls=tls,
+                                              answer_alloc_sizes=a)
+                                for ep, a in zip(self.endpoints, answer, strict=True)]
+                               if relay else [])
         client_eps = [r.endpoint for r in self.relays.relays] if relay else self.endpoints
         self.client_endpoints = client_eps
         LIVE.add(self)
@@ -797,6 +801,8 @@ class RangedRuntime:
                    "waits_per_step": c["waits"] / n_steps if n_steps else None,
                    # what the waits were for: the command that opened each round trip
                    "waits_by_command": summed(self.relays.waits_by_command(label)),
+                   # allocation-size queries the relays answered (no round trip)
+                   "alloc_sizes_answered_here": sum(self.relays.answered_here(label)),
                    "classes": classes[label], "seam_values": seam_by_value(per_dir),
                    "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,

@@ -50,18 +50,21 @@ import contextlib
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 
-from mtplib.distributed.framing import PART, PAYLOAD, Framer, RpcLimits
+from mtplib.distributed.framing import HEADER, PART, PAYLOAD, Framer, RpcLimits
 from mtplib.distributed.tls import PEER_ALPN, TlsConfig, TlsStream, connect_ready
 from mtplib.errors import InputError
 from mtplib.runtime.links import MAX_RTT_MS, WanLink, parse_wan  # noqa: F401 - their old home
 from mtplib.runtime.rpc import (
     REPLY_SIZES,
+    REQUEST_SIZES,
     RPC_COMMAND_NAMES,
+    RPC_GET_ALLOC_SIZE,
     RPC_GET_TENSOR,
     RPC_GRAPH_COMPUTE,
     RPC_GRAPH_COMPUTE_SLOT,
@@ -233,6 +236,64 @@ class _RpcParser:
             raise ReplyError(bad)
 
 
+class _AllocSizeAnswers:
+    """Upstream's allocation-size queries to a CPU shard, answered in the relay.
+
+    Why: upstream's RPC client asks the shard, in a blocking round trip, how much memory
+    every new shape of some tensors needs (ggml-rpc.cpp
+    `ggml_backend_rpc_buffer_type_get_alloc_size`: MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT,
+    TOP_K, ARGSORT, CUMSUM outputs, some quantized tensors), cached per process: 22-31
+    round trips per new prompt width, the best part of a cold generation's time to first
+    token over a WAN. A CPU shard's answer is always ``ggml_nbytes(tensor)`` (the CPU buffer
+    types have no ``get_alloc_size``: ggml-backend.cpp, ggml-cpu), and the client uses
+    ``max(answer, ggml_nbytes(tensor))``, so an answer of 0 given here is, to the byte, what
+    the shard would say. Only for a shard that reported serving its CPU
+    (`ShardReport.device`), only a query on device 0 of the size upstream sends, and only
+    when no answer of the shard's is still owed (else the reply would overtake it): any
+    other query goes to the shard as before.
+
+    `take` runs on the client-to-shard bytes before they are counted: it holds a query's
+    bytes back until the query is complete, then drops it and counts an answer to give."""
+
+    REPLY = struct.pack("<QQ", REPLY_SIZES[RPC_GET_ALLOC_SIZE], 0)
+
+    def __init__(self) -> None:
+        self.frames = Framer(requests=True)
+        self.held = bytearray()  # the current query's bytes, while it may be answered here
+        self.holding = False
+
+    def take(self, data: bytes, owed: int) -> tuple[bytes, int]:
+        """``data`` less the queries answered here, and how many of those it completed;
+        ``owed``: the shard's answers still owed before ``data``."""
+        out: list[bytes] = []
+        answered = 0
+        for kind, i, j in self.frames.split(data):
+            run = data[i:j]
+            starts = kind != PAYLOAD and len(self.frames.header) == j - i
+            if starts:
+                self.holding = run[0] == RPC_GET_ALLOC_SIZE and owed == 0
+            if self.holding:
+                self.held += run
+            else:
+                out.append(run)
+            if kind == HEADER:
+                if self.holding and self.frames.size != REQUEST_SIZES[RPC_GET_ALLOC_SIZE]:
+                    out.append(bytes(self.held))  # not the query upstream sends: the shard's
+                    self.held.clear()
+                    self.holding = False
+                elif not self.holding and self.frames.cmd in RPC_ANSWERED:
+                    owed += 1
+            if self.holding and kind != PART and self.frames.left == 0:
+                if self.held[9:13] == bytes(4):  # device 0: the one an mtplib shard serves
+                    answered += 1
+                else:
+                    out.append(bytes(self.held))
+                    owed += 1
+                self.held.clear()
+                self.holding = False
+        return b"".join(out), answered
+
+
 class _Conn:
     def __init__(self, client: socket.socket, upstream, check: bool = True) -> None:
         self.client, self.upstream = client, upstream
@@ -242,6 +303,10 @@ class _Conn:
         self.ready = (threading.Condition(), threading.Condition())
         expect: deque = deque()
         unanswered = [0]
+        #: the shard's answers still owed (both parsers' count)
+        self.unanswered = unanswered
+        #: allocation-size queries answered in the relay (made on the first client bytes)
+        self.answers: _AllocSizeAnswers | None = None
         self.parsers = (_RpcParser(True, expect, unanswered, check),
                         _RpcParser(False, expect, unanswered, check))
         self.closed = threading.Event()
@@ -271,9 +336,14 @@ class CountingRelay:
 
     def __init__(self, upstream: str, *, name: str | None = None,
                  allow_remote: bool = False, link: WanLink | None = None,
-                 tls: TlsConfig | None = None, check_replies: bool = True) -> None:
+                 tls: TlsConfig | None = None, check_replies: bool = True,
+                 answer_alloc_sizes: bool = False) -> None:
         self.upstream = upstream
         self.check_replies = check_replies
+        #: answer the client's allocation-size queries here (a CPU shard: `_AllocSizeAnswers`)
+        self.answer_alloc_sizes = answer_alloc_sizes
+        #: label -> allocation-size queries answered here (never crossed the link)
+        self.answered_here: dict[str, int] = defaultdict(int)
         self.link = link or WanLink()
         #: the link a peer connection into this shard gets (the ring's shard-to-shard hop,
         #: ``--peer-wan``); None: the same as the client's (``link``)
@@ -380,6 +450,7 @@ class CountingRelay:
             self.peer_tensors.clear()
             self.waits_by_cmd.clear()
             self.peer_waits_by_cmd.clear()
+            self.answered_here.clear()
 
     def quiesce(self, timeout_s: float = 0.5) -> bool:
         """Wait until nothing is in flight: everything counted (`settled`) and no chunk held
@@ -538,8 +609,14 @@ class CountingRelay:
                 if conn.kind is None and i == 0:
                     conn.kind = "peer" if data[0] == RPC_PEER_HELLO else "client"
                 peer = conn.kind == "peer"
+                answered = 0
                 try:
                     with self._lock:
+                        if i == 0 and not peer and self.answer_alloc_sizes:
+                            if conn.answers is None:
+                                conn.answers = _AllocSizeAnswers()
+                            data, answered = conn.answers.take(data, conn.unanswered[0])
+                            self.answered_here[self.label] += answered
                         c = (self.peer_counts if peer else self.counts)[self.label]
                         c[key] += len(data)
                         conn.parsers[i].feed(
@@ -552,7 +629,9 @@ class CountingRelay:
                     conn.close(by="relay")
                     break
                 link = self.link_for(conn.kind)  # may change between steps (set_link)
-                if not link.active and not q:
+                if not data:
+                    pass
+                elif not link.active and not q:
                     dst.sendall(data)
                 else:
                     start = max(time.monotonic() + link.one_way_s, free_at)
@@ -560,6 +639,12 @@ class CountingRelay:
                     with ready:
                         q.append((free_at, data))
                         ready.notify()
+                if answered:  # behind anything the shard sent before (none is owed)
+                    back, back_ready = conn.queues[1], conn.ready[1]
+                    with back_ready:
+                        back.append((max([time.monotonic(), *(t for t, _ in back)]),
+                                     _AllocSizeAnswers.REPLY * answered))
+                        back_ready.notify()
                 conn.busy[i] = False
         except OSError:
             pass
@@ -735,6 +820,15 @@ class RelaySet:
         for r in self.relays:
             with r._lock:
                 out.append(dict(r.peer_tensors.get(label, {})))
+        return out
+
+    def answered_here(self, label: str) -> list[int]:
+        """Per relay: allocation-size queries under ``label`` answered in the relay (no
+        round trip; `_AllocSizeAnswers`)."""
+        out = []
+        for r in self.relays:
+            with r._lock:
+                out.append(r.answered_here.get(label, 0))
         return out
 
     def waits_by_command(self, label: str, *, peer: bool = False) -> list[dict[str, int]]:

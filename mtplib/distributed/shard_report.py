@@ -57,6 +57,9 @@ _FIELDS = {
     "build": re.compile("|".join(BUILDS)),
     "patches": re.compile(r"-|[0-9a-f]{12,64}"),
 }
+#: fields a report may leave out (a shard of an earlier mtplib): ``device``, the kind of
+#: device it serves (`mtplib.runtime.rpc.SHARD_DEVICES`)
+_OPTIONAL = {"device": re.compile(r"cpu|gpu")}
 
 
 class ReportError(InputError):
@@ -72,6 +75,9 @@ class ShardReport:
     llama_cpp_commit: str
     build: str
     patch_set: str = ""  # the patch set's sha256 ("" for the stock build)
+    #: the device it serves ("cpu" or "gpu"; "" where the shard did not say). A client's
+    #: relay answers a CPU shard's allocation-size queries itself (`CountingRelay`)
+    device: str = ""
 
     @property
     def pin(self) -> str:
@@ -83,7 +89,8 @@ class ShardReport:
         return ";".join(f"{k}={v}" for k, v in (
             ("contract", self.contract_version), ("llama-cpp-python", self.llama_cpp_python),
             ("llama.cpp", self.llama_cpp_commit), ("build", self.build),
-            ("patches", self.patch_set or "-")))
+            ("patches", self.patch_set or "-"),
+            *((("device", self.device),) if self.device else ())))
 
     @classmethod
     def parse(cls, token: str) -> ShardReport:
@@ -95,31 +102,36 @@ class ShardReport:
                               f"(at most {TOKEN_MAX} ASCII)")
         items = [part.partition("=") for part in token.split(";")]
         keys = [k for k, _, _ in items]
-        if sorted(keys) != sorted(_FIELDS) or any(not sep for _, sep, _ in items):
-            raise ReportError(f"report fields {keys}, expected {list(_FIELDS)}")
+        required = sorted(k for k in keys if k not in _OPTIONAL)
+        if (required != sorted(_FIELDS) or len(set(keys)) != len(keys)
+                or any(not sep for _, sep, _ in items)):
+            raise ReportError(f"report fields {keys}, expected {list(_FIELDS)} "
+                              f"(and optionally {list(_OPTIONAL)})")
         vals = {k: v for k, _, v in items}
-        for k, rx in _FIELDS.items():
-            if not rx.fullmatch(vals[k]):
+        for k, rx in (*_FIELDS.items(), *_OPTIONAL.items()):
+            if k in vals and not rx.fullmatch(vals[k]):
                 raise ReportError(f"report field {k}={vals[k]!r} is malformed")
         if (vals["build"] == "stock") != (vals["patches"] == "-"):
             raise ReportError(f"report: build {vals['build']} with patches {vals['patches']}")
         return cls(vals["contract"], vals["llama-cpp-python"], vals["llama.cpp"],
-                   vals["build"], "" if vals["patches"] == "-" else vals["patches"])
+                   vals["build"], "" if vals["patches"] == "-" else vals["patches"],
+                   vals.get("device", ""))
 
     def to_dict(self) -> dict:
         return {"contract_version": self.contract_version, "pin": self.pin,
-                "build": self.build, "patch_set_sha256": self.patch_set or None}
+                "build": self.build, "patch_set_sha256": self.patch_set or None,
+                "device": self.device or None}
 
 
-def local_report() -> ShardReport:
+def local_report(device: str = "") -> ShardReport:
     """What this process runs: the upstream library it loaded (its version and build, read
-    from the library) and this mtplib's contract version and llama.cpp pin. Loads upstream
-    (a shard has it loaded already)."""
+    from the library), this mtplib's contract version and llama.cpp pin, and ``device``, the
+    kind of device it serves. Loads upstream (a shard has it loaded already)."""
     from mtplib.runtime.lib import upstream_info
 
     info = upstream_info()
     return ShardReport(CONTRACT_VERSION, str(info["version"]), pins.LLAMA_CPP_COMMIT,
-                       str(info["build"]), info.get("patch_set_sha256") or "")
+                       str(info["build"]), info.get("patch_set_sha256") or "", device)
 
 
 # -- the plaintext channel: a report file per endpoint ---------------------------------
@@ -235,6 +247,22 @@ def with_report(info: ShardInfo, endpoint: str, *, token: str | None,
     except (ReportError, InputError) as e:
         return ProbedShard(**base, endpoint=endpoint, report_problem=str(e))
     return ProbedShard(**base, endpoint=endpoint, report=report)
+
+
+#: ``1``: every allocation-size query goes to the shards (as before session 13), none is
+#: answered by the client's relays (for side-by-side runs)
+FORWARD_ALLOC_SIZES_ENV = "MTPLIB_FORWARD_ALLOC_SIZES"
+
+
+def answers_alloc_sizes(info: ShardInfo) -> bool:
+    """Whether the client's relay answers this shard's allocation-size queries itself:
+    the shard reported that it serves its CPU, whose answer the relay knows
+    (`mtplib.distributed.relay._AllocSizeAnswers`); not a GPU shard, a shard that reported
+    nothing, or with $MTPLIB_FORWARD_ALLOC_SIZES=1."""
+    if os.environ.get(FORWARD_ALLOC_SIZES_ENV, "") not in ("", "0"):
+        return False
+    report, _ = _reported(info)
+    return report is not None and report.device == "cpu"
 
 
 def _reported(info: ShardInfo) -> tuple[ShardReport | None, str]:

@@ -93,14 +93,16 @@ def _run_cold(trunk, sidecar, cfg: WanConfig, prompts, st: _Progress) -> None:
                                        rtt_ms=rtt, mbit=mbit, k=k)
 
 
-def run_cli_json(cmd: list[str], timeout_s: float = 900) -> tuple[int, dict, float]:
-    """One `mtplib generate --json` process: (exit code, its last stdout line as JSON, or
-    ``{"error": the output's tail}`` when there is none, wall seconds)."""
+def run_cli_json(cmd: list[str], timeout_s: float = 900,
+                 env: dict[str, str] | None = None) -> tuple[int, dict, float]:
+    """One `mtplib generate --json` process (``env``: its environment, default this
+    process's): (exit code, its last stdout line as JSON, or ``{"error": the output's
+    tail}`` when there is none, wall seconds)."""
     import json
     import subprocess
 
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     wall = time.time() - t0
     try:
         out = json.loads(p.stdout.strip().splitlines()[-1])

@@ -370,12 +370,19 @@ SHARD_DEVICES = ("cpu", "gpu")
 SHARD_DEVICE_ENV = "MTPLIB_SHARD_DEVICE"
 
 
-def shard_device(kind: str | None = None) -> int:
-    """The device a shard serves: ``kind`` (default $MTPLIB_SHARD_DEVICE, else cpu)."""
+def shard_device_kind(kind: str | None = None) -> str:
+    """The kind of device a shard serves: ``kind`` (default $MTPLIB_SHARD_DEVICE, else
+    cpu), one of SHARD_DEVICES."""
     kind = kind or os.environ.get(SHARD_DEVICE_ENV) or "cpu"
     if kind not in SHARD_DEVICES:
         raise RuntimeInputError(f"shard device must be one of {', '.join(SHARD_DEVICES)}, "
                                 f"got {kind!r} (--device or ${SHARD_DEVICE_ENV})")
+    return kind
+
+
+def shard_device(kind: str | None = None) -> int:
+    """The device a shard serves: ``kind`` (default $MTPLIB_SHARD_DEVICE, else cpu)."""
+    kind = shard_device_kind(kind)
     if kind == "cpu":
         return cpu_device()
     dev = libs()["ggml"].ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU)
