@@ -76,7 +76,9 @@ def summarize(rows: list[dict]) -> dict:
                       {(r[s]["prefill_waits_by_command"] or {}).get("GET_ALLOC_SIZE", 0)
                        for r in rows}),
                   "prefill_answered_here": sorted(set(col(s, "prefill_answered_here"))),
-                  "decode_tok_s_median": statistics.median(col(s, "decode_tok_s"))}
+                  "decode_tok_s_median": statistics.median(col(s, "decode_tok_s")),
+                  # the whole command: load, warm-up (its queries too), prefill, decode
+                  "process_wall_s_median": statistics.median(col(s, "process_wall_s"))}
     out.update({"answered_over_forwarded_median": statistics.median(ratio),
                 "answered_over_forwarded_min": min(ratio),
                 "answered_over_forwarded_max": max(ratio),
@@ -94,8 +96,9 @@ def table(doc: dict) -> str:
 
     out = ["| plan | k | prompts | TTFT, queries forwarded: median (range) | TTFT, answered "
            "here | answered / forwarded, paired: median (range) | saved, median | prefill "
-           "waits (GET_ALLOC_SIZE), forwarded / answered | queries answered here | tokens "
-           "equal |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "waits (GET_ALLOC_SIZE), forwarded / answered | queries answered here | whole "
+           "command, median: forwarded / answered | tokens equal |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in doc["summary"]:
         f, a = s["forwarded"], s["answered"]
         out.append(
@@ -108,6 +111,7 @@ def table(doc: dict) -> str:
             f"({waits(f['prefill_alloc_size_waits'])}) / {waits(a['prefill_waits'])} "
             f"({waits(a['prefill_alloc_size_waits'])}) | "
             f"{waits(a['prefill_answered_here'])} | "
+            f"{f['process_wall_s_median']:.2f} s / {a['process_wall_s_median']:.2f} s | "
             f"{'yes' if s['tokens_equal'] else 'NO'} |")
     return "\n".join(out)
 
@@ -116,6 +120,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--table", action="store_true", help="print the table of OUT and stop")
+    ap.add_argument("--resummarize", action="store_true",
+                    help="rewrite OUT's summary from its rows (after a change to `summarize`; "
+                    "the rows are kept as measured) and stop")
     ap.add_argument("--plans", default="0-1,2-3;0-0,1-2,3-3", help="plans, ';'-separated")
     ap.add_argument("--ks", default="0,2", help="draft lengths, ','-separated")
     ap.add_argument("--prompts", type=int, default=16)
@@ -125,6 +132,16 @@ def main() -> int:
     if a.table:
         with open(a.out) as f:
             print(table(json.load(f)))
+        return 0
+    if a.resummarize:
+        with open(a.out) as f:
+            doc = json.load(f)
+        cells = dict.fromkeys((r["plan"], r["k"]) for r in doc["rows"])
+        doc["summary"] = [{"plan": p, "k": k, **summarize(
+            [r for r in doc["rows"] if (r["plan"], r["k"]) == (p, k)])} for p, k in cells]
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(table(doc))
         return 0
     prov = host.provenance(paths.REPO, build_info(), ["evidence/ttft/ttft.py", *sys.argv[1:]])
     pair = trained_paths()

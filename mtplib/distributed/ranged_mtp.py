@@ -9,9 +9,11 @@ The worker keeps its engines (contexts on the shards plus the drafter) between
 generations and warms each one at build (`mtplib.runtime.speculative.warm_up`), so no
 decode, draft, feed or verify step pays upstream's first-use graph allocation on the
 shards: that is setup, paid once per process (or per `mtplib serve`), reported apart from
-TTFT. A prefill of a width the process has not run before still pays upstream's
-allocation-size queries (GET_ALLOC_SIZE, one round trip per new tensor shape per shard) in
-its own waits: the prompt's width is known only then.
+TTFT. A prefill of a width the process has not run before makes upstream ask each shard
+the allocation size of its new tensor shapes (GET_ALLOC_SIZE, a blocking query per shape):
+the relay in front of a CPU shard answers those itself (no round trip:
+`mtplib.distributed.relay._AllocSizeAnswers`); a GPU shard, or one that reported nothing,
+still answers them over its link, in the prefill's waits.
 
 Defaults are the contract-safe fast path: the MTP block and the output head run in the
 client next to the sampler unless the costs measured at load say otherwise (placement and

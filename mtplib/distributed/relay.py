@@ -25,6 +25,10 @@ opened it (`RelaySet.waits_by_command`), so a step's waits say what they were fo
 boundary or output read (GET_TENSOR), or upstream asking a shard how much memory a tensor
 shape needs (GET_ALLOC_SIZE, once per new shape per process) and the like.
 
+Allocation-size queries to a shard that reported serving its CPU are answered by the relay
+itself (``answer_alloc_sizes``: `_AllocSizeAnswers`, whose answer is, to the byte, the
+shard's): they never cross the link, cost no wait, and are counted in ``answered_here``.
+
 Checks: every reply a shard sends is checked (`mtplib.runtime.rpc.check_reply`: sizes,
 device count, alignment, memory; a reply nobody asked for) before it is forwarded to
 upstream's client, which would act on it unchecked; a bad one closes the connection and

@@ -150,8 +150,9 @@ def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
     verify steps (up to 8.5 waits per verify step instead of 3 over a WAN). Paid here, at
     load, it is setup time apart from TTFT. The prompt's width is not among them (a
     caller's prompt is unknown at load; this prefill is ``n_prompt`` tokens): the first
-    prefill of each other width in a process pays those queries inside its prefill step
-    (ranged, they are counted as GET_ALLOC_SIZE in its waits_by_command). Returns
+    prefill of each other width in a process asks those queries inside its prefill step
+    (ranged: a CPU shard's are answered by the client's relay, no round trip; a GPU shard's
+    cost one each, counted as GET_ALLOC_SIZE in the step's waits_by_command). Returns
     {"setup_s", "widths"}."""
     t0 = time.perf_counter()
     k, target = engine.k, engine.target

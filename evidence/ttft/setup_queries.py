@@ -1,0 +1,57 @@
+"""How many allocation-size queries a ranged engine's load and warm-up ask, per plan and
+draft length: sent to the shards (``MTPLIB_FORWARD_ALLOC_SIZES=1``) or answered by the
+client's relays (the default for CPU shards).
+
+    PYTHONPATH=$PWD .venv/bin/python evidence/ttft/setup_queries.py evidence/ttft/setup-queries.json
+
+One `RangedMTP` per setting, plan and k (its own `mtplib shard serve` processes, the
+trained pair, no emulated WAN: these are counts, not times); the relays' counts per label
+right after it is built and warmed, before any generation: GET_ALLOC_SIZE waits (queries the
+shards answered, one round trip each over a link) and queries answered here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from mtplib import host, paths
+from mtplib.distributed.ranged_mtp import RangedMTP
+from mtplib.distributed.shard_report import FORWARD_ALLOC_SIZES_ENV
+from mtplib.model.trained import trained_paths
+from mtplib.runtime import build_info
+
+
+def count(plan: str, k: int) -> dict:
+    p = trained_paths()
+    with RangedMTP(str(p.trunk), plan=plan, sidecar=str(p.sidecar) if k else None) as r:
+        rel = r.rt.relays
+        labels = [str(lb) for lb in rel.labels()]
+        return {"sent_to_shards": {lb: sum(w.get("GET_ALLOC_SIZE", 0)
+                                           for w in rel.waits_by_command(lb)) for lb in labels},
+                "answered_here": {lb: sum(rel.answered_here(lb)) for lb in labels}}
+
+
+def main() -> int:
+    out = sys.argv[1]
+    prov = host.provenance(paths.REPO, build_info(),
+                           ["evidence/ttft/setup_queries.py", *sys.argv[1:]])
+    rows = []
+    for setting in ("forwarded", "answered"):
+        if setting == "forwarded":
+            os.environ[FORWARD_ALLOC_SIZES_ENV] = "1"
+        else:
+            os.environ.pop(FORWARD_ALLOC_SIZES_ENV, None)
+        for plan in ("0-1,2-3", "0-0,1-2,3-3"):
+            for k in (0, 2):
+                row = {"setting": setting, "plan": plan, "k": k, **count(plan, k)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "provenance": host.finish(prov)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
