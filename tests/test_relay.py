@@ -427,14 +427,17 @@ class _Shard:
         return out
 
 
-@pytest.mark.parametrize("case", ["not a cpu shard", "device 1", "an answer owed"])
+@pytest.mark.parametrize("case", ["not a cpu shard", "device 1", "an answer owed",
+                                  "another size"])
 def test_alloc_size_queries_go_to_the_shard_unless_the_relay_may_answer(case):
-    """Not told the shard is a CPU one, a device other than 0, or an answer of the shard
-    still owed (the reply would overtake it): the query goes to the shard, which answers
-    it (a wait), in order."""
+    """Not told the shard is a CPU one, a device other than 0, a request of another size
+    than upstream's, or an answer of the shard still owed (the reply would overtake it):
+    the query goes to the shard, which answers it (a wait), in order."""
     shard = _Shard()
     echo = Echo(shard)
     query = _alloc_size_query(1 if case == "device 1" else 0)
+    if case == "another size":  # not the query upstream sends: the shard's to judge
+        query = bytes([rpc.RPC_GET_ALLOC_SIZE]) + struct.pack("<Q", 4) + bytes(4)
     first = _get_request(b"a", 8) if case == "an answer owed" else b""
     with CountingRelay(echo.endpoint, answer_alloc_sizes=case != "not a cpu shard") as r:
         s = socket.create_connection(("127.0.0.1", int(r.endpoint.split(":")[1])), timeout=5)

@@ -269,33 +269,42 @@ class _AllocSizeAnswers:
     def take(self, data: bytes, owed: int) -> tuple[bytes, int]:
         """``data`` less the queries answered here, and how many of those it completed;
         ``owed``: the shard's answers still owed before ``data``."""
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         answered = 0
+        changed = self.holding  # bytes held from an earlier chunk
+        view = memoryview(data)
         for kind, i, j in self.frames.split(data):
-            run = data[i:j]
-            starts = kind != PAYLOAD and len(self.frames.header) == j - i
-            if starts:
-                self.holding = run[0] == RPC_GET_ALLOC_SIZE and owed == 0
+            run = view[i:j]
+            if kind != PAYLOAD and len(self.frames.header) == j - i:  # a request starts
+                self.holding = data[i] == RPC_GET_ALLOC_SIZE and owed == 0
             if self.holding:
                 self.held += run
+                changed = True
             else:
                 out.append(run)
             if kind == HEADER:
                 if self.holding and self.frames.size != REQUEST_SIZES[RPC_GET_ALLOC_SIZE]:
-                    out.append(bytes(self.held))  # not the query upstream sends: the shard's
-                    self.held.clear()
-                    self.holding = False
+                    self._release(out)  # not the query upstream sends: the shard's to answer
+                    owed += 1
                 elif not self.holding and self.frames.cmd in RPC_ANSWERED:
                     owed += 1
             if self.holding and kind != PART and self.frames.left == 0:
                 if self.held[9:13] == bytes(4):  # device 0: the one an mtplib shard serves
                     answered += 1
+                    self.held.clear()
+                    self.holding = False
                 else:
-                    out.append(bytes(self.held))
+                    self._release(out)
                     owed += 1
-                self.held.clear()
-                self.holding = False
+        if not changed:
+            return data, 0  # nothing held or dropped: the chunk as it came, uncopied
         return b"".join(out), answered
+
+    def _release(self, out: list) -> None:
+        """Forward the held bytes after all (the shard answers this query)."""
+        out.append(bytes(self.held))
+        self.held.clear()
+        self.holding = False
 
 
 class _Conn:
