@@ -99,6 +99,8 @@ LAYOUTS = {
     "placement/placement.json": "placement",  # evidence/placement: which placement wins where
     "placement/waits.json": "placement_waits",  # waits per step by drafter and head place
     "upstream-patches/ring-*.json": "ring_waits",  # patches/0007: ring vs star waits
+    "ttft/ttft.json": "ttft",  # evidence/ttft: cold TTFT, allocation sizes answered or not
+    "ttft/setup-queries.json": "setup_queries",  # the warm-up's allocation-size queries
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
 RECORDS = {"tests": ("files",)}
