@@ -7,7 +7,9 @@ client's relays (the default for CPU shards).
 One `RangedMTP` per setting, plan and k (its own `mtplib shard serve` processes, the
 trained pair, no emulated WAN: these are counts, not times); the relays' counts per label
 right after it is built and warmed, before any generation: GET_ALLOC_SIZE waits (queries the
-shards answered, one round trip each over a link) and queries answered here.
+shards answered, one round trip each over a link), queries answered here, and every wait by
+the command that opened it (``load``: the weights' upload and the contexts; ``setup``: the
+warm-up).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 
 from mtplib import host, paths
 from mtplib.distributed.ranged_mtp import RangedMTP
+from mtplib.distributed.relay import summed
 from mtplib.distributed.shard_report import FORWARD_ALLOC_SIZES_ENV
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import build_info
@@ -30,7 +33,10 @@ def count(plan: str, k: int) -> dict:
         labels = [str(lb) for lb in rel.labels()]
         return {"sent_to_shards": {lb: sum(w.get("GET_ALLOC_SIZE", 0)
                                            for w in rel.waits_by_command(lb)) for lb in labels},
-                "answered_here": {lb: sum(rel.answered_here(lb)) for lb in labels}}
+                "answered_here": {lb: sum(rel.answered_here(lb)) for lb in labels},
+                # every round trip the client waited on, by the command that opened it
+                # (the emulated WAN starts after the load: over a real link each costs one)
+                "waits_by_command": {lb: summed(rel.waits_by_command(lb)) for lb in labels}}
 
 
 def main() -> int:
