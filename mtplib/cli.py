@@ -5,7 +5,10 @@ exit 2 (so does a file the machine refuses to write: a full or read-only disk); 
 is never reached with an input it would abort on. The exit codes are `EXIT_CODES`, shown
 in every --help. Every verb takes ``--json``: its result is then one JSON object on
 stdout, and so is any error (``{"error", "kind", "type", "command", "exit"}``), with the
-same exit codes.
+same exit codes. Output that cannot be written (stdout on a full or failing device) is one
+line on stderr, exit 2, with or without --json (stdout cannot carry its JSON); a reader
+that left the pipe (``| head``) ends it quietly, exit 0. `main` writes and flushes every
+command's output inside its guard (`_Output`), never in Python's flush at exit.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Iterable
+from typing import TextIO
 
 from mtplib import paths, pins
 from mtplib.commands import COMMANDS
@@ -223,8 +228,91 @@ def _fail(cmd: str | None, as_json: bool, code: int, kind: str, etype: str, msg:
     return code
 
 
+#: the attribute `_Output` sets on an OSError of the output (stdout), whichever layer
+#: raised it: a print (unbuffered stdout) or the flush at the end of `main`
+_OUTPUT_MARK = "mtplib_output_error"
+
+
+class _Output:
+    """``sys.stdout`` while a command runs: the same stream, whose failed write or flush is
+    marked (`_OUTPUT_MARK`), so that `main` tells the output's failure ("cannot write the
+    output", one line, exit 2) from a file a command writes, and never tries to print an
+    error (--json's) to the stream that just failed."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            setattr(e, _OUTPUT_MARK, True)
+            raise
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            setattr(e, _OUTPUT_MARK, True)
+            raise
+
+    def __getattr__(self, name: str) -> object:  # fileno, isatty, encoding, buffer, ...
+        return getattr(self._stream, name)
+
+
+def _output_error(e: BaseException) -> OSError | None:
+    """The output's OSError behind ``e`` (itself, or what it was raised while handling:
+    an error whose JSON could not be printed), None when the output did not fail."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and getattr(seen, _OUTPUT_MARK, False):
+            return seen
+        seen = seen.__context__
+    return None
+
+
+def _drop_output() -> None:
+    """Send what is left of stdout to devnull: Python's flush of stdout at exit would
+    otherwise fail again ("Exception ignored ... No space left on device")."""
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command with its output guarded: the output is flushed here, not at exit,
+    and a failure to write it is one line on stderr, exit 2 (a reader that left a pipe:
+    exit 0, quietly), never a traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    stream = sys.stdout
+    if stream is not None:
+        sys.stdout = _Output(stream)  # type: ignore[assignment]
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # --help, --version: argparse printed, then exits
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
+    except OSError as e:
+        out = _output_error(e)
+        if out is None:
+            raise
+        _drop_output()
+        if isinstance(out, BrokenPipeError):  # `mtplib ... | head`: the reader left
+            return 0
+        return _fail(_command(argv), False, 2, "output", type(out).__name__,
+                     f"cannot write the output: {out.strerror or out}")
+    finally:
+        if isinstance(sys.stdout, _Output):
+            sys.stdout = stream
+
+
+def _main(argv: list[str]) -> int:
     as_json = "--json" in argv
     try:
         args = build_parser().parse_args(argv)
@@ -242,22 +330,26 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(cmd, as_json, 1, _kind(e), type(e).__name__, str(e), "check failed")
     except MtplibError as e:  # bad input, or upstream/a shard/a tool refused: one line
         return _fail(cmd, as_json, 2, _kind(e), type(e).__name__, str(e))
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-            FileExistsError) as e:  # a path the user gave: say which, and why
-        return _fail(cmd, as_json, 2, "file", type(e).__name__,
-                     f"{e.strerror or e}: {e.filename}")
-    except BrokenPipeError:  # `mtplib ... | head`: the reader left; not an error of ours
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, not read
-        return 0
-    except OSError as e:  # the machine refused: a full or read-only disk, a quota, ...
-        where = f": {e.filename}" if e.filename else ""
-        return _fail(cmd, as_json, 2, "file", type(e).__name__, f"{e.strerror or e}{where}")
+    except OSError as e:
+        if _output_error(e) is not None:  # main() says it: stdout cannot carry an error
+            raise
+        return _file_error(cmd, as_json, e)
     except KeyboardInterrupt:
         if as_json:
             return _fail(cmd, True, 130, "interrupted", "KeyboardInterrupt", "interrupted")
         print(f"mtplib {cmd}: interrupted", file=sys.stderr)
         return 130
+
+
+def _file_error(cmd: str | None, as_json: bool, e: OSError) -> int:
+    """A file a command read or wrote failed (not its output): one line naming it (a
+    path the user gave, or the machine's refusal: a full or read-only disk, a quota; an
+    error without a filename names its file itself, `mtplib.files.write_error`)."""
+    if isinstance(e, BrokenPipeError):  # a reader that left: not an error of ours
+        _drop_output()
+        return 0
+    where = f": {e.filename}" if e.filename else ""
+    return _fail(cmd, as_json, 2, "file", type(e).__name__, f"{e.strerror or e}{where}")
 
 
 if __name__ == "__main__":

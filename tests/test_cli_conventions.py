@@ -246,3 +246,27 @@ def test_library_mtp_runtime_names_the_context_length_not_mtp(short):
     with pytest.raises(RuntimeInputError) as e:
         MTPRuntime(str(trunk), str(side), k=2, n_ctx=1024, n_threads=1)
     assert str(e.value).startswith("n_ctx 1024 exceeds the model's context_length 512")
+
+
+@pytest.mark.parametrize(("argv", "unbuffered"), [
+    (["info", "--json"], "1"), (["info", "--json"], ""), (["info"], "1"), (["info"], ""),
+    (["--version"], ""), (["run", "--help"], ""),
+    (["inventory", "{trunk}", "--mtp", "{sidecar}", "--json"], ""),
+    (["generate", "--model", "{trunk}", "--tokens", "1,2,3", "--n", "4", "--json"], "1"),
+    # an error under --json: its JSON cannot be written either
+    (["generate", "--model", "/no/such.gguf", "--tokens", "1", "--json"], ""),
+])
+def test_output_to_a_full_device_is_one_line_exit_2(pair, argv, unbuffered):
+    """Issue 39 item 4: `mtplib info --json > /dev/full` exited 1 with two chained
+    tracebacks. Every command's output now fails alike, buffered or not: one line on
+    stderr naming the problem, exit 2, and nothing from Python's flush at exit."""
+    import os
+
+    argv = [a.format(trunk=pair.trunk, sidecar=pair.sidecar) for a in argv]
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "mtplib.cli", *argv], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(err) == 1 and "cannot write the output: No space left on device" in err[0], err

@@ -54,7 +54,7 @@ BAD = [
      r"notebooks\[0\]\.parameters: expected a mapping"),
     # a parameter of the wrong type or out of range, by the rule the notebook checks it with
     (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: many}\n",
-     r"notebooks\[0\]\.parameters\.n_tokens: expected an int >= 1, got 'many'"),
+     r"notebooks\[0\]\.parameters\.n_tokens: expected an int 1\.\.1024, got 'many'"),
     (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {n_tokens: true}\n",
      r"parameters\.n_tokens: expected an int"),
     (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n    parameters: {plan: 3}\n",
@@ -79,7 +79,7 @@ BAD = [
      "    parameters: {overrides: {stock: {ks: 2}}}\n",
      r"parameters\.overrides\.stock\.ks: expected a list of draft lengths 0\.\.8"),
     (HEAD + "notebooks:\n  - notebook: 05_wan.ipynb\n    parameters: {target: {n_new: 0}}\n",
-     r"parameters\.target\.n_new: expected an int >= 1, got 0"),
+     r"parameters\.target\.n_new: expected an int 1\.\.1024, got 0"),
     # the bench: and wan: sections, key by key (they used to fail notebooks later)
     (HEAD + SMOKE + "bench: {plans: [whole, '0-1,2-4']}\n",
      r"bench\.plans\[1\]: expected 'whole' or a shard plan .*out of range: the trunk has "
@@ -87,11 +87,11 @@ BAD = [
     (HEAD + SMOKE + "bench: {plans: ['0-1,2-3']}\n",
      r"bench\.plans: expected 'whole' among the plans"),
     (HEAD + SMOKE + "bench: {ks: 3}\n", r"bench\.ks: expected a list of draft lengths 1\.\.8"),
-    (HEAD + SMOKE + "bench: {n_new: 1}\n", r"bench\.n_new: expected an int >= 2, got 1"),
+    (HEAD + SMOKE + "bench: {n_new: 1}\n", r"bench\.n_new: expected an int 2\.\.1024, got 1"),
     (HEAD + SMOKE + "bench: {sweep: {rates: [0.5, 2]}}\n",
      r"bench\.sweep\.rates\[1\]: expected a number 0\.\.1, got 2"),
     (HEAD + SMOKE + "bench: {sampling: {seeds: x}}\n",
-     r"bench\.sampling\.seeds: expected an int >= 1, got 'x'"),
+     r"bench\.sampling\.seeds: expected an int 1\.\.1000, got 'x'"),
     (HEAD + SMOKE + "bench: {prompts: [{len: 4}]}\n",
      r"bench\.prompts\[0\]: expected a prompt text or \{seed: N, len: L\}"),
     (HEAD + SMOKE + "bench: {backend: tpu}\n", r"bench\.backend: expected one of cpu, gpu"),
@@ -109,6 +109,74 @@ BAD = [
      r"'n_token' \(declared: .*n_tokens"),
     (HEAD + SMOKE + "parameters: {n_token: 8}\n",
      r"parameters\.n_token: no notebook of the lane declares 'n_token'"),
+    # issue 39 item 8: every number within its stated range (key, value and range named)
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n"
+     "    parameters: {n_tokens: 100000000000}\n",
+     r"notebooks\[0\]\.parameters\.n_tokens: expected an int 1\.\.1024, got 100000000000"),
+    (HEAD + SMOKE + "bench: {reps: 1000000000}\n",
+     r"bench\.reps: expected an int 1\.\.1000, got 1000000000"),
+    (HEAD + SMOKE + "bench: {warmup: 5000}\n", r"bench\.warmup: expected an int 0\.\.1000"),
+    (HEAD + SMOKE + "bench: {n_ctx: 100000}\n",
+     r"bench\.n_ctx: expected an int 1\.\.4096 \(the model's context_length\), got 100000"),
+    (HEAD + SMOKE + "bench: {n_ctx: 64, n_new: 60}\n",
+     r"bench\.n_new: expected an int <= 52 \(n_ctx 64 minus the longest prompt's 12 "
+     r"tokens\), got 60"),
+    (HEAD + SMOKE + "bench: {n_ctx: 64, sampling: {n_new: 60}}\n",
+     r"bench\.sampling\.n_new: expected an int <= 52"),
+    (HEAD + SMOKE + "bench: {prompts: [{seed: 0, len: 5000}]}\n",
+     r"bench\.prompts\[0\]\.len: expected an int 1\.\.1024, got 5000"),
+    (HEAD + SMOKE + "bench: {prompts: [{seed: 4294967296}]}\n",
+     r"bench\.prompts\[0\]\.seed: expected an int 0\.\.4294967295"),
+    (HEAD + SMOKE + "bench: {prompts: [" + ", ".join(["{seed: 0}"] * 1001) + "]}\n",
+     r"bench\.prompts: expected a list of prompts with at most 1000 items, got 1001 items"),
+    (HEAD + SMOKE + "bench: {sweep: {reps: 1000000}}\n",
+     r"bench\.sweep\.reps: expected an int 1\.\.1000, got 1000000"),
+    (HEAD + SMOKE + "bench: {sweep: {synth_seed: -1}}\n",
+     r"bench\.sweep\.synth_seed: expected an int 0\.\.4294967295, got -1"),
+    (HEAD + SMOKE + "bench: {sampling: {temperature: 1000}}\n",
+     r"bench\.sampling\.temperature: expected a number 0\.\.100, got 1000"),
+    (HEAD + SMOKE + "bench: {sampling: {seeds: 100000}}\n",
+     r"bench\.sampling\.seeds: expected an int 1\.\.1000"),
+    (HEAD + SMOKE + "wan: {n_prompts: 100000}\n", r"wan\.n_prompts: expected an int 1\.\.1000"),
+    (HEAD + SMOKE + "wan: {reps: 100000}\n", r"wan\.reps: expected an int 1\.\.1000"),
+    (HEAD + SMOKE + "wan: {prompt_len: 100000}\n", r"wan\.prompt_len: expected an int 1\.\.1024"),
+    (HEAD + SMOKE + "wan: {n_new: 100000}\n", r"wan\.n_new: expected an int 1\.\.1024"),
+    (HEAD + SMOKE + "wan: {n_ctx: 10000000}\n", r"wan\.n_ctx: expected an int 1\.\.1048576"),
+    (HEAD + SMOKE + "wan: {mbits: [1000000]}\n",
+     r"wan\.mbits\[0\]: expected Mbit/s > 0 or null \(unlimited\), at most 100000, "
+     r"got 1000000"),
+    (HEAD + SMOKE + "wan: {cost_model_tolerance: 5}\n",
+     r"wan\.cost_model_tolerance: expected a number 0\.\.1, got 5"),
+    ("lane: t\nfixture: {preset: tiny, seed: 4294967296}\n" + SMOKE,
+     r"fixture\.seed: expected an int 0\.\.4294967295, got 4294967296"),
+    (HEAD + SMOKE + "requires: {hardware: x, gpus: 100000}\n",
+     r"requires\.gpus: expected an int 0\.\.64, got 100000"),
+    (HEAD + SMOKE + "requires: {hardware: x, gpu_memory_gb: 100000}\n",
+     r"requires\.gpu_memory_gb: expected a number 0\.\.1024 \(GB\)"),
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n"
+     "    parameters: {prompt_tokens: [1, 256]}\n",
+     r"parameters\.prompt_tokens\[1\]: expected a token id 0\.\.255 \(the model's vocabulary\)"),
+    (HEAD + "notebooks:\n  - notebook: 00_fixture_smoke.ipynb\n    parameters: {seed: -1}\n",
+     r"parameters\.seed: expected an int 0\.\.4294967295, got -1"),
+    (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n    parameters: {ctx: 8192}\n",
+     r"parameters\.ctx: expected an int 1\.\.4096 \(the model's context_length\), got 8192"),
+    (HEAD + "notebooks:\n  - notebook: 01_tensor_ownership.ipynb\n"
+     "    parameters: {flash_ctx: 2000000}\n",
+     r"parameters\.flash_ctx: expected an int 1\.\.1048576, got 2000000"),
+    (HEAD + "notebooks:\n  - notebook: 02_state_contract.ipynb\n"
+     "    parameters: {n_seq: 1000, flash_ctxs: [8192]}\n",
+     r"parameters\.n_seq: expected an int 1\.\.256, got 1000"),
+    (HEAD + "notebooks:\n  - notebook: 02_state_contract.ipynb\n"
+     "    parameters: {flash_ctxs: [8192, 2000000]}\n",
+     r"parameters\.flash_ctxs\[1\]: expected an int 1\.\.1048576"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n"
+     "    parameters: {seeds: 100000, n_new: 5000}\n",
+     r"parameters\.seeds: expected an int 1\.\.1000, got 100000"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n    parameters: {n_new: 5000}\n",
+     r"parameters\.n_new: expected an int 2\.\.1024, got 5000"),
+    (HEAD + "notebooks:\n  - notebook: 03_correctness.ipynb\n"
+     "    parameters: {sampling_seeds: 1000000000}\n",
+     r"parameters\.sampling_seeds: expected an int 1\.\.1000, got 1000000000"),
 ]
 
 
@@ -172,6 +240,16 @@ def test_wan_section_checked_before_running(tmp_path):
     with pytest.raises(LaneError, match="wan: unknown keys"):
         run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
     assert not (tmp_path / "out" / "r").exists()
+
+
+def test_wan_prompt_and_generation_fit_the_default_context(tmp_path):
+    """Issue 39 item 8: without n_ctx, prompt_len + n_new (each within its range) must fit
+    the context the runs get by default; refused before the run folder exists."""
+    p = _lane(tmp_path, HEAD + SMOKE + "wan: {prompt_len: 1024, n_new: 1024}\n")
+    with pytest.raises(LaneError, match=r"wan: prompt_len \+ n_new \(2048\) do not fit "
+                       r"n_ctx 2048 \(the default\)"):
+        run_lane(p, out_root=tmp_path / "out", run_id="r", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_failed_notebook_is_named_and_recorded(tmp_path, monkeypatch, capsys):

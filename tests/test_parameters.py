@@ -97,7 +97,7 @@ def test_plans_from_papermill_p(value, want):
     ("ks", "[1, 2", r"^ks: expected a list of draft lengths .*not valid YAML"),
     ("plans", "0-1,3-4", r"^plans\[0\]: expected a shard plan .*gap before range 1"),
     ("plans", "0-1;2-3", r"^plans\[1\]: expected a shard plan .*gap before range 0"),
-    ("seeds", "many", r"^seeds: expected an int >= 1, got 'many'$"),
+    ("seeds", "many", r"^seeds: expected an int 1\.\.1000, got 'many'$"),
     ("progress", "yes", r"^progress: expected True or False, got 'yes'$"),
     ("threads", 0, r"^threads: expected an int 1\.\.\d+ \(this machine's CPUs\), got 0$"),
 ])
@@ -240,7 +240,7 @@ def test_papermill_cli_prints_a_refused_parameter_as_one_line(capsys):
                                 "are trunk, sidecar, preset, seed, prompt_tokens, n_tokens, "
                                 "threads, run_dir"),
     (["--engine", "mtplib"], ["-p", "n_tokens", "abc"],
-     "ParameterError: n_tokens: expected an int >= 1, got 'abc'"),
+     "ParameterError: n_tokens: expected an int 1..1024, got 'abc'"),
 ], ids=["unknown-bare", "bad-value-engine"])
 def test_papermill_cli_refuses_in_one_line(tmp_path, engine, args, line):
     """The papermill command itself: exit 1, the refusal as the last line of its output,
@@ -307,7 +307,7 @@ def test_every_config_field_has_one_rule_and_the_parameters_use_that_object():
     ("wan", "n_new", "wan", 24, r"^wan: n_new must be an int >= 30, got 24$"),
     ("wan", "topologies", "wan", ["remote"], r"^wan: topologies must be a list of "
      r"topologies, got \['remote'\] \(unknown topology\)$"),
-    ("bench", "n_ctx", "bench", 16, r"^bench: n_ctx must be an int >= 30, got 16$"),
+    ("bench", "n_new", "bench", 16, r"^bench: n_new must be an int >= 30, got 16$"),
     ("bench", "reps", "sweep", 2, r"^bench: sweep\.reps must be an int >= 30, got 2$"),
     ("bench", "seeds", "sampling", 4, r"^bench: sampling\.seeds must be an int >= 30, got 4$"),
 ])
@@ -338,3 +338,49 @@ def test_one_rule_changed_changes_the_config_and_the_parameters_alike(
         build()
     with pytest.raises(NP.ParameterError, match=rf"^{section}\.(\w+\.)?{key}"):
         NP.check_value(section, d)
+
+
+def test_every_numeric_value_has_a_stated_range():
+    """Issue 39 item 8: `n_tokens: 100000000000` passed the lane check (and failed in the
+    notebook), `bench.reps: 1000000000` ran on. Every rule that takes a number (or a list
+    of numbers) refuses one far beyond any use, and a negative one, naming the key."""
+    from mtplib.lab.bench_config import SAMPLING_RULES
+    from mtplib.lab.sweep import SWEEP_RULES
+
+    tables = {"": {n: p.check for n, p in NP.PARAMETERS.items()},
+              "bench.": NP.bench_rules(), "bench.sweep.": SWEEP_RULES,
+              "bench.sampling.": SAMPLING_RULES, "wan.": NP.wan_rules()}
+    shapes = [(lambda x: x, 2), (lambda x: [x], 2), (lambda x: x, 0.5), (lambda x: [x], 0.5)]
+    numeric = []
+    for prefix, rules in tables.items():
+        for name, rule in rules.items():
+            for shape, small in shapes:
+                try:
+                    rule(shape(small), prefix + name, NP.STRICT)
+                except NP.ParameterError:
+                    continue
+                numeric.append(prefix + name)
+                for bad in (10**12, -(10**12)):
+                    with pytest.raises(NP.ParameterError,
+                                       match=rf"^{prefix + name}(\[0\])?: expected "):
+                        rule(shape(type(small)(bad)), prefix + name, NP.STRICT)
+                break
+    assert len(numeric) >= 30, numeric
+    for bad in ({"seed": 0, "len": 10**12}, {"seed": 10**12}, {"seed": -1}):
+        with pytest.raises(NP.ParameterError, match=r"^bench\.prompts\[0\]\.(len|seed): "):
+            NP.check_value("bench", {"prompts": [bad]})
+
+
+def test_the_stated_ranges_are_the_runtimes_own():
+    """The ranges quote what they stand for: the default context, V4-Flash's context,
+    upstream's most sequences."""
+    from mtplib.commands.serve import PARALLEL_MAX
+    from mtplib.lab import checks as C
+    from mtplib.model.presets import PRESETS
+    from mtplib.runtime.request import DEFAULT_CTX
+    from mtplib.runtime.settings import DecodeSettings
+
+    assert C.RUN_CONTEXT == DEFAULT_CTX == DecodeSettings().n_ctx
+    assert C.MAX_NEW_TOKENS + C.MAX_PROMPT_TOKENS <= C.RUN_CONTEXT
+    assert C.MAX_CONTEXT == max(p.n_ctx_train for p in PRESETS.values())
+    assert C.MAX_SEQ == PARALLEL_MAX

@@ -32,10 +32,10 @@ class SamplingConfig:
 
 #: each `SamplingConfig` field's one rule (a lane's ``bench.sampling``)
 SAMPLING_RULES: dict[str, C.Check] = {
-    "temperature": C.number(0),
+    "temperature": C.number(0, C.MAX_TEMPERATURE),
     "top_p": C.number(0, 1),
-    "seeds": C.integer(1),
-    "n_new": C.integer(1),
+    "seeds": C.integer(1, C.MAX_REPEATS),
+    "n_new": C.integer(1, C.MAX_NEW_TOKENS),
 }
 #: each `BenchConfig` field's one rule: `BenchConfig.validate` checks the section with it
 #: (strict; ``sweep`` and ``sampling`` field by field with `NESTED`), and
@@ -43,12 +43,12 @@ SAMPLING_RULES: dict[str, C.Check] = {
 BENCH_RULES: dict[str, C.Check] = {
     "ks": C.drafts(1),
     "plans": C.plans(whole=True),
-    "prompts": C.list_of(C.prompt(), what="prompts"),
-    "n_new": C.integer(2),
-    "reps": C.integer(1),
-    "warmup": C.integer(0),
+    "prompts": C.list_of(C.prompt(), what="prompts", max_len=C.MAX_REPEATS),
+    "n_new": C.integer(2, C.MAX_NEW_TOKENS),
+    "reps": C.integer(1, C.MAX_REPEATS),
+    "warmup": C.integer(0, C.MAX_REPEATS),
     "threads": C.optional(C.threads()),
-    "n_ctx": C.integer(1),
+    "n_ctx": C.context_size(),
     "backend": C.text(("cpu", "gpu")),
     "sweep": C.optional(C.section(SweepConfig, SWEEP_RULES), none=(None, False)),
     "sampling": C.optional(C.section(SamplingConfig, SAMPLING_RULES)),

@@ -27,6 +27,32 @@ from mtplib.errors import InputError
 #: 100000); the machine's own CPU count is checked where a lane's requirements are
 MAX_THREADS = 1024
 
+# -- the stated ranges of a lane's other numbers: beyond them a value is a typo that would
+# fail inside a notebook (leaving a failed run) or run for days, so it is refused first
+#: the longest context of any DeepSeek-V4 model (V4-Flash's context_length, 2**20): a
+#: context size where the lane's model is not known (`context_size`)
+MAX_CONTEXT = 1 << 20
+#: the context the notebooks' and the CLI's runs get without one given
+#: (`mtplib.runtime.request.DEFAULT_CTX`, `DecodeSettings.n_ctx`)
+RUN_CONTEXT = 2048
+#: tokens one generation makes, and tokens one prompt holds: half of `RUN_CONTEXT` each,
+#: so that a prompt and its generation always fit the context they run in
+MAX_NEW_TOKENS = RUN_CONTEXT // 2
+MAX_PROMPT_TOKENS = RUN_CONTEXT // 2
+#: repetitions, warm-ups, seeds to run and prompts to measure: 1000 of any is days of
+#: decoding on the lanes' hosts (the committed lanes use at most 100)
+MAX_REPEATS = 1000
+#: a seed: numpy's and llama.cpp's seeds are 32-bit (`write_fixture` refuses more)
+MAX_SEED = 2**32 - 1
+#: a token id: llama_token is int32 (the model's vocabulary bounds it where it is known)
+MAX_TOKEN_ID = 2**31 - 1
+#: sequences of one context: upstream's LLAMA_MAX_SEQ (src/llama-cparams.h)
+MAX_SEQ = 256
+#: a link's bandwidth, Mbit/s: 100 Gbit/s (null is an unlimited link)
+MAX_MBIT = 100_000
+#: a sampling temperature: beyond it every logit gap the models have is flattened away
+MAX_TEMPERATURE = 100.0
+
 
 class ParameterError(InputError):
     """A notebook parameter (or a lane's value for one) that cannot be used."""
@@ -40,10 +66,13 @@ class ParameterError(InputError):
 @dataclass(frozen=True)
 class Context:
     """How to read values: ``lenient`` for papermill's ``-p`` strings and scalars (see the
-    module docstring); ``n_layer`` (when the model is known) bounds shard plans."""
+    module docstring); where the model is known, ``n_layer`` bounds shard plans,
+    ``n_ctx_train`` context sizes and ``n_vocab`` token ids."""
 
     lenient: bool = False
     n_layer: int | None = None
+    n_ctx_train: int | None = None
+    n_vocab: int | None = None
 
 
 #: a checker: (value, key path, context) -> the value to use; raises ParameterError
@@ -76,12 +105,17 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _num(x: float) -> str:
+    """A bound as written: an int in full (4294967295, not 4.29497e+09), a float short."""
+    return str(x) if _is_int(x) else f"{x:g}"
+
+
 def _bounds(lo: float | None, hi: float | None) -> str:
     if lo is not None and hi is not None:
-        return f" {lo:g}..{hi:g}"
+        return f" {_num(lo)}..{_num(hi)}"
     if lo is not None:
-        return f" >= {lo:g}"
-    return f" <= {hi:g}" if hi is not None else ""
+        return f" >= {_num(lo)}"
+    return f" <= {_num(hi)}" if hi is not None else ""
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
@@ -92,6 +126,30 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
             raise fail(where, want, v)
         return v
     return Rule(want, check)
+
+
+def context_size() -> Check:
+    """A context size (n_ctx): 1 .. the model's context_length where it is known
+    (`Context.n_ctx_train`), else 1 .. `MAX_CONTEXT`."""
+    def check(v: object, where: str, ctx: Context) -> object:
+        hi, whose = (ctx.n_ctx_train, "the model's context_length") if ctx.n_ctx_train \
+            else (MAX_CONTEXT, "the longest context of any V4 model")
+        if not _is_int(v) or not 1 <= v <= hi:
+            raise fail(where, f"an int 1..{hi} ({whose})", v)
+        return v
+    return Rule(f"an int 1..{MAX_CONTEXT} (at most the model's context_length)", check)
+
+
+def token_id() -> Check:
+    """A token id: 0 .. the model's vocabulary - 1 where it is known (`Context.n_vocab`),
+    else 0 .. `MAX_TOKEN_ID`."""
+    def check(v: object, where: str, ctx: Context) -> object:
+        hi, whose = (ctx.n_vocab - 1, "the model's vocabulary") if ctx.n_vocab \
+            else (MAX_TOKEN_ID, "llama_token is int32")
+        if not _is_int(v) or not 0 <= v <= hi:
+            raise fail(where, f"a token id 0..{hi} ({whose})", v)
+        return v
+    return Rule(f"a token id 0..{MAX_TOKEN_ID}", check)
 
 
 def number(lo: float | None = None, hi: float | None = None) -> Check:
@@ -106,9 +164,9 @@ def number(lo: float | None = None, hi: float | None = None) -> Check:
 
 
 def bandwidth() -> Check:
-    """A link bandwidth: Mbit/s > 0, or None for an unlimited link (``null`` in YAML; in a
-    -p string also ``null``, ``none`` or ``unlimited``)."""
-    want = "Mbit/s > 0 or null (unlimited)"
+    """A link bandwidth: Mbit/s > 0 (at most `MAX_MBIT`), or None for an unlimited link
+    (``null`` in YAML; in a -p string also ``null``, ``none`` or ``unlimited``)."""
+    want = f"Mbit/s > 0 or null (unlimited), at most {MAX_MBIT}"
 
     def check(v: object, where: str, ctx: Context) -> object:
         if ctx.lenient and isinstance(v, str) and v.strip().lower() in (
@@ -116,7 +174,7 @@ def bandwidth() -> Check:
             return None
         if v is None:
             return v
-        if not (_is_int(v) or isinstance(v, float)) or v != v or v <= 0 or v == float("inf"):
+        if not (_is_int(v) or isinstance(v, float)) or v != v or not 0 < v <= MAX_MBIT:
             raise fail(where, want, v)
         return v
     return Rule(want, check)
@@ -209,9 +267,10 @@ _WORDS = re.compile(r"[,\s]+")
 PLAN_SEPARATORS = re.compile(r"[;\s]+")
 
 
-def list_of(item: Check, *, what: str, split: re.Pattern = _WORDS, min_len: int = 1
-            ) -> Check:
-    """A list whose items pass ``item`` (``where[i]`` in errors)."""
+def list_of(item: Check, *, what: str, split: re.Pattern = _WORDS, min_len: int = 1,
+            max_len: int | None = None) -> Check:
+    """A list whose items pass ``item`` (``where[i]`` in errors), of ``min_len`` ..
+    ``max_len`` items."""
     want = f"a list of {what}"
 
     def check(v: object, where: str, ctx: Context) -> object:
@@ -225,6 +284,9 @@ def list_of(item: Check, *, what: str, split: re.Pattern = _WORDS, min_len: int 
             raise fail(where, want + (" (-p NAME '[a, b]' or -y)" if ctx.lenient else ""), v)
         if len(v) < min_len:
             raise fail(where, f"{want} with at least {min_len} item(s)", v)
+        if max_len is not None and len(v) > max_len:
+            raise ParameterError(f"{where}: expected {want} with at most {max_len} items, "
+                                 f"got {len(v)} items")
         return [item(x, f"{where}[{i}]", ctx) for i, x in enumerate(v)]
     return Rule(want, check)
 
@@ -294,7 +356,7 @@ def drafts(lo: int) -> Check:
 def prompt() -> Check:
     """A bench prompt: a text, or {seed: N, len: L} (random token ids)."""
     want = "a prompt text or {seed: N, len: L}"
-    keys = {"seed": integer(0), "len": integer(1)}
+    keys = {"seed": integer(0, MAX_SEED), "len": integer(1, MAX_PROMPT_TOKENS)}
 
     def check(v: object, where: str, ctx: Context) -> object:
         if isinstance(v, str) and v:

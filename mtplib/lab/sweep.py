@@ -37,10 +37,10 @@ class SweepConfig:
 SWEEP_RULES: dict[str, C.Check] = {
     "rates": C.list_of(C.number(0, 1), what="rates 0..1"),
     "ks": C.drafts(1),
-    "reps": C.integer(1),
-    "warmup": C.integer(0),
+    "reps": C.integer(1, C.MAX_REPEATS),
+    "warmup": C.integer(0, C.MAX_REPEATS),
     "draft_cost": C.text(("mtp", "none")),
-    "synth_seed": C.integer(),
+    "synth_seed": C.integer(0, C.MAX_SEED),
 }
 
 

@@ -14,7 +14,7 @@ from mtplib.errors import InputError
 from mtplib.lab import checks as C
 from mtplib.runtime.engine_options import HEADS
 from mtplib.runtime.links import MAX_RTT_MS
-from mtplib.runtime.request import DEFAULT_SEAM
+from mtplib.runtime.request import DEFAULT_CTX, DEFAULT_SEAM
 
 TOPOLOGIES = ("remote", "tail_local")
 MODES = ("warm", "cold")
@@ -46,12 +46,12 @@ WAN_RULES: dict[str, C.Check] = {
     "topologies": _choices(TOPOLOGIES, "topology", "topologies"),
     "placements": _choices(PLACEMENTS, "placement", "placements"),
     "head": C.text(HEADS),
-    "n_prompts": C.integer(1),
-    "prompt_len": C.integer(1),
-    "n_new": C.integer(1),
-    "reps": C.integer(1),
-    "warmup": C.integer(0),
-    "n_ctx": C.optional(C.integer(1)),
+    "n_prompts": C.integer(1, C.MAX_REPEATS),
+    "prompt_len": C.integer(1, C.MAX_PROMPT_TOKENS),
+    "n_new": C.integer(1, C.MAX_NEW_TOKENS),
+    "reps": C.integer(1, C.MAX_REPEATS),
+    "warmup": C.integer(0, C.MAX_REPEATS),
+    "n_ctx": C.optional(C.context_size()),
     "modes": _choices(MODES, "mode", "modes"),
     "cold_rtts_ms": _RTTS,
     "cold_ks": C.drafts(0),
@@ -59,7 +59,7 @@ WAN_RULES: dict[str, C.Check] = {
     "threads": _THREADS,
     "shard_threads": _THREADS,
     "fit_rtts_ms": _RTTS,
-    "cost_model_tolerance": C.number(0),
+    "cost_model_tolerance": C.number(0, 1),  # a fraction of the measurement
     "upstream": C.text(what="a build name (MTPLIB_UPSTREAM)"),
     "seam": C.text(labels.SEAM_CHOICES),
 }
@@ -107,9 +107,10 @@ class WanConfig:
         C.check_fields(self, WAN_RULES, "wan")  # each field's one rule
         if len(set(self.mbits)) != len(self.mbits):
             raise InputError(f"wan: mbits lists a bandwidth twice: {self.mbits}")
-        if self.n_ctx is not None and self.prompt_len + self.n_new + 8 > self.n_ctx:
+        n_ctx = self.n_ctx or DEFAULT_CTX  # None: the CLI's default, at most DEFAULT_CTX
+        if self.prompt_len + self.n_new + 8 > n_ctx:
             raise InputError(f"wan: prompt_len + n_new ({self.prompt_len + self.n_new}) do not "
-                             f"fit n_ctx {self.n_ctx}")
+                             f"fit n_ctx {n_ctx}" + ("" if self.n_ctx else " (the default)"))
 
     @classmethod
     def from_dict(cls, d: dict | None) -> WanConfig:

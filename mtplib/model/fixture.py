@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mtplib.errors import InputError, WouldOverwrite
-from mtplib.files import make_dirs, remove_dirs
+from mtplib.files import make_dirs, remove_dirs, short_write, write_error
 from mtplib.model.arch import (
     ROOT_HC_HEAD,
     TensorSpec,
@@ -214,10 +214,21 @@ def _add_keys(w, cfg: V4Config, sidecar: bool, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _removed_on_failure(tmp: Path) -> Iterator[None]:
-    """A half-written temporary file (a full disk, an interrupt) is deleted, not left."""
+def _removed_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
+    """A half-written temporary file (a full disk, an interrupt) is deleted, not left. A
+    failed write gets its cause first (`short_write`: numpy's short write, behind gguf's
+    writer, says none) and, with ``path``, names that file (`write_error`; without it, the
+    caller names the file it stages this one for)."""
     try:
         yield
+    except OSError as e:
+        # before the unlink frees the room the write lacked
+        told = short_write(e, tmp.parent) if path is None else write_error(path, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if told is e:
+            raise
+        raise told from e
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -351,6 +362,13 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
                 if path.exists() and not force and not _same_file(path, staged, weightless):
                     raise WouldOverwrite(
                         f"{path} exists with different contents; remove it or pass --force")
+            except OSError as e:  # named as the file it would have been (not *.new)
+                with contextlib.suppress(OSError):
+                    staged.unlink()
+                told = write_error(path, e)
+                if told is e:
+                    raise
+                raise told from e
             except BaseException:
                 with contextlib.suppress(OSError):
                     staged.unlink()
@@ -394,15 +412,16 @@ def write_combined(trunk: str | Path, sidecar: str | Path, out_dir: str | Path) 
     tensors += [(t.name, np.array(t.data)) for t in gguf.GGUFReader(str(sidecar)).tensors
                 if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= cfg.n_layer]
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
-    _add_keys(w, cfg, True, path.stem)
-    for name, arr in tensors:
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
+    with _removed_on_failure(tmp, path):
+        w = gguf.GGUFWriter(str(tmp), arch="deepseek4")
+        _add_keys(w, cfg, True, path.stem)
+        for name, arr in tensors:
+            w.add_tensor(name, arr)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
     return path
 
 

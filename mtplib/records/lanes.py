@@ -62,6 +62,10 @@ class Lane:
 
 
 REQUIRES_KEYS = {"gpus", "gpu_memory_gb", "hardware"}
+#: `requires:` beyond these is a typo: no host a lane runs on has more local GPUs, nor a
+#: GPU more memory (GB)
+MAX_GPUS = 64
+MAX_GPU_MEMORY_GB = 1024
 
 
 def _requires(p: Path, req: object) -> dict | None:
@@ -74,10 +78,11 @@ def _requires(p: Path, req: object) -> dict | None:
                         f"optionally 'gpus' and 'gpu_memory_gb'; known keys "
                         f"{sorted(REQUIRES_KEYS)}, got {req!r}")
     gpus, mem = req.get("gpus", 0), req.get("gpu_memory_gb", 0)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0 \
-            or isinstance(mem, bool) or not isinstance(mem, int | float) or mem < 0:
-        raise LaneError(f"{p}: requires.gpus must be an int >= 0 and requires.gpu_memory_gb "
-                        f"a number >= 0, got {req!r}")
+    if not _is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
+        raise _bad(p, "requires.gpus", f"an int 0..{MAX_GPUS}", gpus)
+    if isinstance(mem, bool) or not isinstance(mem, int | float) \
+            or not 0 <= mem <= MAX_GPU_MEMORY_GB:
+        raise _bad(p, "requires.gpu_memory_gb", f"a number 0..{MAX_GPU_MEMORY_GB} (GB)", mem)
     return {"gpus": gpus, "gpu_memory_gb": float(mem), "hardware": str(req["hardware"])}
 
 
@@ -215,15 +220,18 @@ def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
             _check_value(p, k, v, f"parameters.{k}", declared[n][k], n, ctx_of(declared[n]))
 
 
-def _model_layers(fixture: dict | None) -> int | None:
-    """The trunk's layer count where the lane's models are known before they exist (a
-    generated fixture preset): shard plans must cover exactly those layers."""
+def _model_context(fixture: dict | None) -> NP.Context:
+    """What bounds the lane's values where its models are known before they exist (a
+    generated fixture preset): shard plans cover exactly its layers, a context is at most
+    its context_length, a token id below its vocabulary."""
     if not fixture or fixture.get("preset", "tiny") == "trained":
-        return None
+        return NP.Context()
     from mtplib.model.presets import PRESETS
 
     cfg = PRESETS.get(fixture.get("preset", "tiny"))
-    return getattr(cfg, "n_layer", None)
+    return NP.Context(n_layer=getattr(cfg, "n_layer", None),
+                      n_ctx_train=getattr(cfg, "n_ctx_train", None),
+                      n_vocab=getattr(cfg, "n_vocab", None))
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -272,8 +280,9 @@ def load_lane(path: str | Path) -> Lane:
         presets = {*PRESETS, "trained"}
         if "preset" in fixture and fixture["preset"] not in presets:
             raise _bad(p, "fixture.preset", f"one of {sorted(presets)}", fixture["preset"])
-        if "seed" in fixture and (not _is_int(fixture["seed"]) or fixture["seed"] < 0):
-            raise _bad(p, "fixture.seed", "an int >= 0", fixture["seed"])
+        if "seed" in fixture and (not _is_int(fixture["seed"])
+                                  or not 0 <= fixture["seed"] <= NP.MAX_SEED):
+            raise _bad(p, "fixture.seed", f"an int 0..{NP.MAX_SEED}", fixture["seed"])
     if models is not None:
         _mapping(p, "models", models, MODELS_KEYS, required=("trunk", "sidecar"))
         for k, v in models.items():
@@ -284,7 +293,7 @@ def load_lane(path: str | Path) -> Lane:
         raise _bad(p, "threads", f"an int >= 1 and <= {MAX_LANE_THREADS}", threads)
     params = data.get("parameters")
     params = {} if params is None else _mapping(p, "parameters", params)
-    ctx = NP.Context(n_layer=_model_layers(fixture))
+    ctx = _model_context(fixture)
     for key in ("bench", "wan"):  # every key of the sections, as 04 and 05 check them
         if data.get(key) is not None:
             try:  # 05 runs on the trained pair whatever the lane's models: no n_layer
@@ -460,7 +469,9 @@ def claim_run_dir(run_dir: Path, *, unique: bool = False, what: str = "--run-id"
     exclusive create of its run record, so of two runs started at once only one gets a
     folder. ``unique`` (a generated name): on a collision try ``NAME-2``, ``NAME-3``, ...;
     otherwise an existing folder is refused unless it is empty (and no other run claims
-    it first). Returns (the folder, the folders created) for `discard_run_dir`."""
+    it first), and a symbolic link always (even to an empty folder: the run would write
+    outside the output root). Returns (the folder, the folders created) for
+    `discard_run_dir`."""
     try:
         made = make_dirs(run_dir.parent)
     except OSError as e:
@@ -479,7 +490,14 @@ def claim_run_dir(run_dir: Path, *, unique: bool = False, what: str = "--run-id"
         except FileExistsError:
             if unique:
                 continue
-            if not d.is_dir() or any(d.iterdir()):
+            if d.is_symlink():  # its files would land wherever it points, outside --out
+                raise refuse(f"{d} is a symbolic link (to {os.readlink(d)}); a run folder "
+                             f"must be a real folder inside its output root: pick another "
+                             f"{what}") from None
+            if not d.is_dir():
+                raise refuse(f"{d} already exists and is not a folder; pick another "
+                             f"{what}") from None
+            if any(d.iterdir()):
                 raise refuse(f"{d} already exists and is not empty; pick another "
                              f"{what}") from None
         except OSError as e:

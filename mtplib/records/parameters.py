@@ -10,7 +10,10 @@ was expected and what was given; so does a ``-p`` name the notebook does not dec
 (`injected_names`). In a kernel the error shows as that line, no traceback
 (`ParameterError._render_traceback_`), and papermill's CLI prints it as one line too
 (`mtplib.records.papermill_engine`). Each value is range-checked here, where it is read:
-a thread count against this machine's CPUs, a fixture preset against the presets.
+a thread count against this machine's CPUs, a fixture preset against the presets, and
+every other number against its stated range (`mtplib.lab.checks`: tokens per generation
+and per prompt, repetitions, seeds, contexts, bandwidths), so that a lane with a typo
+(``n_tokens: 100000000000``, ``reps: 1000000000``) stops before its run folder exists.
 
 Values from ``papermill -p NAME VALUE`` arrive as a string, an int, a float, a bool or
 None, so the notebook side is lenient (`Context.lenient`), with one rule for lists:
@@ -37,6 +40,12 @@ from dataclasses import dataclass
 # the rule primitives are the lab's (`mtplib.lab.checks`): one rule per field, which the
 # lab's configs check with too; re-exported here for the notebooks, lanes and tests
 from mtplib.lab.checks import (  # noqa: F401 - re-exported
+    MAX_CONTEXT,
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_REPEATS,
+    MAX_SEED,
+    MAX_SEQ,
     MAX_THREADS,
     STRICT,
     Check,
@@ -44,6 +53,7 @@ from mtplib.lab.checks import (  # noqa: F401 - re-exported
     ParameterError,
     Rule,
     boolean,
+    context_size,
     drafts,
     fail,
     fields_of,
@@ -57,17 +67,32 @@ from mtplib.lab.checks import (  # noqa: F401 - re-exported
     section,
     text,
     threads,
+    token_id,
 )
 
 
 # -- the sections: a lane's bench: and wan: (notebooks 04 and 05) ------------------------------
 def _bench_cross(d: dict, where: str, ctx: Context) -> None:
     """What `run_bench` would refuse only when it gets there: ranged plans without the
-    whole model (their quality reference)."""
+    whole model (their quality reference), and a generation that does not fit the
+    context after the longest seeded prompt (a text's length is known once tokenized)."""
+    from mtplib.lab.bench_config import BenchConfig, SamplingConfig
+
     plans = d.get("plans", ["whole"])
     if any(p != "whole" for p in plans) and "whole" not in plans:
         raise fail(f"{where}.plans", "'whole' among the plans when a ranged plan is listed "
                    "(the whole model is the quality reference)", plans)
+    cfg = BenchConfig()
+    longest = max((int(p.get("len", 12)) for p in d.get("prompts", cfg.prompts)
+                   if isinstance(p, dict)), default=0)
+    n_ctx = d.get("n_ctx", cfg.n_ctx)
+    wants = {"n_new": d.get("n_new", cfg.n_new)}
+    if d.get("sampling"):
+        wants["sampling.n_new"] = d["sampling"].get("n_new", SamplingConfig().n_new)
+    for key, n in wants.items():
+        if n > n_ctx - longest:
+            raise fail(f"{where}.{key}", f"an int <= {n_ctx - longest} (n_ctx {n_ctx} minus "
+                       f"the longest prompt's {longest} tokens)", n)
 
 
 def bench_rules() -> dict[str, Check]:
@@ -136,20 +161,22 @@ PARAMETERS: dict[str, Param] = {
     "threads": _p("int", threads()),
     "progress": _p("bool", boolean()),
     "preset": _p("str", preset()),
-    "seed": _p("int", integer(0)),
-    "prompt_tokens": _p("list[int]", list_of(integer(0), what="token ids (ints >= 0)")),
-    "n_tokens": _p("int", integer(1)),
+    "seed": _p("int", integer(0, MAX_SEED)),
+    "prompt_tokens": _p("list[int]", list_of(token_id(), what="token ids",
+                                             max_len=MAX_PROMPT_TOKENS)),
+    "n_tokens": _p("int", integer(1, MAX_NEW_TOKENS)),
     "plan": _p("str", plan()),
-    "ctx": _p("int", integer(1)),
-    "n_seq": _p("int", integer(1)),
+    "ctx": _p("int", context_size()),
+    "n_seq": _p("int", integer(1, MAX_SEQ)),
     "flash_shards": _p("list[int]", list_of(integer(1, 43), what="shard counts 1..43")),
-    "flash_ctx": _p("int", integer(1)),
-    "flash_ctxs": _p("list[int]", list_of(integer(1), what="contexts (ints >= 1)")),
-    "seeds": _p("int", integer(1)),
+    "flash_ctx": _p("int", integer(1, MAX_CONTEXT)),  # V4-Flash's own context_length
+    "flash_ctxs": _p("list[int]", list_of(integer(1, MAX_CONTEXT),
+                                          what=f"contexts 1..{MAX_CONTEXT}")),
+    "seeds": _p("int", integer(1, MAX_REPEATS)),
     "ks": _p("list[int]", drafts(1)),
-    "n_new": _p("int", integer(2)),
+    "n_new": _p("int", integer(2, MAX_NEW_TOKENS)),
     "plans": _p("list[str]", plans()),
-    "sampling_seeds": _p("int", integer(1)),
+    "sampling_seeds": _p("int", integer(1, MAX_REPEATS)),
     "bench": _p("dict", bench_section()),
     "wan": _p("dict", wan_section()),
     "target": _p("Optional[dict]", optional(wan_section())),
