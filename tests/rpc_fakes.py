@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mtplib.distributed.gateway import RpcLimits
+from mtplib.distributed.framing import RpcLimits
 from mtplib.distributed.tls import PEER_ALPN, TlsConfig, TlsStream
 from mtplib.runtime.rpc import (
     GRAPH_HEADER,

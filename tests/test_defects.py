@@ -276,6 +276,7 @@ def test_shard_serve_json_stdout_is_only_json(tmp_path):
     taken port, exit 4, now listed in --help)."""
     import os
     import socket
+    import time
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -290,7 +291,24 @@ def test_shard_serve_json_stdout_is_only_json(tmp_path):
     lines = out.read_text().splitlines()
     assert len(lines) == 1, lines
     assert json.loads(lines[0])["exit"] == 4
-    assert "Starting RPC server" in err.read_text()
+    # the port is taken before upstream starts (the shard's front binds ENDPOINT, issue 39
+    # item 7): upstream's banner, from a shard that serves, goes to stderr, never stdout
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with out.open("w") as o, err.open("w") as e:
+        p = subprocess.Popen([sys.executable, "-m", "mtplib.cli", "shard", "serve",
+                              "--endpoint", f"127.0.0.1:{port}", "--json"],
+                             stdout=o, stderr=e, env={**os.environ})
+        try:
+            deadline = time.monotonic() + 60
+            while "Starting RPC server" not in err.read_text():
+                assert p.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+    assert out.read_text() == ""
     help_text = subprocess.run([sys.executable, "-m", "mtplib.cli", "shard", "serve", "--help"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "exit codes:" in help_text and "  4 " in help_text
@@ -604,3 +622,136 @@ def test_json_records_are_written_atomically(tmp_path, monkeypatch):
         raw_metrics._write(tmp_path, "run_record.json", {"x": 1}, indent=1)
     assert p.read_bytes() == old
     assert sorted(os.listdir(tmp_path)) == ["run_record.json"]
+
+
+# -- issue 39 ----------------------------------------------------------------------------------
+def _full_statvfs(monkeypatch, free_blocks: int) -> None:
+    """The file system holding the output reports ``free_blocks`` of 4 KiB left."""
+    import os
+
+    from mtplib import files
+
+    st = os.statvfs("/")
+
+    class Full:
+        f_frsize, f_bfree, f_bavail = 4096, free_blocks, free_blocks
+
+        def __getattr__(self, name):
+            return getattr(st, name)
+
+    monkeypatch.setattr(files.os, "statvfs", lambda p: Full())
+
+
+def _short_write(monkeypatch) -> None:
+    """gguf's writer fails as numpy's ``tofile`` does on a full disk: no errno, no file."""
+    import gguf
+
+    def short(*a, **kw):
+        raise OSError("32768 requested and 22144 written")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", short)
+
+
+@pytest.mark.parametrize("free_blocks, cause", [
+    (0, "No space left on device"),
+    (10**9, "the write stopped short and the system gave no reason")])
+def test_a_short_write_names_the_file_and_its_cause(tmp_path, monkeypatch, capsys,
+                                                    free_blocks, cause):
+    """Issue 39 item 9: numpy's short write reached the user as "32768 requested and 22144
+    written" (no file, no cause); now one line names the file and the cause."""
+    from mtplib.cli import main
+
+    _short_write(monkeypatch)
+    _full_statvfs(monkeypatch, free_blocks)
+    out = tmp_path / "fx"
+    assert main(["fixture", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    want = (f"cannot write {out / 'v4-tiny-s0.gguf'}: {cause} (32768 bytes requested, "
+            "22144 written)")
+    assert len(err) == 1 and want in err[0], err
+    assert list(tmp_path.rglob("*.tmp")) == []
+
+
+def test_a_short_write_in_a_run_names_the_file(tmp_path, lane_file, fake_papermill,
+                                               monkeypatch, capsys):
+    """The red team's case: `mtplib run` onto a full disk (the fixture is written into the
+    run folder); one line naming the file, exit 2, and still no run folder left."""
+    from mtplib.cli import main
+
+    _short_write(monkeypatch)
+    _full_statvfs(monkeypatch, 0)
+    out = tmp_path / "out"
+    assert main(["run", "--params", str(lane_file), "--out", str(out), "--run-id", "r",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert (f"cannot write {out / 'r' / 'models' / 'v4-tiny-s0.gguf'}: No space left on "
+            "device (32768 bytes requested, 22144 written)") in err[0], err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_failed_record_write_names_the_record(tmp_path, monkeypatch):
+    """Python's own write error (ENOSPC at the flush) carries no file name either."""
+    from mtplib import files
+    from mtplib.records.run_record import write_json
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    p = tmp_path / "run_record.json"
+    with pytest.raises(OSError, match=f"cannot write {p}: No space left on device$"):
+        write_json(p, {"status": "ok"})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["empty", "missing", "file"])
+def test_a_run_folder_that_is_a_symlink_is_refused(tmp_path, lane_file, fake_papermill,
+                                                   capsys, target):
+    """Issue 39 item 10: `--out D --run-id X` with D/X a symbolic link to an empty folder
+    elsewhere wrote the run there; any link is refused now, and nothing is written or
+    removed on either side of it."""
+    import os
+
+    from mtplib.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    if target == "empty":
+        elsewhere.mkdir()
+    elif target == "file":
+        elsewhere.write_text("x")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(elsewhere, out / "X")
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
+    rc = main(["run", "--params", str(lane_file), "--out", str(out), "--run-id", "X",
+               "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "is a symbolic link" in err[0] and "--run-id" in err[0], err
+    assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before
+    assert (out / "X").is_symlink()
+
+
+def test_an_existing_run_folder_is_kept(tmp_path, lane_file, fake_papermill, capsys):
+    """What the user gave is never lost: an empty folder is used (and kept), a non-empty
+    one or a file is refused untouched."""
+    from mtplib.cli import main
+
+    out = tmp_path / "out"
+    (out / "empty").mkdir(parents=True)
+    (out / "full").mkdir()
+    (out / "full" / "mine.txt").write_text("mine")
+    (out / "file").write_text("mine")
+    args = ["run", "--params", str(lane_file), "--out", str(out), "--no-progress",
+            "--run-id"]
+    assert main([*args, "empty"]) == 0
+    assert (out / "empty" / "run_record.json").exists()
+    capsys.readouterr()
+    for name, says in (("full", "is not empty"), ("file", "is not a folder")):
+        assert main([*args, name]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    assert (out / "full" / "mine.txt").read_text() == "mine"
+    assert sorted(p.name for p in (out / "full").iterdir()) == ["mine.txt"]
+    assert (out / "file").read_text() == "mine"

@@ -36,13 +36,8 @@ from rpc_fakes import (
     wait_closed,
 )
 
-from mtplib.distributed.gateway import (
-    FrameError,
-    Gateway,
-    PeerChecker,
-    RequestChecker,
-    RpcLimits,
-)
+from mtplib.distributed.framing import FrameError, PeerChecker, RequestChecker, RpcLimits
+from mtplib.distributed.gateway import Gateway
 from mtplib.distributed.tls import (
     GATEWAY_PEER,
     PEER_ALPN,

@@ -116,3 +116,32 @@ def test_an_external_shard_stopped_then_continued_is_used_again(pair, monkeypatc
         r.reconnect(timeout_s=30)
         assert sh.pids()[1] == pid  # the same process, continued
         assert r.generate(PROMPT, N_NEW)[0] == want
+
+
+def test_a_short_stall_of_a_local_shard_is_no_fault_a_long_one_is(pair, monkeypatch):
+    """Issue 39 item 6: a shard stopped for 1.5 s (a stall shorter than the silence limit)
+    is not a fault (`faults()` is what /health reports: it used to name the shard at once,
+    and `mtplib serve` reconnected every shard); stopped for the silence limit it is, and
+    the session still generates the same tokens after the short stall."""
+    monkeypatch.setenv("MTPLIB_SHARD_SILENCE_S", "3")
+    with RangedMTP(str(pair.trunk), plan="0-1,2-3") as r:
+        want, _ = r.generate(PROMPT, N_NEW)
+        pid = r.shards.pids()[1]
+        try:
+            os.killpg(pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 1.5:
+                assert r.faults() == [], r.faults()
+                time.sleep(0.05)
+            os.killpg(pid, signal.SIGCONT)
+            assert r.faults() == [] and r.generate(PROMPT, N_NEW)[0] == want
+            os.killpg(pid, signal.SIGSTOP)  # now for good: named after the silence limit
+            t0 = time.monotonic()
+            while not (got := r.faults()):
+                assert time.monotonic() - t0 < 3 + 2, "a stopped shard is never named"
+                time.sleep(0.05)
+            assert time.monotonic() - t0 >= 2.9
+            assert got == [{"shard": 1, "endpoint": r.rt.endpoints[1], "layers": "2-3",
+                            "cause": "stopped (SIGSTOP?)"}], got
+        finally:
+            os.killpg(pid, signal.SIGCONT)

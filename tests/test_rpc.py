@@ -203,6 +203,47 @@ def test_no_orphan_when_the_owner_dies_or_is_interrupted(how, tmp_path):
             p.wait(timeout=10)
 
 
+CHILD_RESTART = """
+import sys, threading, time
+from mtplib.distributed.processes import LocalShards
+sh = LocalShards(1, log_dir=sys.argv[1]).start()
+t = threading.Thread(target=sh.restart, args=(0,))  # as a recovery restarts a shard
+t.start()
+t.join()
+print(sh.pids()[0], flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_shard_restarted_from_a_thread_dies_with_its_owner_even_stopped(tmp_path):
+    """Issue 39 item 5: a shard restarted from a thread other than the main one (`mtplib
+    serve`'s recovery runs in its worker thread) lives on after that thread ends, and dies
+    with its owner even while stopped (SIGSTOP), when only the parent-death SIGKILL can
+    end it (its watchdog thread runs no more): it used to stay behind, stopped, on its
+    port."""
+    p = subprocess.Popen([sys.executable, "-c", CHILD_RESTART, str(tmp_path)],
+                         stdout=subprocess.PIPE, text=True, cwd=REPO)
+    EXTRA_PARENTS.add(p.pid)
+    shard_pid = 0
+    try:
+        shard_pid = int(p.stdout.readline())
+        time.sleep(1.0)  # the thread that restarted it has ended
+        assert not _zombie(shard_pid), "the restarted shard died with the restarting thread"
+        os.kill(shard_pid, signal.SIGSTOP)
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while not _zombie(shard_pid):
+            assert time.monotonic() < deadline, f"stopped shard {shard_pid} outlived its owner"
+            time.sleep(0.05)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        if shard_pid and not _zombie(shard_pid):
+            os.kill(shard_pid, signal.SIGKILL)
+
+
 # -- whole vs ranged, placement, caches ------------------------------------------------
 @pytest.mark.parametrize("plan_text", PLANS)
 def test_ranged_matches_whole_and_each_shard_holds_exactly_its_layers(

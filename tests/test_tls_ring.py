@@ -42,7 +42,8 @@ from test_gateway import _addr
 from test_ring_patch import _run, whole_tokens
 
 from mtplib.distributed.client import resolve_seam
-from mtplib.distributed.gateway import Gateway, PeerChecker
+from mtplib.distributed.framing import PeerChecker
+from mtplib.distributed.gateway import Gateway
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import LocalShards
 from mtplib.distributed.shard_report import ProbedShard

@@ -1,9 +1,11 @@
 """`mtplib serve` through shard faults: what /health reports, and the recovery.
 
 A ranged backend (`RangedMTP`) says what it sees wrong without a round trip
-(`RangedMTP.faults`: a local shard gone or stopped, a shard that closed its connection, a
-failed session), so each /health call looks at it afresh; a hung remote shard shows at the
-running request instead, within the silence limit ($MTPLIB_SHARD_SILENCE_S). Once a fault is
+(`RangedMTP.faults`: a local shard gone, or stopped for the silence limit, a shard that
+closed its connection, a failed session), so each /health call looks at it afresh; a hung
+remote shard shows at the running request instead, within the silence limit
+($MTPLIB_SHARD_SILENCE_S). A stall shorter than that limit (a shard stopped and continued,
+a slow step) is no fault: /health stays 200 and nothing reconnects. Once a fault is
 seen the service is degraded: /health answers 503 naming the shards, and the worker thread
 reconnects (`RangedMTP.reconnect`: local shards restarted, external ones probed) with
 doubling waits until the shards answer and their weights are loaded again; then it serves

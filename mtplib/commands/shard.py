@@ -1,8 +1,11 @@
 """`mtplib shard serve`: one shard, an upstream RPC server process with a CPU (or GPU)
 device.
 
-With ``--tls DIR`` upstream's server binds a free loopback port and the mutual-TLS gateway
-(mtplib.distributed.gateway) serves ENDPOINT; without it ENDPOINT must be loopback, unless
+Upstream's server binds a free loopback port and a front serves ENDPOINT: with ``--tls
+DIR`` the mutual-TLS gateway (mtplib.distributed.gateway); without it the plaintext front
+(mtplib.distributed.plain_front), which closes a connection that does not open with
+upstream's HELLO (or a peer link's PEER_HELLO) within 3 s and bounds those still pending,
+then passes the rest through unchanged. Without TLS, ENDPOINT must be loopback, unless
 ``--insecure-plaintext`` exposes upstream's unauthenticated RPC there.
 
 The shard reports its build (contract version, pin, stock/patched, patch set:
@@ -47,24 +50,29 @@ def serve(a: argparse.Namespace) -> int:
 
     # what this process loaded and serves, told to every client
     report = local_report(shard_device_kind(a.device))
-    rpc_endpoint, gateway, report_file = a.endpoint, None, None
-    if tls is not None:
-        from mtplib.distributed.gateway import Gateway
-        from mtplib.distributed.processes import _free_port
-
-        rpc_endpoint = f"127.0.0.1:{_free_port()}"
-        try:
-            gateway = Gateway((host, port), parse_endpoint(rpc_endpoint), tls,
-                              report=report.token())
-        except OSError as e:
-            return _cannot_serve(a, f"cannot bind {a.endpoint}: {e.strerror or e}")
-    else:
-        report_file = _write_report(a.endpoint, report)
     if tls is None and a.insecure_plaintext and not host.startswith("127."):
         print(f"mtplib shard serve: WARNING: --insecure-plaintext: serving {a.endpoint} beyond "
               "loopback without TLS. Upstream's RPC protocol has NO authentication and NO "
               "encryption: anyone who can reach this port can read and write this process's "
               "memory buffers, run graphs on it, crash it or hold it.", file=sys.stderr)
+    from mtplib.distributed.gateway import Gateway
+    from mtplib.distributed.plain_front import PlainFront
+    from mtplib.distributed.processes import _free_port
+
+    # upstream's server on a loopback port behind a front on ENDPOINT: with TLS the
+    # gateway, else the plaintext front, which passes only connections that open with
+    # HELLO (or a peer's PEER_HELLO) in time: upstream holds a thread per connection
+    rpc_endpoint, report_file = f"127.0.0.1:{_free_port()}", None
+    front: Gateway | PlainFront
+    try:
+        front = Gateway((host, port), parse_endpoint(rpc_endpoint), tls,
+                        report=report.token()) if tls is not None else \
+            PlainFront((host, port), parse_endpoint(rpc_endpoint))
+    except OSError as e:
+        return _cannot_serve(a, f"could not serve {a.endpoint}: cannot bind it "
+                             f"({e.strerror or e})")
+    if tls is None:
+        report_file = _write_report(a.endpoint, report)
     if a.parent_pid:  # started by LocalShards: never outlive it
         from mtplib.distributed.processes import die_with_parent
 
@@ -91,16 +99,15 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     threading.Thread(target=run, daemon=True, name="rpc-server").start()
-    if gateway is not None:
-        gateway.start()
-        print(f"mtplib shard serve: mutual-TLS gateway on {gateway.endpoint} (instance "
-              f"{gateway.instance}) -> upstream's RPC server on {rpc_endpoint}", file=sys.stderr,
+    front.start()
+    if isinstance(front, Gateway):
+        print(f"mtplib shard serve: mutual-TLS gateway on {front.endpoint} (instance "
+              f"{front.instance}) -> upstream's RPC server on {rpc_endpoint}", file=sys.stderr,
               flush=True)
     while not done.wait(0.5):
         pass
     _remove_report(report_file)
-    if gateway is not None:
-        gateway.close()
+    front.close()
     if "error" in result:
         raise result["error"]
     # start_server only returns when it could not serve (e.g. the port is taken)
@@ -146,10 +153,12 @@ def register(sub) -> None:
     ss = s.add_subparsers(dest="shard_cmd", required=True, metavar="ACTION")
     v = ss.add_parser("serve", help="serve one CPU device over upstream's RPC protocol",
                       description="Serve one CPU device on ENDPOINT until killed (Ctrl-C or "
-                      "SIGTERM). With --tls DIR: through a mutual-TLS 1.3 gateway on ENDPOINT "
-                      "(any address; upstream's RPC server then listens on loopback only). "
-                      "Without it: upstream's RPC on ENDPOINT, which must be loopback unless "
-                      "--insecure-plaintext (no authentication, no encryption). Exit code 4: "
+                      "SIGTERM). Upstream's RPC server listens on loopback only, behind a "
+                      "front on ENDPOINT. With --tls DIR: a mutual-TLS 1.3 gateway (any "
+                      "address). Without it: upstream's RPC passed through as is once a "
+                      "connection opens with HELLO (within 3 s, else it is closed); ENDPOINT "
+                      "must be loopback unless --insecure-plaintext (no authentication, no "
+                      "encryption). Exit code 4: "
                       "ENDPOINT could not be served (e.g. the port is taken).")
     v.add_argument("--endpoint", required=True, help="HOST:PORT to bind, e.g. 127.0.0.1:50052")
     v.add_argument("--threads", type=int, default=1, help="CPU threads for graphs")

@@ -329,6 +329,8 @@ class RangedRuntime:
         if not 0 < self.silence_timeout_s < float("inf"):
             raise InputError(f"silence_timeout_s must be > 0 s, got {silence_timeout_s}")
         self.call_timeout_s = call_timeout_s
+        #: local shard index -> when `faults` first saw its process stopped (monotonic)
+        self._stopped_since: dict[int, float] = {}
         self.failed: str | None = None
         #: the shards named when the session failed (plan indices)
         self.failed_shards: tuple[int, ...] = ()
@@ -642,18 +644,25 @@ class RangedRuntime:
 
     def faults(self) -> list[tuple[int | None, str]]:
         """What is wrong now, seen without a round trip (cheap enough for every health
-        check): (shard index, cause) for a local shard process gone or stopped and for a
+        check): (shard index, cause) for a local shard process gone, or stopped for the
+        silence limit (seen stopped by the calls since then: a shorter stall, a shard
+        stopped and continued, is not a fault, as it is not for a running call), and for a
         shard that closed its connection; (None, cause) for a dead client worker or a failed
         session. Empty: nothing seen wrong (a hung remote shard shows only at its next
         request, within the silence limit)."""
         out: list[tuple[int | None, str]] = []
+        now = time.monotonic()
         if self.shards is not None:
             for i, p in enumerate(self.shards.procs):
                 st = None if p is None or p.poll() is not None else _proc_cpu_state(p.pid)
                 if st is None or st[1] in "ZX":
                     out.append((i, "gone"))
                 elif st[1] in "Tt":
-                    out.append((i, "stopped (SIGSTOP?)"))
+                    since = self._stopped_since.setdefault(i, now)
+                    if now - since >= self.silence_timeout_s:
+                        out.append((i, "stopped (SIGSTOP?)"))
+                    continue
+                self._stopped_since.pop(i, None)
         seen = {i for i, _ in out}
         out += [(i, "closed its connection") for i, r in enumerate(self.relays.relays)
                 if i not in seen and r.closed_first_by_shard()]

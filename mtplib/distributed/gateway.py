@@ -13,19 +13,21 @@ loopback port and runs a `Gateway` on HOST:PORT in front of it:
   evicts the oldest pending handshake (of its own address first), never the newcomer. An
   idle or slow stranger is thus closed by its deadline or by the next arrival, and a
   client whose handshake takes milliseconds gets through however many are connected
-  (tests/test_gateway.py: 200 idle and slow strangers on loopback).
+  (tests/test_gateway.py: 200 idle and slow strangers on loopback). This door (deadlines,
+  bounds, eviction) is `mtplib.distributed.front.Front`, shared with the plaintext front.
 - **One client at a time** (upstream serves one): an authenticated client arriving while
   another is served gets the status line ``busy`` at once and is closed; the served one
   gets ``ready`` (both lines carry the gateway's random instance id, so a client that
   reaches one shard under two addresses can tell; ``ready`` also carries the shard's
   ``report`` of its build, `mtplib.distributed.shard_report`, which only an authenticated
   client sees). TCP keepalive drops a vanished client.
-- **Checked framing** (`RequestChecker`): every request header is parsed and checked before
-  any byte of it is forwarded: HELLO first and only once, known commands, the exact size of
-  every fixed-size request, and bounds on the two variable ones (SET_TENSOR: the largest
-  tensor `RpcLimits.max_tensor_bytes` plus its header; GRAPH_COMPUTE:
-  `RpcLimits.max_graph_bytes`). A violation closes the session (nothing of that request
-  is forwarded); the gateway itself keeps serving whatever bytes arrive.
+- **Checked framing** (`RequestChecker`, in `mtplib.distributed.framing`): every request
+  header is parsed and checked before any byte of it is forwarded: HELLO first and only
+  once, known commands, the exact size of every fixed-size request, and bounds on the two
+  variable ones (SET_TENSOR: the largest tensor `RpcLimits.max_tensor_bytes` plus its
+  header; GRAPH_COMPUTE: `RpcLimits.max_graph_bytes`). A violation closes the session
+  (nothing of that request is forwarded); the gateway itself keeps serving whatever bytes
+  arrive.
 
 **Peer links** (the ring, patches/0007: boundary values pushed from shard to shard) pass
 the gateways too, in mutual TLS, so no plaintext RPC byte leaves a host:
@@ -54,6 +56,9 @@ the gateways too, in mutual TLS, so no plaintext RPC byte leaves a host:
   which a client's `resolve_seam` reads. A client certificate equal to this shard's own
   certificate is refused a client session (a shard's credentials open peer links only).
 
+**Plaintext shards** (`shard serve` without ``--tls``) get the same door without TLS:
+`mtplib.distributed.plain_front.PlainFront`.
+
 An authenticated client is trusted: upstream's RPC lets it allocate buffers up to the
 device's memory, read and write them and run any graph on them; malformed tensor or graph
 descriptors inside well-framed requests can still crash upstream's server (then the shard
@@ -68,14 +73,20 @@ import secrets
 import socket
 import ssl
 import struct
-import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from mtplib.distributed.framing import DEFAULT_LIMITS, HEADER, PAYLOAD, Framer, RpcLimits
+from mtplib.distributed.framing import (
+    DEFAULT_LIMITS,
+    PEER_HELLO_SIZE,
+    FrameChecker,
+    FrameError,
+    PeerChecker,
+    RequestChecker,
+    RpcLimits,
+)
+from mtplib.distributed.front import CHUNK, FIRST_BYTE_S, HANDSHAKE_S, Front, keepalive
 from mtplib.distributed.tls import (
     GATEWAY_BUSY,
     GATEWAY_MAGIC,
@@ -88,33 +99,15 @@ from mtplib.distributed.tls import (
 )
 from mtplib.errors import InputError
 from mtplib.runtime.rpc import (
-    GRAPH_HEADER,
-    GRAPH_SLOT_HEADER,
-    PEER_PUSH_HEADER,
     REQUEST_SIZES,
-    RPC_CMD_HELLO,
-    RPC_GRAPH_COMPUTE,
-    RPC_GRAPH_COMPUTE_SLOT,
-    RPC_N_COMMANDS,
     RPC_PEER_CONNECT,
     RPC_PEER_HELLO,
-    RPC_PEER_PUSH,
-    RPC_SET_TENSOR,
-    SET_TENSOR_HEADER,
     ShardError,
     parse_endpoint,
 )
 
-#: an unauthenticated peer is closed after this long (the target: within 5 s)
-HANDSHAKE_S = 3.0
-#: a peer that sends no byte at all (no ClientHello) is closed after this long
-FIRST_BYTE_S = 2.0
-CHUNK = 1 << 20
 #: the longest report of its build a ready line carries (the status line stays < STATUS_MAX)
 REPORT_MAX = 400
-LOG_LINES, LOG_WINDOW_S = 20, 10.0
-#: PEER_HELLO's payload (patches/0007): | link (4) | token (16) |
-PEER_HELLO_SIZE = 20
 #: PEER_CONNECT's payload: | link (4) | token (16) | endpoint (128, NUL-padded) |
 PEER_CONNECT_SIZE = REQUEST_SIZES[RPC_PEER_CONNECT]
 PEER_ENDPOINT_SIZE = PEER_CONNECT_SIZE - PEER_HELLO_SIZE
@@ -126,109 +119,7 @@ MAX_PEER_LINKS = 16
 FORWARD_ACCEPT_S, FORWARD_DIAL_S = 10.0, 5.0
 
 
-class FrameError(Exception):
-    """A request that breaks upstream's framing or mtplib's bounds."""
-
-
-class _Checker:
-    """One direction of an RPC stream, checked frame by frame (framed by `Framer`);
-    ``feed(data)`` returns the bytes that may be forwarded now (a header is held back until
-    it is complete and checked) or raises FrameError, after which nothing more is
-    forwarded. ``hold`` maps a command to a rewrite of its whole (fixed-size) payload: such
-    a request is held back until its payload is complete, then forwarded rewritten."""
-
-    def __init__(self, limits: RpcLimits = DEFAULT_LIMITS,
-                 hold: dict[int, Callable[[bytes], bytes]] | None = None) -> None:
-        self.limits = limits
-        self.frames = Framer(requests=True)
-        self.n_requests = 0
-        self.hold = dict(hold or {})
-        self._held: bytearray | None = None
-        self._held_header = b""
-
-    def check(self, cmd: int, size: int) -> None:
-        raise NotImplementedError
-
-    def feed(self, data: bytes) -> bytes:
-        out = bytearray()
-        for kind, i, j in self.frames.split(data):
-            if kind == PAYLOAD:
-                if self._held is None:
-                    out += data[i:j]
-                    continue
-                self._held += data[i:j]
-                if len(self._held) == self.frames.size:
-                    new = self.hold[self.frames.cmd](bytes(self._held))
-                    if len(new) != len(self._held):
-                        raise FrameError("a rewrite changed a request's size")
-                    out += self._held_header + new
-                    self._held = None
-            elif kind == HEADER:
-                self.check(self.frames.cmd, self.frames.size)
-                self.n_requests += 1
-                if self.frames.cmd in self.hold and self.frames.size:
-                    self._held, self._held_header = bytearray(), self.frames.header
-                else:
-                    out += self.frames.header
-        return bytes(out)
-
-
-class RequestChecker(_Checker):
-    """Checks the client->shard byte stream (see `_Checker`): HELLO first and once, known
-    commands (protocol 7.2's PEER_EXPECT, PEER_CONNECT, PUSH_TENSOR and WAIT_TENSOR with
-    their exact sizes; never a peer's PEER_HELLO or PEER_PUSH), the bounds of the variable
-    ones. ``peer_connect`` (the gateway's): rewrites each PEER_CONNECT payload before it is
-    forwarded (`Gateway._forward`)."""
-
-    def __init__(self, limits: RpcLimits = DEFAULT_LIMITS,
-                 peer_connect: Callable[[bytes], bytes] | None = None) -> None:
-        super().__init__(limits, {RPC_PEER_CONNECT: peer_connect} if peer_connect else None)
-
-    def check(self, cmd: int, size: int) -> None:
-        if self.n_requests == 0 and cmd != RPC_CMD_HELLO:
-            raise FrameError(f"first request is command {cmd}, not HELLO")
-        if self.n_requests > 0 and cmd == RPC_CMD_HELLO:
-            raise FrameError("a second HELLO")
-        if cmd >= RPC_N_COMMANDS:
-            raise FrameError(f"unknown command {cmd}")
-        if cmd == RPC_SET_TENSOR:
-            hi = SET_TENSOR_HEADER + self.limits.max_tensor_bytes
-            if not SET_TENSOR_HEADER <= size <= hi:
-                raise FrameError(f"SET_TENSOR of {size} bytes (allowed {SET_TENSOR_HEADER}.."
-                                 f"{hi})")
-        elif cmd in (RPC_GRAPH_COMPUTE, RPC_GRAPH_COMPUTE_SLOT):
-            lo = GRAPH_HEADER if cmd == RPC_GRAPH_COMPUTE else GRAPH_SLOT_HEADER
-            if not lo <= size <= self.limits.max_graph_bytes:
-                raise FrameError(f"GRAPH_COMPUTE{'_SLOT' if lo != GRAPH_HEADER else ''} of "
-                                 f"{size} bytes (allowed {lo}..{self.limits.max_graph_bytes})")
-        elif size != REQUEST_SIZES[cmd]:
-            raise FrameError(f"command {cmd} with {size} payload bytes, expected "
-                             f"{REQUEST_SIZES[cmd]}")
-
-
-class PeerChecker(_Checker):
-    """Checks a peer link's stream (shard -> shard, patches/0007; see `_Checker`):
-    PEER_HELLO first with its exact size, then only PEER_PUSH frames of a header and at most
-    ``limits.max_push_bytes`` of data."""
-
-    def check(self, cmd: int, size: int) -> None:
-        if self.n_requests == 0:
-            if cmd != RPC_PEER_HELLO:
-                raise FrameError(f"a peer link's first request is command {cmd}, not "
-                                 "PEER_HELLO")
-            if size != PEER_HELLO_SIZE:
-                raise FrameError(f"PEER_HELLO with {size} payload bytes, expected "
-                                 f"{PEER_HELLO_SIZE}")
-            return
-        if cmd != RPC_PEER_PUSH:
-            raise FrameError(f"command {cmd} on a peer link (after PEER_HELLO only "
-                             "PEER_PUSH)")
-        hi = PEER_PUSH_HEADER + self.limits.max_push_bytes
-        if not PEER_PUSH_HEADER <= size <= hi:
-            raise FrameError(f"PEER_PUSH of {size} bytes (allowed {PEER_PUSH_HEADER}..{hi})")
-
-
-def _checked_copy(src, dst, checker: _Checker) -> None:
+def _checked_copy(src, dst, checker: FrameChecker) -> None:
     """Copy ``src`` to ``dst`` through ``checker`` until ``src`` ends (FrameError: stop)."""
     while data := src.recv(CHUNK):
         out = checker.feed(data)
@@ -379,7 +270,7 @@ class PeerForwarder:
             sock.close()
             return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _keepalive(sock)
+        keepalive(sock)
         stream = TlsStream(sock, self.ctx, server_side=False, server_hostname=self.target[0])
         try:
             stream.handshake(FORWARD_DIAL_S)
@@ -439,29 +330,17 @@ def _first_cert_der(path) -> bytes:
         return b""
 
 
-@dataclass(eq=False)
-class _Pending:
-    """A connection whose TLS handshake runs (the gateway's eviction order holds these)."""
+class Gateway(Front):
+    """Mutual-TLS front of one RPC server (see the module doc and `Front`). ``public`` is
+    bound at construction (OSError if it cannot be); ``start()`` serves in a thread,
+    ``close()`` stops. ``stats`` counts what happened; ``log`` gets one line per notable
+    event. ``peers=False``: this gateway dials no peer links (its forwarders refuse) and
+    says so; ``peer_problem`` says why it dials none ("" where it does)."""
 
-    key: int
-    sock: socket.socket
-    source: str
-    evicted: bool = False
-
-
-def _keepalive(s: socket.socket) -> None:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, v in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, opt):
-            s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), v)
-
-
-class Gateway:
-    """Mutual-TLS front of one RPC server (see the module doc). ``public`` is bound at
-    construction (OSError if it cannot be); ``start()`` serves in a thread, ``close()``
-    stops. ``stats`` counts what happened; ``log`` gets one line per notable event.
-    ``peers=False``: this gateway dials no peer links (its forwarders refuse) and says so;
-    ``peer_problem`` says why it dials none ("" where it does)."""
+    kind = "gateway"
+    silent = ("pre_tls_timeout", "no TLS byte")
+    slow = ("handshake_timeout", "no TLS handshake")
+    evicted_words = "pending handshake evicted by newer connections"
 
     def __init__(self, public: tuple[str, int], upstream: tuple[str, int], tls: TlsConfig, *,
                  handshake_timeout_s: float = HANDSHAKE_S, first_byte_s: float = FIRST_BYTE_S,
@@ -472,7 +351,7 @@ class Gateway:
         if len(report) > REPORT_MAX or not report.isascii() or len(report.split()) > 1:
             raise ValueError(f"gateway report: one ASCII word of at most {REPORT_MAX} "
                              f"characters, got {report[:80]!r}")
-        self.upstream, self.limits = upstream, limits
+        self.limits = limits
         self.report = report
         self.ctx = tls.server_context()
         self.ctx.num_tickets = 0  # no resumption: every session proves its certificate
@@ -483,155 +362,40 @@ class Gateway:
         #: this shard's own certificate: a client presenting it is refused (peers only)
         self._own_cert = _first_cert_der(tls.dir / SHARD_CERT)
         self.max_peers = max_peers
-        self.handshake_timeout_s, self.first_byte_s = handshake_timeout_s, first_byte_s
-        self.max_pending, self.max_per_source = max_pending, max_per_source
         self.instance = secrets.token_hex(8)
-        self._log = log or (lambda s: print(f"mtplib gateway: {s}", file=sys.stderr,
-                                            flush=True))
-        self._log_window, self._log_lines, self._log_dropped = 0.0, 0, 0
-        self.stats = dict.fromkeys(("accepted", "evicted", "pre_tls_timeout",
-                                    "handshake_failed", "handshake_timeout", "busy",
-                                    "sessions", "frame_errors", "upstream_unreachable",
-                                    "shard_cert_as_client", "peer_sessions", "peer_refused",
-                                    "peer_frame_errors", "peer_links_out",
-                                    "peer_forward_refused", "peer_dial_failed"), 0)
-        self._lock = threading.Lock()
-        #: the handshakes running, oldest first
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
-        self._n_accepted = 0
         self._active: tuple[TlsStream, socket.socket] | None = None
         #: the peer links admitted into this shard (their TLS stream and upstream socket)
         self._peers: list[list] = []
         #: the peer links out of the client session being served
         self._forwarders: list[PeerForwarder] = []
-        self._stop = threading.Event()
-        self._srv = socket.create_server(public, backlog=64)
-        self._srv.settimeout(0.2)
-        self.endpoint = "{}:{}".format(*self._srv.getsockname()[:2])
-        self._thread: threading.Thread | None = None
-
-    def log(self, line: str) -> None:
-        """At most LOG_LINES lines per LOG_WINDOW_S (a flood of strangers must not fill the
-        shard's log), then one line saying how many were dropped."""
-        now = time.monotonic()
-        with self._lock:
-            if now - self._log_window > LOG_WINDOW_S:
-                dropped, self._log_dropped = self._log_dropped, 0
-                self._log_window, self._log_lines = now, 0
-            else:
-                dropped = 0
-            self._log_lines += 1
-            if self._log_lines > LOG_LINES:
-                self._log_dropped += 1
-                return
-        if dropped:
-            self._log(f"({dropped} similar lines dropped in the last {LOG_WINDOW_S:g} s)")
-        self._log(line)
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self.stats[key] += 1
-
-    def start(self) -> Gateway:
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True,
-                                        name=f"gateway-{self.endpoint}")
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, peer = self._srv.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    return
-                time.sleep(0.05)  # e.g. out of file descriptors: keep serving
-                continue
-            with self._lock:
-                self.stats["accepted"] += 1
-                self._n_accepted += 1
-                victim = self._make_room(peer[0])
-                me = self._pending[self._n_accepted] = _Pending(self._n_accepted, sock,
-                                                                 peer[0])
-            if victim is not None:  # wakes its handshake thread, which then closes it
-                with contextlib.suppress(OSError):
-                    victim.sock.shutdown(socket.SHUT_RDWR)
-            threading.Thread(target=self._handle, args=(sock, peer, me), daemon=True,
-                             name=f"gateway-conn-{peer[0]}:{peer[1]}").start()
-
-    def _make_room(self, source: str) -> _Pending | None:
-        """(Under the lock.) The pending handshake a connection from ``source`` evicts, or
-        None: the oldest of its own address at ``max_per_source``, else the oldest of all
-        at ``max_pending``."""
-        same = [k for k, p in self._pending.items() if p.source == source]
-        if len(same) >= self.max_per_source:
-            key = same[0]
-        elif len(self._pending) >= self.max_pending:
-            key = next(iter(self._pending))
-        else:
-            return None
-        victim = self._pending.pop(key)
-        victim.evicted = True
-        return victim
+        super().__init__(public, upstream, handshake_timeout_s=handshake_timeout_s,
+                         first_byte_s=first_byte_s, max_pending=max_pending,
+                         max_per_source=max_per_source, log=log, counters=(
+                             "pre_tls_timeout", "handshake_failed", "handshake_timeout",
+                             "busy", "sessions", "frame_errors", "upstream_unreachable",
+                             "shard_cert_as_client", "peer_sessions", "peer_refused",
+                             "peer_frame_errors", "peer_links_out", "peer_forward_refused",
+                             "peer_dial_failed"))
 
     def _status(self, stream: TlsStream, what: bytes) -> None:
         words = [self.report, *self.features] if what == GATEWAY_READY else []
         extra = b"".join(b" " + w.encode() for w in words if w)
         stream.sendall(GATEWAY_MAGIC + what + b" " + self.instance.encode() + extra + b"\n")
 
-    def _handle(self, sock: socket.socket, peer: tuple, me: _Pending) -> None:
-        who = f"{peer[0]}:{peer[1]}"
+    def _prove(self, sock: socket.socket, who: str, t0: float) -> TlsStream:
         stream = TlsStream(sock, self.ctx, server_side=True)
-        authed = spoke = False
-        t0 = time.monotonic()
-        try:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                _keepalive(sock)
-                sock.settimeout(min(self.first_byte_s, self.handshake_timeout_s))
-                if not sock.recv(1, socket.MSG_PEEK):  # the pre-TLS deadline
-                    raise ConnectionError("closed before sending a byte")
-                spoke = True
-                stream.handshake(self.handshake_timeout_s - (time.monotonic() - t0))
-                authed = True
-            except TimeoutError:
-                if me.evicted:
-                    self._count("evicted")
-                elif spoke:
-                    self._count("handshake_timeout")
-                    self.log(f"{who}: no TLS handshake within "
-                             f"{self.handshake_timeout_s:g} s; closed")
-                else:
-                    self._count("pre_tls_timeout")
-                    self.log(f"{who}: no TLS byte within {self.first_byte_s:g} s; closed")
-            except (ssl.SSLError, OSError) as e:
-                if me.evicted:
-                    self._count("evicted")
-                    self.log(f"{who}: pending handshake evicted by newer connections; "
-                             "closed")
-                else:
-                    self._count("handshake_failed")
-                    self.log(f"{who}: TLS handshake failed "
-                             f"({getattr(e, 'reason', None) or e}); closed")
-        finally:
-            with self._lock:
-                self._pending.pop(me.key, None)
-                if me.evicted:
-                    authed = False  # evicted as it finished: its socket is shut down
-        try:
-            if authed and stream.alpn() == PEER_ALPN:
-                self._peer_session(stream, who)
-            elif authed:
-                self._session(stream, who)
-        except Exception as e:  # noqa: BLE001 - one peer never ends the gateway
-            self.log(f"{who}: session ended on {type(e).__name__}: {e}")
-        finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
+        stream.handshake(self.handshake_timeout_s - (time.monotonic() - t0))
+        return stream
+
+    def _failed(self, who: str, e: OSError) -> None:
+        self._count("handshake_failed")
+        self.log(f"{who}: TLS handshake failed ({getattr(e, 'reason', None) or e}); closed")
+
+    def _serve(self, sock: socket.socket, stream: TlsStream, who: str) -> None:
+        if stream.alpn() == PEER_ALPN:
+            self._peer_session(stream, who)
+        else:
+            self._session(stream, who)
 
     def _session(self, stream: TlsStream, who: str) -> None:
         if self._own_cert and hmac.compare_digest(stream.peer_certificate_der(),
@@ -731,19 +495,7 @@ class Gateway:
                 with contextlib.suppress(OSError):
                     entry[1].close()
 
-    def _upstream(self, who: str) -> socket.socket | None:
-        """A connection to the RPC server (None, counted and logged, if it is unreachable)."""
-        try:
-            up = socket.create_connection(self.upstream, timeout=5)
-        except OSError as e:
-            self._count("upstream_unreachable")
-            self.log(f"{who}: the RPC server at {self.upstream} is unreachable ({e})")
-            return None
-        up.settimeout(None)
-        up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return up
-
-    def _pipe(self, stream: TlsStream, up: socket.socket, checker: _Checker, who: str,
+    def _pipe(self, stream: TlsStream, up: socket.socket, checker: FrameChecker, who: str,
               errors: str, closed: str) -> None:
         """Forward ``stream`` to the RPC server through ``checker`` (its answers straight
         back) until either side ends or a frame breaks the rules (counted under
@@ -778,11 +530,7 @@ class Gateway:
         self._end(stream, up)
 
     def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._srv.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._srv.close()
+        self._close_listener()
         with self._lock:
             active = self._active
             peers, forwarders = list(self._peers), list(self._forwarders)
@@ -792,11 +540,4 @@ class Gateway:
             self._end(*p)
         for f in forwarders:
             f.close()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-
-    def __enter__(self) -> Gateway:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._join()

@@ -4,6 +4,9 @@
 waits until each answers upstream's RPC handshake, and kills them on exit, error, Ctrl-C
 or interpreter exit (own process group each; atexit; and a parent-death safeguard:
 PR_SET_PDEATHSIG plus a watchdog thread in the shard that exits when its parent is gone).
+Every child is forked by one thread that lives as long as this process (`_Spawner`), so
+PR_SET_PDEATHSIG (SIGKILL, which also ends a stopped child) holds for a shard restarted by a
+fault recovery in a worker thread too, and never fires early when such a thread ends.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -19,7 +23,8 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from mtplib.distributed.probe import probe_shards
@@ -36,9 +41,11 @@ LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """In a child: exit when ``parent_pid`` is gone. PR_SET_PDEATHSIG (if the spawner
-    asked for it with MTPLIB_PDEATHSIG=1: it follows the spawning *thread*, so only a
-    main-thread spawn asks) plus a watchdog thread polling the parent pid."""
+    """In a child: exit when ``parent_pid`` is gone. PR_SET_PDEATHSIG with SIGKILL (if the
+    spawner asked for it with MTPLIB_PDEATHSIG=1: it follows the spawning *thread*, so only
+    a spawn from a thread that lives as long as the parent asks; `_spawn` always does) plus
+    a watchdog thread polling the parent pid (which cannot act while the child is stopped:
+    only the SIGKILL ends a stopped orphan)."""
     if os.environ.get("MTPLIB_PDEATHSIG") == "1":
         set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before we got here
@@ -52,19 +59,73 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+class _Spawner:
+    """The one thread that forks every child of this process. PR_SET_PDEATHSIG fires when
+    the *thread* that forked the child ends, not the process: a shard restarted by `mtplib
+    serve`'s recovery (a worker thread) or by any short-lived thread would otherwise either
+    go without it (and outlive a SIGKILL'ed parent while stopped) or die with that thread.
+    This thread is a daemon that lives until the process exits (started again after a
+    fork, where it does not exist)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        # a forked child has no spawner thread, and the lock may have been held at the fork
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue) -> None:
+        while True:
+            fn, fut = jobs.get()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                    fut.set_exception(e)
+
+    def call(self, fn: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """``fn()`` run in the spawner thread; its result, or its exception re-raised."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, args=(self._jobs,),
+                                                daemon=True, name="mtplib-spawner")
+                self._thread.start()
+            if threading.current_thread() is self._thread:
+                return fn()
+            fut: Future = Future()
+            self._jobs.put((fn, fut))
+        try:
+            return fut.result()
+        except BaseException:  # e.g. Ctrl-C while waiting: a child started late is killed
+            fut.add_done_callback(_kill_late)
+            raise
+
+
+def _kill_late(fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        _kill_group(fut.result(), grace_s=1.0)
+
+
+_SPAWNER = _Spawner()
+
+
 def _spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str] | None = None,
            pass_fds: Sequence[int] = (), cwd: str | Path | None = None) -> subprocess.Popen:
     """A child in its own process group (killable as a whole), output to a file (never a
-    pipe that could fill); the child calls `die_with_parent`."""
+    pipe that could fill); forked by `_SPAWNER`'s long-lived thread, whatever thread asks,
+    so the child's `die_with_parent` may set PR_SET_PDEATHSIG."""
     env = dict(os.environ if env is None else env)
-    in_main = threading.current_thread() is threading.main_thread()
-    env["MTPLIB_PDEATHSIG"] = "1" if in_main else "0"
+    env["MTPLIB_PDEATHSIG"] = "1"
     log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
     try:
-        return subprocess.Popen(
+        return _SPAWNER.call(lambda: subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, pass_fds=tuple(pass_fds), close_fds=True,
-            cwd=cwd)
+            cwd=cwd))
     finally:
         log.close()
 
