@@ -266,3 +266,85 @@ def test_a_slot_that_leaves_between_others_fills_the_gap(rt, alone):
     b.leave(q)
     assert not b.fillers and not rt.engine.sessions
     b.close()
+
+
+def test_a_lone_drafter_decode_has_a_batched_ones_floats(rt):
+    """Issue 39 item 1: upstream's kernels give a one-token decode other floats than a
+    decode of two or more (any two or more agree bitwise on a token's row). With
+    ``pad_single`` (set by every BatchRun) a lone MTP decode is padded, so a sequence's
+    draft logits are the same drafting alone as beside another."""
+    e = rt.engine
+    d = e.drafter
+    s0 = e.open(seeded_prompt(11), seq_id=0)
+    s1 = e.open(seeded_prompt(12), seq_id=1)
+    n0, n1 = len(s0.tokens) - 1, len(s1.tokens) - 1
+
+    def draft_logits(pairs: list[tuple]) -> np.ndarray:
+        d._decode([s.last for s, _ in pairs], [n for _, n in pairs],
+                  [s.seq for s, _ in pairs], np.stack([d.pending[s.seq] for s, _ in pairs]),
+                  logits=True)
+        lg = d.ctx.logits_all(d.ctx.last_decode_len)[0].copy()
+        for s, n in pairs:
+            d.ctx.seq_rm(s.seq, n, -1)
+        assert d.ctx.seq_pos_max(0) == n0 - 1  # the pad is gone again
+        return lg
+
+    saved = d.pad_single
+    try:
+        beside = draft_logits([(s0, n0), (s1, n1)])
+        d.pad_single = False
+        unpadded = draft_logits([(s0, n0)])
+        d.pad_single = True
+        padded = draft_logits([(s0, n0)])
+    finally:
+        d.pad_single = saved
+        e.close(s0)
+        e.close(s1)
+    assert np.array_equal(padded, beside)
+    assert not np.array_equal(unpadded, beside)  # what the pad is for
+
+
+def test_a_slot_beside_others_is_bitwise_the_slot_alone(rt):
+    """Every target logit a slot's sampler sees, and every draft, equal bitwise whether
+    the slot runs alone in a batch or beside others that join together, leave early
+    (abandoned) and end (a one-token prompt among them): no near-tie can part them."""
+    prompts = {11: seeded_prompt(11), 13: [7], 14: seeded_prompt(14)}
+
+    def solo(seed: int) -> tuple:
+        b = BatchRun(rt.engine)
+        seen: dict = {}
+        q, _ = b.join(prompts[seed], N_NEW, sampler=_observed(seen))
+        while q in b.active():
+            b.step()
+        toks, m = b.leave(q)
+        b.close()
+        return toks, seen, [x["drafts"] for x in m.steps]
+
+    want = {seed: solo(seed) for seed in prompts}
+    b = BatchRun(rt.engine)
+    assert rt.engine.drafter.pad_single  # a batch drafts as alone (test above)
+    seen = {seed: {} for seed in prompts}
+    joined = b.join_many([(prompts[s], N_NEW, _observed(seen[s])) for s in prompts])
+    slot = dict(zip(prompts, (q for q, _ in joined), strict=True))
+    q_gone, _ = b.join(seeded_prompt(15), N_NEW)  # abandoned after two steps
+    out: dict = {}
+    n_steps = 0
+    while len(out) < len(prompts):
+        b.step()
+        n_steps += 1
+        if n_steps == 2:
+            assert b.leave(q_gone) is None  # unfinished
+            q_short, _ = b.join(seeded_prompt(16), 3)  # joins mid-run, ends early
+        if n_steps > 2 and q_short in b.slots and q_short not in b.active():
+            b.leave(q_short)
+        for seed, q in slot.items():
+            if seed not in out and q not in b.active():
+                toks, m = b.leave(q)
+                out[seed] = (toks, seen[seed], [x["drafts"] for x in m.steps])
+    b.close()
+    for seed in prompts:
+        toks, lgs, drafts = out[seed]
+        w_toks, w_lgs, w_drafts = want[seed]
+        assert toks == w_toks and drafts == w_drafts, seed
+        assert lgs.keys() == w_lgs.keys()
+        assert all(np.array_equal(lgs[p], w_lgs[p]) for p in w_lgs), seed

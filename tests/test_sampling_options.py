@@ -4,6 +4,8 @@ the same tokens for one seed, the penalties' history passed per window position)
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ from mtplib.errors import InputError
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.lab.quality import NOISE_BOUND
 from mtplib.model.trained import trained_paths
-from mtplib.runtime.sampling import Sampler, log_softmax, top_logprobs
+from mtplib.runtime.engine import Emitted
+from mtplib.runtime.sampling import Sampler, log_softmax, token_logprob, top_logprobs
 from mtplib.runtime.speculative import MTPRuntime
 
 TRAINED = trained_paths()
@@ -64,7 +67,8 @@ def test_logit_bias_adds_and_bans():
     {"top_k": -1}, {"top_k": 1.5}, {"min_p": 1.5}, {"min_p": float("nan")},
     {"repeat_penalty": 0.0}, {"repeat_penalty": float("inf")}, {"repeat_last_n": -2},
     {"frequency_penalty": 3.0}, {"presence_penalty": float("nan")},
-    {"logit_bias": ((-1, 1.0),)}, {"logit_bias": ((1, float("inf")),)}])
+    {"logit_bias": ((-1, 1.0),)}, {"logit_bias": ((1, float("inf")),)},
+    {"logprobs": -1}, {"logprobs": 1.5}])
 def test_bad_options_are_refused_naming_them(bad):
     with pytest.raises(InputError, match=next(iter(bad))):
         Sampler(**bad)
@@ -75,6 +79,34 @@ def test_top_logprobs_are_the_raw_softmax():
     assert list(ids) == [0, 4]
     np.testing.assert_allclose(np.exp(log_softmax(LOGITS)).sum(), 1.0)
     np.testing.assert_allclose(lp, log_softmax(LOGITS)[[0, 4]])
+
+
+def test_top_logprobs_order_is_a_stable_sorts_with_ties():
+    """The partition that finds the top n keeps a full stable sort's order: most probable
+    first, ties by the lower id (ties at the n-th value included)."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lg = rng.integers(-3, 3, size=40).astype(np.float32)  # many ties
+        lp = log_softmax(lg)
+        for n in (0, 1, 2, 5, 39, 40, 41):
+            ids, _ = top_logprobs(lg, n)
+            assert list(ids) == list(np.argsort(-lp, kind="stable")[:n])
+
+
+def test_logprobs_records_cross_a_process_a_callback_does_not():
+    """What a ranged worker sends back: a step's tokens with their records (a slice keeps
+    its tokens' records); a sampler asking for them pickles, one with observe refuses."""
+    recs = [token_logprob(LOGITS, t, 2) for t in (0, 4, 1)]
+    assert recs[1].token == 4 and recs[1].logprob == pytest.approx(log_softmax(LOGITS)[4])
+    assert [i for i, _ in recs[1].top] == [0, 4]
+    step = pickle.loads(pickle.dumps(Emitted([0, 4, 1], recs)))
+    assert step == [0, 4, 1] and step.logprobs == recs
+    assert step[1:].logprobs == recs[1:] and step[:2] == [0, 4] and step[0] == 0
+    assert Emitted([3]).logprobs is None and Emitted([3])[:1].logprobs is None
+    s = Sampler(seed=3, logprobs=2)
+    assert pickle.loads(pickle.dumps(s)) == s
+    with pytest.raises(InputError, match="logprobs"):
+        pickle.dumps(Sampler(observe=lambda pos, lg: None))
 
 
 OPTIONS = {
@@ -157,6 +189,29 @@ def test_observe_last_call_per_position_is_the_emitted_tokens_logits(pair):
         toks, m = on.generate(prompt, 16, sampler=s)
     assert m.drafted > 0
     assert [seen[len(prompt) + i] for i in range(16)] == toks
+
+
+def test_logprobs_are_the_emitted_tokens_from_their_last_pick(pair):
+    """Each step's tokens come with their records, each from the last logits picked at
+    its position (after a rejected window too): the raw softmax of those logits, the
+    emitted token the most probable (greedy)."""
+    seen: dict[int, np.ndarray] = {}
+    s = Sampler(logprobs=3, observe=lambda pos, lg: seen.__setitem__(pos, lg.copy()))
+    prompt = seeded_prompt(7, 8)
+    with MTPRuntime(str(pair.trunk), str(pair.sidecar), k=2) as on:
+        g = on.stream(prompt, 16, sampler=s)
+        steps = list(g)
+        plain = list(on.stream(prompt, 16))  # not asked: no records
+    m = g.metrics
+    assert m.drafted > m.accepted  # windows were rejected, their positions picked again
+    toks = [t for st in steps for t in st]
+    recs = [r for st in steps for r in st.logprobs]
+    assert toks == g.tokens and len(recs) == 16
+    for i, (t, r) in enumerate(zip(toks, recs, strict=True)):
+        assert r == token_logprob(seen[len(prompt) + i], t, 3)
+        assert r.token == t and r.top[0] == (t, r.logprob) and len(r.top) == 3
+    assert [t for st in plain for t in st] == toks
+    assert all(st.logprobs is None for st in plain)
 
 
 @pytest.mark.skipif(not TRAINED.exists(), reason="evidence/trained-v4 missing")

@@ -265,6 +265,74 @@ def test_props_slots_and_metrics(served):
     assert "llamacpp:requests_deferred" in vals and "mtplib:slots_busy" in vals
 
 
+def test_a_bad_query_parameter_is_a_400_in_the_services_shape(served):
+    c, _, _ = served
+    for q in ("abc", "1.5", ""):
+        r = c.get(f"/slots?fail_on_no_slot={q}")
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert "detail" not in body and set(body["error"]) >= {"code", "message", "type",
+                                                              "param"}, body
+        err = body["error"]
+        assert err["param"] == "fail_on_no_slot" and err["code"] == 400
+        assert err["type"] == "invalid_request_error" and "fail_on_no_slot" in err["message"]
+    assert c.get("/slots?fail_on_no_slot=0").status_code == 200
+
+
+def test_id_slot_of_the_one_slot_service(served):
+    c, _, _ = served
+    for v in (0, -1, None):
+        r = c.post("/completion", json={"prompt": "abc", "n_predict": 1, "id_slot": v})
+        assert r.status_code == 200, (v, r.text)
+    for v, says in ((1, "0..0"), (-2, "id_slot"), (True, "id_slot"), ("0", "id_slot")):
+        r = c.post("/completion", json={"prompt": "abc", "n_predict": 1, "id_slot": v})
+        assert r.status_code == 400, (v, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "id_slot" and says in err["message"], (v, err)
+
+
+@pytest.mark.parametrize("field,body", [
+    ("logit_bias", b'{"prompt": "x", "logit_bias": {"3": NaN}}'),
+    ("logit_bias", b'{"prompt": "x", "logit_bias": [[3, Infinity]]}'),
+    ("repeat_penalty", b'{"prompt": "x", "repeat_penalty": Infinity}'),
+    ("temperature", b'{"prompt": "x", "temperature": Infinity}'),
+    ("top_p", b'{"prompt": "x", "top_p": NaN}'),
+    ("seed", b'{"prompt": "x", "seed": -2}'),
+])
+def test_a_sampler_refusal_names_its_parameter(served, field, body):
+    c, _, _ = served
+    r = c.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and field in err["message"], err
+
+
+def test_every_sampler_error_names_a_field_cleanly():
+    """What the HTTP layer cannot send (its own bounds refuse first) still maps cleanly:
+    each `Sampler` refusal's param is the field, never a piece of the sentence."""
+    import math
+
+    from mtplib.commands.serve_app import _sampler_param
+    from mtplib.errors import InputError
+    from mtplib.runtime.sampling import Sampler
+
+    cases = {"temperature": {"temperature": math.nan}, "top_p": {"top_p": 2.0},
+             "seed": {"seed": -1}, "top_k": {"top_k": -1}, "min_p": {"min_p": 2.0},
+             "repeat_penalty": {"repeat_penalty": 0.0}, "repeat_last_n": {"repeat_last_n": -2},
+             "frequency_penalty": {"frequency_penalty": 3.0},
+             "presence_penalty": {"presence_penalty": -3.0},
+             "logit_bias": {"logit_bias": ((0, math.inf),)}}
+    for field, kw in cases.items():
+        with pytest.raises(InputError) as e:
+            Sampler(**kw)
+        assert _sampler_param(e.value) == field, (field, str(e.value))
+    bad = {"logit_bias": ((-1, 0.0),)}
+    with pytest.raises(InputError) as e:
+        Sampler(**bad)
+    assert _sampler_param(e.value) == "logit_bias"
+    assert _sampler_param(InputError("repetition penalties need the history")) is None
+
+
 def test_x_api_key_cors_preflight_and_public_health():
     be = FakeBackend()
     worker = GenerationWorker(be, _cfg(api_key="sekrit"))

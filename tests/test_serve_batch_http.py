@@ -63,7 +63,7 @@ class FakeBatch:
         if len(toks) < n:
             return None
         gen = FakeGeneration(self.be, prompt, n, None)
-        gen.sampler = type("S", (), {"seed": 0, "observe": None})()
+        gen.sampler = type("S", (), {"seed": 0, "logprobs": None})()
         list(gen)  # its metrics (the same counts the one-slot fake reports)
         return toks, gen.metrics
 
@@ -112,6 +112,24 @@ def test_more_requests_than_slots_all_come_back_right(served_batch):
     assert [s["id"] for s in c.get("/slots").json()] == [0, 1, 2, 3]
     assert c.get("/props").json()["total_slots"] == 4
     assert "(of 4)" in c.get("/metrics").text
+
+
+def test_id_slot_takes_every_slot_of_parallel_n(served_batch):
+    """llama-server's id_slot under --parallel 4: 0..3 and -1 (any) are taken (the request
+    runs in a free slot: docs/serve.md), 4 and up are refused naming the range."""
+    c, be, _, _ = served_batch
+    assert len(c.get("/slots").json()) == 4
+    for v in (0, 1, 2, 3, -1):
+        for path, n in (("/completion", "n_predict"), ("/v1/completions", "max_tokens")):
+            r = c.post(path, json={"prompt": "ab", n: 2, "id_slot": v, "ignore_eos": True,
+                                   "return_tokens": True})
+            assert r.status_code == 200, (v, path, r.text)
+            assert r.json()["tokens"] == _expected(be, "ab", 2)
+    for v in (4, 99):
+        r = c.post("/completion", json={"prompt": "ab", "n_predict": 1, "id_slot": v})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "id_slot" and "0..3" in err["message"], err
 
 
 def test_a_failing_step_answers_its_requests_and_the_service_goes_on(served_batch):

@@ -26,7 +26,9 @@ from mtplib.commands.serve_app import (  # noqa: E402
 )
 from mtplib.contract.labels import TIME_PARTS  # noqa: E402
 from mtplib.errors import InputError  # noqa: E402
+from mtplib.runtime.engine import Emitted  # noqa: E402
 from mtplib.runtime.results import GenerationMetrics  # noqa: E402
+from mtplib.runtime.sampling import token_logprob  # noqa: E402
 
 EOG = 63
 
@@ -47,13 +49,14 @@ class FakeGeneration:
             for i in range(self.n):
                 be.gate.wait(10)
                 tok = be.next_token(self.prompt, i, self.sampler.seed)
-                if self.sampler.observe is not None:  # logits whose argmax is tok
+                probs = None
+                if self.sampler.logprobs is not None:  # from logits whose argmax is tok
                     lg = np.arange(64, dtype=np.float32) / 64
                     lg[tok] = 2.0
-                    self.sampler.observe(len(self.prompt) + i, lg)
+                    probs = [token_logprob(lg, tok, self.sampler.logprobs)]
                 self.tokens.append(tok)
                 time.sleep(be.step_s)
-                yield [tok]
+                yield Emitted([tok], probs)  # as the engine's steps: tokens with records
             self.metrics = GenerationMetrics(
                 k=2, n_prompt=len(self.prompt), n_generated=self.n, drafted=6, accepted=4,
                 acceptance_rate=4 / 6, accepted_per_position=[1.0, 1 / 3],
@@ -284,6 +287,41 @@ def test_bad_chat_requests(served):
                         ({"messages": "hi"}, "messages")):
         r = c.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+#: (endpoint, raw body, param): text with an unpaired surrogate on every endpoint that takes
+#: text (issue 39 item 3), escaped or as raw bytes, in a value or a key
+SURROGATES = [
+    ("/apply-template", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+     "messages.0.content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", '
+     b'"text": "a\\udc00"}]}], "max_tokens": 1}', "messages.0.content.0.text"),
+    ("/tokenize", b'{"content": "\\ud800"}', "content"),
+    ("/tokenize", b'{"content": "\xed\xa0\x80"}', "content"),  # its raw bytes
+    ("/detokenize", b'{"tokens": [1], "\\ud800": 1}', "\\ud800"),  # a key, escaped
+    ("/completion", b'{"prompt": "x\\udfff", "n_predict": 1}', "prompt"),
+    ("/completions", b'{"prompt": [5, "\\udbff"], "n_predict": 1}', "prompt.1"),
+    ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", b'{"prompt": "x", "stop": ["\\ud800"], "max_tokens": 1}', "stop.0"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", SURROGATES,
+                         ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(SURROGATES)])
+def test_a_lone_surrogate_is_a_400_on_every_endpoint_without_a_traceback(
+        served, capsys, caplog, path, body, param):
+    c, _, _ = served
+    r = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    assert err["code"] == 400 and "surrogate" in err["message"]
+    logged = capsys.readouterr().err + caplog.text
+    assert "Traceback" not in logged and "internal error" not in logged, logged
+    # a paired surrogate is one character (U+1F600), and the service keeps serving
+    r = c.post("/tokenize", content=b'{"content": "\\ud83d\\ude00"}',
+               headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["tokens"], r.text
 
 
 def test_unknown_route_and_method_are_json(served):

@@ -18,7 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mtplib.commands.common import add_json_arg, add_log_args, resolve_ctx, setup_logging
+from mtplib.commands.common import (
+    add_json_arg,
+    add_log_args,
+    comma_list,
+    resolve_ctx,
+    setup_logging,
+)
+from mtplib.errors import InputError
 from mtplib.files import write_json
 from mtplib.runtime.settings import FLASH_ATTN_MODES, KV_TYPE_NAMES, DecodeSettings
 
@@ -34,7 +41,9 @@ SUMMARY_KEYS = ("api_rows_ok", "bad_rows", "n_rows", "max_abs_diff", "capture_ok
 def _csv(kind):
     def parse(s: str):
         try:
-            return tuple(kind(x) for x in s.split(",") if x != "")
+            return tuple(kind(x) for x in comma_list(s, "the list", "values like a,b"))
+        except InputError as e:  # an empty element
+            raise argparse.ArgumentTypeError(str(e)) from None
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated values: {s!r}") from None
     return parse
@@ -43,7 +52,9 @@ def _csv(kind):
 def _bools(s: str) -> tuple[bool, ...]:
     vals = {"masked": True, "unmasked": False, "1": True, "0": False}
     try:
-        return tuple(vals[x] for x in s.split(",") if x)
+        return tuple(vals[x] for x in comma_list(s, "--matrix-masked", "masked,unmasked"))
+    except InputError as e:  # an empty element
+        raise argparse.ArgumentTypeError(str(e)) from None
     except KeyError:
         raise argparse.ArgumentTypeError("--matrix-masked takes masked,unmasked") from None
 

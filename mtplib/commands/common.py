@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
+
+from mtplib.errors import InputError
 
 
 def add_log_args(p: argparse.ArgumentParser) -> None:
@@ -16,15 +19,33 @@ def setup_logging(a: argparse.Namespace) -> None:
     configure_logging(verbose=a.verbose, log_file=a.log_file)
 
 
+def comma_list(text: str, option: str, example: str) -> list[str]:
+    """``text`` split at its commas, each element stripped. An empty element ("1,,2", "1,",
+    ",1") is refused, not dropped: the list run would not be the one written. Raises
+    `InputError` (one line, exit 2); an argparse ``type`` re-raises it as its
+    ArgumentTypeError (argparse would replace a ValueError's message by "invalid value")."""
+    parts = [x.strip() for x in text.split(",")]
+    if parts == [""]:
+        raise InputError(f"{option} is empty: give {example}")
+    if "" in parts:
+        raise InputError(f"{option} {text!r}: element {parts.index('') + 1} is empty; "
+                         f"give {example}")
+    return parts
+
+
+def int_list(text: str, option: str, example: str) -> list[int]:
+    """Comma-separated integers (`comma_list`); "1 2" or "x" is refused naming it."""
+    parts = comma_list(text, option, example)
+    bad = next((x for x in parts if not re.fullmatch(r"[+-]?[0-9]+", x)), None)
+    if bad is not None:
+        raise InputError(f"{option} {text!r}: {bad!r} is not an integer; give {example}")
+    return [int(x) for x in parts]
+
+
 def parse_tokens(s: str) -> list[int]:
-    try:
-        toks = [int(x) for x in s.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--tokens takes comma-separated integers, got {s!r}") from None
-    if not toks:
-        raise argparse.ArgumentTypeError("--tokens is empty")
-    return toks
+    """--tokens: token ids, e.g. 1,2,3 (generate checks it with its other input: one line,
+    exit 2)."""
+    return int_list(s, "--tokens", "comma-separated token ids, e.g. 1,2,3")
 
 
 #: llama.cpp's spellings (llama-cli, llama-server) of mtplib's options, registered next to

@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mtplib.commands.common import add_json_arg, add_option, resolve_ctx
+from mtplib.commands.common import add_json_arg, add_option, comma_list, int_list, resolve_ctx
 from mtplib.errors import InputError
 
 #: --ctx when not given, capped by the model's context_length
@@ -22,10 +22,9 @@ DEFAULT_CTX = 1024
 
 def _ks(s: str) -> tuple[int, ...]:
     try:
-        ks = tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {s!r}") \
-            from None
+        ks = tuple(int_list(s, "--k", "comma-separated integers, e.g. 1,2,3"))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if ks == (0,):
         return ()  # plain decoding only
     if not ks or min(ks) < 1:
@@ -119,7 +118,11 @@ def _sweep(a: argparse.Namespace, log) -> int:
     from mtplib.lab import sidebyside as S
     if not a.model or not a.mtp:
         raise InputError("--sweep needs --model and --mtp")
-    rates = tuple(float(x) for x in a.sweep.split(",") if x.strip())
+    parts = comma_list(a.sweep, "--sweep", "rates in [0, 1], e.g. 0.8,0.5")
+    try:
+        rates = tuple(float(x) for x in parts)
+    except ValueError:  # an element that is no number (was a traceback)
+        raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}") from None
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
         raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
     sw = S.SweepConfig(ks=list(a.k), rates=list(rates), reps=a.runs, warmup=a.warmup,

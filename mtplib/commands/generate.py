@@ -19,6 +19,7 @@ from mtplib.commands.common import (
     add_log_args,
     add_option,
     add_tls_args,
+    comma_list,
     parse_tokens,
     resolve_ctx,
     setup_logging,
@@ -101,6 +102,8 @@ def _check_args(a: argparse.Namespace) -> None:
     """generate's own arguments (the prompt), then every engine option."""
     if (a.tokens is None) == (a.prompt is None):
         raise InputError("give exactly one of --tokens IDS or --prompt TEXT")
+    if isinstance(a.tokens, str):  # here, not as an argparse type: one line like the rest
+        a.tokens = parse_tokens(a.tokens)
     if a.prompt is not None:
         try:
             a.prompt.encode("utf-8")
@@ -194,7 +197,7 @@ def endpoints(a: argparse.Namespace) -> list[str] | None:
     """--endpoints as a list (None: local shards are started)."""
     if not a.endpoints:
         return None
-    return [e.strip() for e in a.endpoints.split(",") if e.strip()]
+    return comma_list(a.endpoints, "--endpoints", "HOST:PORT,... (one per --plan range)")
 
 
 def add_sampling_args(g: argparse.ArgumentParser) -> None:
@@ -321,7 +324,7 @@ def resolve_llama_args(a: argparse.Namespace) -> None:
               file=sys.stderr)
 
     if a.spec_type is not None:
-        types = [t.strip() for t in a.spec_type.split(",") if t.strip()]
+        types = comma_list(a.spec_type, "--spec-type", "draft-mtp or none")
         if not types or any(t not in ("draft-mtp", "none") for t in types):
             raise InputError(f"--spec-type {a.spec_type}: mtplib drafts only with the model's "
                              "MTP block: give --spec-type draft-mtp with -md/--mtp SIDECAR, "
@@ -399,7 +402,7 @@ def register(sub) -> None:
         "refused naming the equivalent). Exit 3: a "
         "ranged run moved cache state across a shard connection (see the exit codes).")
     add_engine_args(g)
-    g.add_argument("--tokens", type=parse_tokens, help="prompt as token ids, e.g. 1,2,3")
+    g.add_argument("--tokens", help="prompt as token ids, e.g. 1,2,3")
     add_option(g, "--prompt", help="prompt text (tokenized by the model's tokenizer)")
     add_sampling_args(g)
     g.add_argument("--trace", action="store_true",

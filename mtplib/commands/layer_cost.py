@@ -9,16 +9,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from mtplib.commands.common import add_json_arg, add_log_args, setup_logging
+from mtplib.commands.common import add_json_arg, add_log_args, int_list, setup_logging
 from mtplib.errors import InputError, WouldOverwrite
 
 
 def _ks(s: str) -> tuple[int, ...]:
     try:
-        ks = tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ks takes comma-separated integers, got {s!r}") \
-            from None
+        ks = tuple(int_list(s, "--ks", "comma-separated integers, e.g. 1,2,3"))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if not ks:
         raise argparse.ArgumentTypeError("--ks is empty")
     return ks

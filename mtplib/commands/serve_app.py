@@ -27,24 +27,25 @@ import hmac
 import json
 import math
 import queue
+import re
 import secrets
 import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from mtplib.commands.serve_faults import RECHECK_S, BackendHealth
-from mtplib.commands.serve_fields import refusal
+from mtplib.commands.serve_fields import refusal, slot_refusal
 from mtplib.commands.serve_native import (
     chat_logprobs,
     completion_logprobs,
@@ -113,6 +114,17 @@ def _error_of(e: BaseException) -> ApiError:
         return ApiError(500, str(e), type="server_error")
     return ApiError(500, f"internal error ({type(e).__name__}); see the server's log",
                     type="server_error")
+
+
+def _sampler_param(e: InputError) -> str | None:
+    """The request field a `Sampler` refusal is about: its message starts with the field's
+    name ("top_p must ...", "logit_bias: bias of ..."); None when it names no field, so
+    ``param`` is never a piece of the sentence ("logit_bias:")."""
+    from mtplib.runtime.sampling import Sampler
+
+    m = re.match(r"[a-z_]+", str(e))
+    name = m.group(0) if m else None
+    return name if name in {f.name for f in fields(Sampler)} else None
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -285,9 +297,12 @@ class ChatRequest(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-def _validation_error(e: ValidationError) -> ApiError:
+def _validation_error(e: ValidationError | RequestValidationError) -> ApiError:
+    """The first error, named by its field; FastAPI's (a query parameter) start their loc
+    with where the field was ("query", "path"), which is no part of its name."""
     first = e.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"])
+    where = first["loc"][1:] if isinstance(e, RequestValidationError) else first["loc"]
+    loc = ".".join(str(x) for x in where)
     return ApiError(400, f"{loc}: {first['msg']}" if loc else first["msg"], param=loc or None)
 
 
@@ -593,16 +608,15 @@ class GenerationWorker:
         finish, out, pieces, pend, probs = "length", [], [], [], []
         stop_type = "limit"
         text = StopText(job.stop)
-        seen: dict[int, np.ndarray] = {}
         sampler = job.sampler
-        if job.n_logprobs is not None:  # the raw target logits of every pick, by position
-            sampler = replace(sampler, observe=lambda pos, lg: seen.__setitem__(pos, lg))
+        if job.n_logprobs is not None:  # each step's tokens then come with their records
+            sampler = replace(sampler, logprobs=job.n_logprobs)
         t0 = time.perf_counter()
         t_post = 0.0
         t_first = t_last = None
         with be.stream(toks, n_new, sampler=sampler) as gen:
-            for chunk in gen:
-                chunk = list(chunk)
+            for step in gen:
+                chunk = list(step)
                 if job.cancel.is_set() or self.cutting.is_set():
                     finish = "abort"
                     break
@@ -613,7 +627,7 @@ class GenerationWorker:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last
                 if job.n_logprobs is not None:
-                    probs += self._logprobs(chunk, len(toks) + len(out), seen, job.n_logprobs)
+                    probs += self._logprobs(chunk, getattr(step, "logprobs", None), be)
                 out += chunk
                 self.stats.step(len(out))
                 piece, hit = text.feed(be.detokenize(chunk) if chunk else "")
@@ -650,26 +664,17 @@ class GenerationWorker:
         self.stats.done(metrics, len(toks), len(out))
         job.post("done", finish, out, metrics, end)
 
-    def _logprobs(self, chunk: list[int], first_pos: int, seen: dict[int, np.ndarray],
-                  n: int) -> list[dict]:
-        """Per emitted token, its log-probability and the n most probable tokens, from
-        the last target logits its position was picked from (`Sampler.observe`)."""
-        from mtplib.runtime.sampling import log_softmax
-
-        out = []
-        for i, t in enumerate(chunk):
-            lg = seen.pop(first_pos + i, None)
-            if lg is None:  # the engine picked this position without the sampler
-                raise MtplibError(f"no target logits were seen at position {first_pos + i}")
-            lp = log_softmax(lg)
-            top = np.argsort(-lp, kind="stable")[:n]
-            piece = self.backend.detokenize
-            out.append({"id": int(t), "token": piece([t]), "logprob": float(lp[t]),
-                        "top": [{"id": int(x), "token": piece([int(x)]),
-                                 "logprob": float(lp[x])} for x in top]})
-        for pos in [p for p in seen if p < first_pos + len(chunk)]:
-            del seen[pos]
-        return out
+    def _logprobs(self, chunk: list[int], records: list | None, be: Any) -> list[dict]:
+        """Per emitted token, its log-probability and the most probable tokens: the
+        records the engine computed with the step (`Sampler.logprobs`, `Emitted`; in the
+        ranged worker too), given their text here."""
+        if records is None or len(records) < len(chunk) or any(
+                r.token != t for r, t in zip(records, chunk, strict=False)):
+            raise MtplibError("the backend's tokens came without their log-probabilities")
+        piece = be.detokenize
+        return [{"id": int(t), "token": piece([t]), "logprob": r.logprob,
+                 "top": [{"id": x, "token": piece([x]), "logprob": lp} for x, lp in r.top]}
+                for t, r in zip(chunk, records, strict=False)]
 
 
 class StopText:
@@ -741,7 +746,44 @@ async def _read_json(request: Request, limit: int) -> dict:
                        f"{str(e)[:200]})") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if b"\\u" in buf or not buf.isascii():  # else it cannot hold a surrogate
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ApiError(400, f"the request body is not valid JSON text: {where} holds an "
+                           "unpaired UTF-16 surrogate (\\ud800-\\udfff), which is no "
+                           "Unicode character", param=where)
     return data
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: dict) -> str | None:
+    """Where parsed JSON holds a lone surrogate ("messages.0.content"), or None. Python's
+    json reads "\\ud800" (or its raw bytes) into a str that no UTF-8 step can encode (the
+    tokenizer, a response that echoes it: a 500), so every endpoint refuses such a body
+    here, as llama-server's parser does; keys are shown escaped (the answer is UTF-8)."""
+    todo: list[tuple[str, Any]] = [("", data)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):
+                return path or "the body"
+            continue
+        if isinstance(v, dict):
+            items: list[tuple[Any, Any]] = list(v.items())
+        elif isinstance(v, list):
+            items = list(enumerate(v))
+        else:
+            continue
+        kids = []
+        for k, x in items:
+            name = str(k).encode("utf-8", "backslashreplace").decode()
+            if isinstance(k, str) and _SURROGATE.search(k):
+                return f"{path}.{name}" if path else name
+            kids.append((f"{path}.{name}" if path else name, x))
+        todo += reversed(kids)  # depth first, in the body's order
+    return None
 
 
 def _render_chat(cfg: ServeConfig, messages: list[ChatMessage]) -> str:
@@ -785,6 +827,12 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
     async def _api_error(_req: Request, e: ApiError) -> JSONResponse:
         return e.response()
 
+    @app.exception_handler(RequestValidationError)
+    async def _bad_param(_req: Request, e: RequestValidationError) -> JSONResponse:
+        # a query parameter of the wrong type (/slots?fail_on_no_slot=abc): 400 in this
+        # service's shape, as llama-server answers bad input, not FastAPI's {"detail"} 422
+        return _validation_error(e).response()
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
@@ -826,7 +874,8 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
 
     async def parse(request: Request, kind: type[_Request], endpoint: str) -> _Request:
         data = await _read_json(request, cfg.max_body_bytes)
-        bad = refusal(data, endpoint)  # unknown fields, inert ones at a live value
+        bad = (slot_refusal(data, len(worker.slot_states()))  # id_slot past --parallel
+               or refusal(data, endpoint))  # unknown fields, inert ones at a live value
         if bad:
             raise ApiError(400, bad[1], param=bad[0])
         try:
@@ -859,7 +908,7 @@ def create_app(worker: GenerationWorker, *, on_shutdown: Callable[[], None] = la
         try:
             return Sampler(**opts, logit_bias=req.bias(cfg.n_vocab))
         except InputError as e:
-            raise ApiError(400, str(e), param=str(e).split(" ", 1)[0]) from None
+            raise ApiError(400, str(e), param=_sampler_param(e)) from None
 
     def settings_of(req: _Request, sampler) -> dict:
         return generation_settings(cfg, sampler, n_predict=req.n_new(cfg.default_n),

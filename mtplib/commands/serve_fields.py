@@ -106,7 +106,10 @@ INERT: dict[str, Inert] = {
     "n_keep": Inert(lambda v, b: _any_int(v, b) and v >= -1,
                     "accepted: mtplib never shifts the context (a generation stops at its "
                     "end, truncated), so no token is discarded"),
-    "id_slot": Inert(_is(None, -1, 0), "one slot (id 0): -1 or 0"),
+    # any slot: each runs the same code on the same weights (no per-slot prompt cache), so
+    # the output is the same in any; `slot_refusal` bounds it by the service's slots
+    "id_slot": Inert(lambda v, b: v is None or _any_int(v, b) and v >= -1,
+                     "a slot id: -1 (any) or 0..N-1 under --parallel N"),
     "n_indent": Inert(_is(None, 0), f"n_indent {NOT_BUILT}"),
     "n_cache_reuse": Inert(_is(None, 0), "no prompt cache: n_cache_reuse must be 0"),
     "typical_p": Inert(_is(None, 1, 1.0), f"typical sampling {NOT_BUILT} (only 1.0)"),
@@ -157,6 +160,16 @@ ELSEWHERE = {
 
 #: every field name some endpoint knows (the full audit list of the tests)
 KNOWN = frozenset().union(*HONOURED.values()) | frozenset(INERT)
+
+
+def slot_refusal(body: dict, n_slots: int) -> tuple[str, str] | None:
+    """("id_slot", why) when the body asks for a slot past the service's (0..n_slots-1,
+    llama-server's ids); the request then runs in whichever slot is free (docs/serve.md)."""
+    v = body.get("id_slot")
+    if _any_int(v, body) and v >= n_slots:
+        return "id_slot", (f"id_slot={v} is refused: this service has {n_slots} slot"
+                           f"{'s' if n_slots > 1 else ''}, ids 0..{n_slots - 1} (-1: any)")
+    return None
 
 
 def refusal(body: dict, kind: str) -> tuple[str, str] | None:

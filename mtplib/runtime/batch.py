@@ -159,6 +159,17 @@ def batch_prefill(engine: Engine, sessions: Sequence[SpecSession],
     e = engine
     if sum(len(p) for p in prompts) > e.target.n_batch or len(sessions) == 1:
         return [s.prefill(p) for s, p in zip(sessions, prompts, strict=True)]
+    if any(len(p) == 1 for p in prompts):
+        # a one-token prompt decodes alone as one token, and upstream's kernels give a
+        # one-token decode other floats than a longer one: prefilled alone here too, so
+        # its answer is the one it gets alone (`Drafter.pad_single`)
+        lone = [i for i, p in enumerate(prompts) if len(p) == 1]
+        rest = [i for i in range(len(prompts)) if i not in lone]
+        firsts = dict(zip(rest, batch_prefill(e, [sessions[i] for i in rest],
+                                              [prompts[i] for i in rest]), strict=True)
+                      ) if rest else {}
+        firsts.update({i: sessions[i].prefill(prompts[i]) for i in lone})
+        return [firsts[i] for i in range(len(prompts))]
     toks = [s.prefill_begin(p) for s, p in zip(sessions, prompts, strict=True)]
     flat = [t for ts in toks for t in ts]
     pos = [i for ts in toks for i in range(len(ts))]
@@ -243,6 +254,8 @@ class BatchRun:
                  fill_gaps: bool | None = None) -> None:
         check_batchable(engine)
         self.engine = engine
+        # every slot drafts as it would alone: no lone one-token drafter decode
+        engine.drafter.pad_single = True
         self.lock = lock or contextlib.nullcontext()
         self.memory = memory
         self.slots: dict[int, Slot] = {}
@@ -324,7 +337,13 @@ class BatchRun:
             for s, (q, p, n_new, _) in zip(ss, todo, strict=True):
                 slot = self.slots[q] = Slot(q, n_new, len(p), s, [s.last])
                 self._finish_if_done(slot)
-        return [(x, list(self.slots[x].tokens)) if isinstance(x, int) else x for x in out]
+        return [(x, self._first(x)) if isinstance(x, int) else x for x in out]
+
+    def _first(self, seq: int) -> list[int]:
+        """A joined slot's first token as its prefill emitted it (`Emitted`: with its
+        log-probability when the slot's sampler asks)."""
+        s = self.slots[seq].session
+        return list(self.slots[seq].tokens) if s is None else s.emitted[:]
 
     def _check(self, prompt: Sequence[int], n_new: int) -> list[int]:
         return check_request(self.engine, prompt, n_new, per=" per slot")[0]

@@ -26,6 +26,11 @@ from mtplib.runtime.model import Context, RuntimeInputError
 class Drafter:
     name = "none"
     needs_rows = False
+    #: decode no single token alone (`BatchRun` sets it): upstream's CPU kernels give a
+    #: one-token decode other floats (about 2e-6 on the MTP block) than a decode of two or
+    #: more, while a token's floats in any decode of two or more are the same whatever its
+    #: neighbours; padded, a sequence drafts the same alone as beside others
+    pad_single = False
 
     def prefill(self, seq: int, tokens: Sequence[int], rows: np.ndarray | None) -> None:
         pass
@@ -117,10 +122,11 @@ class MTPDrafter(Drafter):
         depth = max((a[3] for a in asks), default=0)
         for i in range(depth):
             live = [j for j, a in enumerate(asks) if a[3] > i]
-            self.ctx.decode([cur[j][0] for j in live], [asks[j][2] + i for j in live],
-                            seq_id=[asks[j][0] for j in live], logits=True,
-                            rows=np.stack([cur[j][1] for j in live]))
-            toks = np.argmax(self.ctx.logits_all(len(live)), axis=1)
+            self._decode([cur[j][0] for j in live], [asks[j][2] + i for j in live],
+                         [asks[j][0] for j in live], np.stack([cur[j][1] for j in live]),
+                         logits=True)
+            toks = np.argmax(self.ctx.logits_all(self.ctx.last_decode_len)[:len(live)],
+                             axis=1)
             more = [n for n, j in enumerate(live) if i + 1 < asks[j][3]]
             nxt = self.ctx.nextn_rows(len(live)) if more else None
             for n, j in enumerate(live):
@@ -151,10 +157,22 @@ class MTPDrafter(Drafter):
             rows_in = np.stack(prevs)
             for a in range(0, len(toks), self.ctx.n_batch):
                 b = a + self.ctx.n_batch
-                self.ctx.decode(toks[a:b], poss[a:b], seq_id=seqs[a:b], rows=rows_in[a:b])
+                self._decode(toks[a:b], poss[a:b], seqs[a:b], rows_in[a:b])
         for seq, base, tokens, rows in feeds:
             self.pending[seq] = rows[-1].copy()
             self.n_fed[seq] = base + len(tokens)
+
+    def _decode(self, toks: list[int], poss: list[int], seqs: list[int], rows: np.ndarray,
+                logits: bool = False) -> None:
+        """One MTP decode of several sequences' tokens; with ``pad_single`` a lone token
+        goes with a copy of itself one position on, removed again at once (the MTP cache
+        keeps committed positions only), where the context has room for it."""
+        if self.pad_single and len(toks) == 1 and poss[0] + 1 < self.ctx.n_ctx:
+            self.ctx.decode([toks[0]] * 2, [poss[0], poss[0] + 1], seq_id=seqs * 2,
+                            logits=logits, rows=np.concatenate([rows, rows]))
+            self.ctx.seq_rm(seqs[0], poss[0] + 1, -1)
+            return
+        self.ctx.decode(toks, poss, seq_id=seqs, logits=logits, rows=rows)
 
     def truncate(self, seq: int, keep: int, last_row: np.ndarray | None) -> None:
         # keep-1 is the new undecoded last token: its entry needs h_{keep-2} = last_row

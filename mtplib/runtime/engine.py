@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import SupportsIndex, overload
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from mtplib.contract.types import (
 )
 from mtplib.runtime.drafters import Drafter
 from mtplib.runtime.model import Context, RuntimeInputError
-from mtplib.runtime.sampling import Sampler
+from mtplib.runtime.sampling import Sampler, TokenLogprob, token_logprob
 from mtplib.runtime.spec_metrics import Metrics
 
 RowFn = Callable[[Context, int], np.ndarray]
@@ -48,6 +49,33 @@ def no_phase(label: str, n_tokens: int) -> contextlib.AbstractContextManager:
 def top2_margin(logits: np.ndarray) -> float:
     a, b = np.partition(logits, -2)[-2:]
     return float(abs(b - a))
+
+
+class Emitted(list[int]):
+    """One step's emitted token ids (a list), with each one's `TokenLogprob` when the
+    session's sampler asks for them (``Sampler.logprobs``; else ``logprobs`` is None).
+
+    Why on the list: the records go wherever the step's tokens go (back over a ranged
+    worker's pipe, into a batch slot's stream) with nothing else to carry, on the whole
+    model and on shards alike; a slice keeps its tokens' records."""
+
+    def __init__(self, tokens: Iterable[int] = (),
+                 logprobs: Iterable[TokenLogprob] | None = None) -> None:
+        super().__init__(tokens)
+        self.logprobs: list[TokenLogprob] | None = None if logprobs is None \
+            else list(logprobs)
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Emitted: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> int | Emitted:
+        if isinstance(i, slice):
+            lp = self.logprobs
+            return Emitted(super().__getitem__(i), None if lp is None else lp[i])
+        return super().__getitem__(i)
 
 
 def api_rows(ctx: Context, n: int) -> np.ndarray:
@@ -80,6 +108,11 @@ class SpecSession:
         #: a drafter feed `commit` left to the caller (`commit(defer_feed=True)`): the
         #: batch step feeds every session's in one drafter decode
         self.pending_feed: tuple | None = None
+        #: while the sampler asks for log-probabilities: the logits of this step's picks by
+        #: position (a position picked again is replaced); `_emit` reads the emitted ones
+        self._picked: dict[int, np.ndarray] = {}
+        #: the last tokens emitted (the prefill's first one after `prefill`)
+        self.emitted = Emitted()
 
     # -- helpers ------------------------------------------------------------------------
     @property
@@ -112,11 +145,31 @@ class SpecSession:
         for p in [p for p in self.rows if p < horizon]:
             del self.rows[p]
 
-    def _emit(self, toks: Sequence[int]) -> None:
+    def _pick(self, logits: np.ndarray, position: int,
+              history: Sequence[int] | None) -> int:
+        """The sampler's pick at ``position``; its logits are kept while it asks for
+        log-probabilities (the last pick at a position is the emitted token's)."""
+        sampler = self.sampler
+        if sampler.logprobs is not None:
+            self._picked[position] = logits
+        return sampler.pick(logits, stream=self.sample_stream, position=position,
+                            history=history)
+
+    def _emit(self, toks: Sequence[int]) -> Emitted:
+        n, start = self.sampler.logprobs, len(self.tokens)
+        probs = None
+        if n is not None:  # every emitted position was picked in this step
+            missing = [start + i for i in range(len(toks)) if start + i not in self._picked]
+            if missing:
+                raise RuntimeInputError(f"no pick was made at positions {missing}")
+            probs = [token_logprob(self._picked[start + i], t, n) for i, t in enumerate(toks)]
+            self._picked.clear()  # the rest were rejected: picked again before emitted
         self.tokens.extend(int(t) for t in toks)
         self.metrics.n_generated += len(toks)
         if self.metrics.t_first is None:
             self.metrics.t_first = time.perf_counter()
+        self.emitted = Emitted((int(t) for t in toks), probs)
+        return self.emitted
 
     # -- lifecycle ----------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> int:
@@ -166,9 +219,8 @@ class SpecSession:
             e.drafter.prefill(self.seq, tokens, all_rows if e.drafter.needs_rows else None)
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
-        sampler = self.sampler
-        first = sampler.pick(logits, stream=self.sample_stream, position=len(tokens),
-                             history=tokens if sampler.penalized else None)
+        first = self._pick(logits, len(tokens),
+                           tokens if self.sampler.penalized else None)
         self._emit([first])
         self.session = self.session.decode(1)
         return first
@@ -254,14 +306,13 @@ class SpecSession:
         k, base = len(drafts), self.base
         self._rows = rows
         picks = []
-        sampler, stream = self.sampler, self.sample_stream
         # a penalized pick's history: the committed tokens, then the drafts before it
         # (its history exactly when this pick is the one emitted there)
-        hist = self.tokens + drafts if sampler.penalized else None
+        hist = self.tokens + drafts if self.sampler.penalized else None
         for i in range(k + 1):
             lg = lg_all[i]
-            picks.append(sampler.pick(lg, stream=stream, position=base + 1 + i,
-                                      history=None if hist is None else hist[:base + 1 + i]))
+            picks.append(self._pick(lg, base + 1 + i,
+                                    None if hist is None else hist[:base + 1 + i]))
             if self.margins is not None:
                 self.margins[base + 1 + i] = top2_margin(lg)
         self.n_cached, self.last_decode_len = base + k + 1, k + 1
@@ -324,8 +375,9 @@ class SpecSession:
         for p in [p for p in self.checkpoints if p > ckpt]:
             del self.checkpoints[p]
 
-    def commit(self, result: VerifyResult | None, *, defer_feed: bool = False) -> list[int]:
-        """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit.
+    def commit(self, result: VerifyResult | None, *, defer_feed: bool = False) -> Emitted:
+        """Apply a verify outcome: roll back rejected drafts, feed the drafter, emit (the
+        tokens, with their log-probabilities when the sampler asks: `Emitted`).
 
         Refuses, before anything changes, a result of another session, epoch or base, or
         one with no verify of this session pending (e.g. the same result twice).
@@ -342,7 +394,8 @@ class SpecSession:
             m.verify_steps += 1
             m.count(k, n_acc)
         last = self.last
-        self._emit(emitted)  # replay after a checkpoint restore reads the accepted tokens
+        # replay after a checkpoint restore reads the accepted tokens
+        out = self._emit(emitted)
         keep = base + n_acc + 1
         if self.n_cached > keep:  # rejected drafts are cached: a rollback step (timed)
             t0 = time.perf_counter()
@@ -363,7 +416,7 @@ class SpecSession:
         self.session = self.session.accept(n_acc, k) if k else self.session.decode(1)
         if self.trace is not None:
             self.trace.append({"pos": base, "drafts": list(self._drafts), "accepted": n_acc})
-        return emitted
+        return out
 
     def _check_commit(self, result: VerifyResult | None) -> None:
         if result is None:  # a plain step: nothing was proposed
@@ -377,7 +430,7 @@ class SpecSession:
             raise RuntimeInputError(f"verify result for base {result.base_position}, "
                                     f"session is at {self.base}")
 
-    def step(self, k: int | None = None) -> list[int]:
+    def step(self, k: int | None = None) -> Emitted:
         """One propose -> verify -> commit round; returns the emitted tokens."""
         return self.commit(self.verify(self.propose(k)))
 

@@ -40,9 +40,10 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
                      seq_id: int | None = None, memory: Callable[[int], dict] | None = None,
                      result: dict | None = None) -> Iterator[list[int]]:
     """The one generation loop: open a session, yield the tokens each step emits (the first
-    from the prefill), then put ``"tokens"`` and ``"metrics"`` (and the trace) into
-    ``result`` and close the session. Closing the iterator early closes the session too.
-    ``n_new`` 0 generates nothing (no decode at all)."""
+    from the prefill; an `Emitted`, with log-probabilities when the sampler asks), then
+    put ``"tokens"`` and ``"metrics"`` (and the trace) into ``result`` and close the
+    session. Closing the iterator early closes the session too. ``n_new`` 0 generates
+    nothing (no decode at all)."""
     prompt, n_new = check_request(engine, prompt, n_new)
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
         metrics = empty_metrics(engine, len(prompt), memory, 0 if seq_id is None else seq_id)
@@ -51,7 +52,7 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
         return
     s = engine.open(prompt, seq_id=seq_id)
     try:
-        yield [s.last]
+        yield s.emitted  # the prefill's first token (an `Emitted`, as every step's)
         while s.metrics.n_generated < n_new:
             yield s.step(min(engine.k, n_new - s.metrics.n_generated - 1))
         metrics = session_metrics(engine, s, memory)
