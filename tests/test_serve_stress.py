@@ -111,7 +111,8 @@ def test_the_red_team_probe_parts_at_a_near_tie():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel,seed,n_bursts", [(4, 1, 40), (2, 2, 15)])
+@pytest.mark.parametrize("parallel,seed,n_bursts", [(4, 1, 40), (3, 3, 10), (2, 2, 15),
+                                                    (1, 4, 8)])
 def test_mixed_traffic_whole_model(parallel, seed, n_bursts):
     _replay((*WHOLE, "--parallel", str(parallel)), seed, n_bursts)
 

@@ -79,6 +79,7 @@ LAYOUTS = {
     "serve-vs-library*.json": "serve",  # evidence/serve: mtplib serve against the library
     "serve/faults.json": "serve_faults",  # evidence/serve: a shard's fault, 503 and recovery
     "serve/batch-*.json": "serve_batch",  # evidence/serve: --parallel N against one client
+    "serve/stress-*.json": "serve_stress",  # evidence/serve: mixed traffic vs alone
     "profile/*.json": "profile",  # evidence/side-by-side/profile: the step profiles
     "trained-v4/metrics.json": "trained_metrics",
     "trained-v4/split.json": "trained_split",
