@@ -304,14 +304,14 @@ def test_a_lone_drafter_decode_has_a_batched_ones_floats(rt):
     assert not np.array_equal(unpadded, beside)  # what the pad is for
 
 
-def test_a_slot_beside_others_is_bitwise_the_slot_alone(rt):
+def _beside_others_equals_alone(r: MTPRuntime) -> None:
     """Every target logit a slot's sampler sees, and every draft, equal bitwise whether
     the slot runs alone in a batch or beside others that join together, leave early
     (abandoned) and end (a one-token prompt among them): no near-tie can part them."""
     prompts = {11: seeded_prompt(11), 13: [7], 14: seeded_prompt(14)}
 
     def solo(seed: int) -> tuple:
-        b = BatchRun(rt.engine)
+        b = BatchRun(r.engine)
         seen: dict = {}
         q, _ = b.join(prompts[seed], N_NEW, sampler=_observed(seen))
         while q in b.active():
@@ -321,8 +321,8 @@ def test_a_slot_beside_others_is_bitwise_the_slot_alone(rt):
         return toks, seen, [x["drafts"] for x in m.steps]
 
     want = {seed: solo(seed) for seed in prompts}
-    b = BatchRun(rt.engine)
-    assert rt.engine.drafter.pad_single  # a batch drafts as alone (test above)
+    b = BatchRun(r.engine)
+    assert r.engine.pad_single and r.engine.drafter.pad_single  # set by every batch
     seen = {seed: {} for seed in prompts}
     joined = b.join_many([(prompts[s], N_NEW, _observed(seen[s])) for s in prompts])
     slot = dict(zip(prompts, (q for q, _ in joined), strict=True))
@@ -348,3 +348,16 @@ def test_a_slot_beside_others_is_bitwise_the_slot_alone(rt):
         assert toks == w_toks and drafts == w_drafts, seed
         assert lgs.keys() == w_lgs.keys()
         assert all(np.array_equal(lgs[p], w_lgs[p]) for p in w_lgs), seed
+
+
+def test_a_slot_beside_others_is_bitwise_the_slot_alone(rt):
+    _beside_others_equals_alone(rt)
+
+
+def test_a_plain_slot_beside_others_is_bitwise_the_slot_alone(pair):
+    """MTP off: a lone slot's one-token step is padded (the whole model's contexts of
+    several sequences keep one position of tail removal for it), so it steps as beside
+    others."""
+    with MTPRuntime(str(pair.trunk), None, k=0, n_seq_max=4, n_ctx=512, trace=True) as plain:
+        assert plain.target.n_rs_seq == 1
+        _beside_others_equals_alone(plain)

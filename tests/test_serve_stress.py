@@ -118,5 +118,11 @@ def test_mixed_traffic_whole_model(parallel, seed, n_bursts):
 
 
 @pytest.mark.slow
+def test_mixed_traffic_whole_model_mtp_off():
+    """MTP off: a lone slot's one-token step is padded, so alone equals beside others."""
+    _replay(("-m", str(TRAINED.trunk), "--parallel", "4"), 6, 15)
+
+
+@pytest.mark.slow
 def test_mixed_traffic_ranged():
     _replay((*WHOLE, "--parallel", "4", "--plan", "0-1,2-3"), 5, 12)

@@ -102,11 +102,17 @@ def batch_step(engine: Engine, sessions: Sequence[SpecSession],
         seqs = [sessions[i].seq for i in group for _ in windows[i]]
         n = len(toks)
         kind = StepKind.VERIFY if any(proposals[i] for i in group) else StepKind.DECODE
+        # a lone one-token step (MTP off, one slot live) decodes as two, as beside others
+        pad = e.pad_single and n == 1 and e.target.n_rs_seq >= 1 \
+            and pos[0] + 1 < e.target.n_ctx
         t0 = time.perf_counter()
-        with e.phase(kind, n):
-            e.target.decode(toks, pos, seq_id=seqs, logits=e.head is None)
-            rows = e.rows(e.target, n) if e.needs_rows else None
-            lg = e.target.logits_all(n) if e.head is None else e.head(rows)
+        with e.phase(kind, n + pad):
+            e.target.decode(toks * (1 + pad), [*pos, pos[0] + 1][:n + pad],
+                            seq_id=seqs * (1 + pad), logits=e.head is None)
+            rows = e.rows(e.target, n + pad)[:n] if e.needs_rows else None
+            lg = e.target.logits_all(n + pad)[:n] if e.head is None else e.head(rows)
+            if pad and not e.target.seq_rm(seqs[0], pos[0] + 1, -1):
+                raise RuntimeInputError(f"removing the pad of sequence {seqs[0]} failed")
             a = 0
             for i in group:
                 b = a + len(windows[i])
@@ -254,8 +260,8 @@ class BatchRun:
                  fill_gaps: bool | None = None) -> None:
         check_batchable(engine)
         self.engine = engine
-        # every slot drafts as it would alone: no lone one-token drafter decode
-        engine.drafter.pad_single = True
+        # every slot decodes as it would alone: no lone one-token decode (`Engine.pad_single`)
+        engine.pad_single = engine.drafter.pad_single = True
         self.lock = lock or contextlib.nullcontext()
         self.memory = memory
         self.slots: dict[int, Slot] = {}

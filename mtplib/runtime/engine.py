@@ -492,6 +492,12 @@ class Engine:
         self.sessions: dict[int, SpecSession] = {}
         #: sessions opened so far per seq id: a reused seq id gets a new session id
         self._opened: Counter = Counter()
+        #: decode no lone token as one (`BatchRun` sets it): upstream's CPU kernels give a
+        #: one-token decode other floats than a decode of two or more, while a token's
+        #: floats in any decode of two or more are the same whatever its neighbours; a lone
+        #: one-token step then decodes with a copy of its token one position on, removed at
+        #: once by tail removal (needs n_rs_seq >= 1), so a slot steps alone as beside others
+        self.pad_single = False
         #: (picks, drafts) -> accepted length, overriding the match (`warm_up` only)
         self.forced_accept: Callable[[Sequence[int], Sequence[int]], int] | None = None
 

@@ -83,9 +83,13 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
     needs_rows = use_mtp or (drafter is not None and drafter.needs_rows) or client_head
     s = opts.settings
     owned: list = []
-    tcfg = ContextConfig.from_settings(
-        s, n_seq_max=opts.n_seq_max, n_rs_seq=opts.k if opts.n_rs_seq is None else opts.n_rs_seq,
-        nextn_rows="all" if needs_rows else "off")
+    # several sequences on the whole model: at least one position of tail removal, so a
+    # batch can pad a lone one-token step (`Engine.pad_single`); on shards a stock build
+    # would move compressor state across a seam for it, so ranged keeps k
+    n_rs_seq = opts.n_rs_seq if opts.n_rs_seq is not None else \
+        max(opts.k, 1) if opts.n_seq_max > 1 and not trunk.endpoints else opts.k
+    tcfg = ContextConfig.from_settings(s, n_seq_max=opts.n_seq_max, n_rs_seq=n_rs_seq,
+                                       nextn_rows="all" if needs_rows else "off")
     if trunk.endpoints:  # ranged: the client computes only the token lookup (context_threads)
         tcfg = replace(tcfg, n_threads=context_threads(trunk, s.n_threads))
     mode, capture = "off", None
