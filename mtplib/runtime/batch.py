@@ -168,7 +168,7 @@ def batch_prefill(engine: Engine, sessions: Sequence[SpecSession],
     if any(len(p) == 1 for p in prompts):
         # a one-token prompt decodes alone as one token, and upstream's kernels give a
         # one-token decode other floats than a longer one: prefilled alone here too, so
-        # its answer is the one it gets alone (`Drafter.pad_single`)
+        # its answer is the one it gets alone (`Engine.pad_single`)
         lone = [i for i, p in enumerate(prompts) if len(p) == 1]
         rest = [i for i in range(len(prompts)) if i not in lone]
         firsts = dict(zip(rest, batch_prefill(e, [sessions[i] for i in rest],
