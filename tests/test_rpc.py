@@ -169,6 +169,14 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _await_gone(pid: int, what: str, timeout: float = 5.0) -> None:
+    """Wait (bounded) until ``pid`` is gone or a zombie; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not _zombie(pid):
+        assert time.monotonic() < deadline, f"{what} {pid} outlived its owner"
+        time.sleep(0.05)
+
+
 CHILD = """
 import sys, time
 from mtplib.distributed.processes import LocalShards
@@ -193,10 +201,7 @@ def test_no_orphan_when_the_owner_dies_or_is_interrupted(how, tmp_path):
         assert Path(f"/proc/{shard_pid}").exists()
         p.send_signal(signal.SIGKILL if how == "sigkill" else signal.SIGINT)
         p.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while Path(f"/proc/{shard_pid}").exists() and not _zombie(shard_pid):
-            assert time.monotonic() < deadline, f"shard {shard_pid} outlived its owner"
-            time.sleep(0.05)
+        _await_gone(shard_pid, "shard")
     finally:
         if p.poll() is None:
             p.kill()
@@ -232,10 +237,7 @@ def test_a_shard_restarted_from_a_thread_dies_with_its_owner_even_stopped(tmp_pa
         os.kill(shard_pid, signal.SIGSTOP)
         p.kill()
         p.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while not _zombie(shard_pid):
-            assert time.monotonic() < deadline, f"stopped shard {shard_pid} outlived its owner"
-            time.sleep(0.05)
+        _await_gone(shard_pid, "stopped shard")
     finally:
         if p.poll() is None:
             p.kill()
