@@ -4,7 +4,7 @@
 # new tokens (the WAN evidence's target cell), 1 rep; warm on 2 and 3 shards (k 0 and 2) and
 # cold (one `mtplib generate` process per generation, default options) on 3 shards (k=2);
 # the baseline (patches/0001 alone) and the patched build (the full patch set), interleaved
-# by build. Writes target/<build>/<mode>/ here; then `report.py --write`.
+# by build. Writes target/<build>/<mode>/ here; then `mtplib.reports.upstream_patches.report --write`.
 #
 #   evidence/upstream-patches/measure_target.sh BASELINE_UPSTREAM
 #
@@ -36,4 +36,4 @@ run patched warm "$W"
 run baseline warm "$W"
 run patched cold "$C"
 run baseline cold "$C"
-PYTHONPATH="$ROOT" "$ROOT/.venv/bin/python" "$ROOT/evidence/upstream-patches/report.py"
+(cd "$ROOT" && .venv/bin/python -m mtplib.reports.upstream_patches.report)

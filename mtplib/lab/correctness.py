@@ -12,13 +12,14 @@ import numpy as np
 
 from mtplib.contract.labels import STEP_KINDS, StepKind
 from mtplib.distributed.results import RangedMetrics
-from mtplib.lab.progress import bar as _bar
+from mtplib.lab.common.progress import bar as _bar
 from mtplib.lab.quality import NOISE_BOUND, compare_streams
 from mtplib.runtime.drafters import OracleDrafter
 from mtplib.runtime.generate import prefill
+from mtplib.runtime.generation import expected_verify_steps
 from mtplib.runtime.model import Context, ContextConfig
 from mtplib.runtime.sampling import Sampler
-from mtplib.runtime.speculative import MTPRuntime, expected_verify_steps
+from mtplib.runtime.speculative import MTPRuntime
 
 
 def seeded_prompt(seed: int, n: int = 12, n_vocab: int = 256) -> list[int]:
@@ -159,8 +160,8 @@ def whole_vs_ranged(trunk: str, sidecar: str, *, plans: Sequence[str] = ("0-1,2-
     its MTP block ran (``mtp_placement``) and ``mtp_on_tail``: upstream placed all of it on
     the tail shard (None for MTP off)."""
     from mtplib.distributed.ranged_mtp import RangedMTP
+    from mtplib.runtime.engine_options import EngineOptions
     from mtplib.runtime.settings import DecodeSettings
-    from mtplib.runtime.speculative import EngineOptions
 
     prompt = seeded_prompt(prompt_seed, 10)
     whole = {}

@@ -1,5 +1,5 @@
 """The charts of notebook 03 (correctness): seam traffic per step kind and rollback
-exactness, as pyplot-free Figures that follow `mtplib.lab.display`'s conventions (a title
+exactness, as pyplot-free Figures that follow `mtplib.lab.common.display`'s conventions (a title
 naming what and which model / plan, labelled axes with units, legends outside the data).
 They take the rows `mtplib.lab.correctness` returns (or the DataFrames made of them)."""
 
@@ -9,7 +9,7 @@ import math
 
 from mtplib.contract import labels
 from mtplib.errors import InputError
-from mtplib.lab import display as D
+from mtplib.lab.common import display as D
 
 #: step kinds of `correctness.whole_vs_ranged`'s ``bytes_per_token_<kind>`` columns
 STEP_KINDS = labels.STEP_KINDS

@@ -39,8 +39,8 @@ from mtplib.contract.types import DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError
 from mtplib.host import cpu_info, gpu_info
 from mtplib.lab.correctness import seeded_prompt
-from mtplib.lab.projection import LAYER_COST_SCHEMA as SCHEMA
-from mtplib.lab.sidebyside import loadavg
+from mtplib.lab.projection.compute_inputs import LAYER_COST_SCHEMA as SCHEMA
+from mtplib.lab.sidebyside.machine import loadavg
 
 SLICE = "v4-flash-slice"
 PARTNER = "v4-flash-slice-l4"

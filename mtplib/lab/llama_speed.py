@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args(argv)
     from mtplib import host, paths
-    from mtplib.lab.wan import trained_prompts
+    from mtplib.lab.wan.inputs import trained_prompts
     from mtplib.model.trained import trained_paths
     from mtplib.runtime import build_info
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtplib import host, paths
-from mtplib.lab.rows import row_from_dict, typed
+from mtplib.lab.common.tables import row_from_dict, typed
 from mtplib.runtime import build_info
 from mtplib.runtime.links import WanLink
 from mtplib.runtime.rpc import recv_exact
@@ -67,10 +67,10 @@ def run(rtts_ms: list[float], *, reps: int = 3, n_prompts: int = 4, n_new: int =
         plan: str = "0-1,2-3", log=print) -> dict:
     from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.distributed.tls import TlsConfig, init_pki
-    from mtplib.lab.wan import trained_prompts
+    from mtplib.lab.wan.inputs import trained_prompts
     from mtplib.model.trained import trained_paths
+    from mtplib.runtime.engine_options import EngineOptions
     from mtplib.runtime.settings import DecodeSettings
-    from mtplib.runtime.speculative import EngineOptions
 
     pair = trained_paths()
     prompts = trained_prompts(n_prompts, prompt_len)

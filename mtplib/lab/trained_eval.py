@@ -17,17 +17,21 @@ RouteRefused naming the policy before any model is loaded.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mtplib import logs
 from mtplib.contract.capabilities import Policy
 from mtplib.errors import InputError, MtplibError
 from mtplib.model.trained import EVIDENCE_DIR, TrainedPair, trained_paths
 from mtplib.runtime.routing import require_mtp
 from mtplib.runtime.rows import CapturedRows
+
+log = logging.getLogger(__name__)
 
 #: Parity configuration: F32 K/V, flash attention off (flash attention rounds K/V to F16).
 PARITY_CTX = {"kv_type": "f32", "flash_attn": "off"}
@@ -348,11 +352,9 @@ def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts
     for each of ``speed_threads`` (on a loaded 2-core machine 2 threads can be slower:
     upstream's threads spin at every graph barrier while the other one is descheduled)."""
     import os
-    import sys
 
     def say(msg: str) -> None:
-        print(f"[trained_eval] {msg} (load {os.getloadavg()[0]:.1f})", file=sys.stderr,
-              flush=True)
+        log.info("[trained_eval] %s (load %.1f)", msg, os.getloadavg()[0])
 
     pol = require_mtp("trained_eval", (1, 2, 3), policy=policy)  # every k measured below
     pair = trained_paths(root)
@@ -382,7 +384,6 @@ def measure_all(root: str | Path | None = None, *, n_threads: int = 1, n_prompts
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import sys
 
     ap = argparse.ArgumentParser(prog="python -m mtplib.lab.trained_eval",
                                  description="measure the trained pair on upstream (no torch)")
@@ -397,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="deployment policy (default: $MTPLIB_POLICY, else beta); alpha "
                     "refuses: every measurement here runs the MTP block")
     a = ap.parse_args(argv)
+    logs.configure()
     pair = trained_paths(a.dir)
     if not pair.exists():
         raise SystemExit(f"no trained pair in {a.dir}")
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             res.update(measure_all(a.dir, n_threads=a.threads, n_prompts=a.prompts,
                                    n_new=a.n, policy=pol))
     except MtplibError as e:  # one line, exit 2, as the mtplib CLI says it
-        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        log.error("%s: error: %s", ap.prog, e)
         return 2
     text = json.dumps(res, indent=2, sort_keys=True)
     if a.out:
@@ -424,11 +426,11 @@ if __name__ == "__main__":
 
 def anchor_table(metrics_path: str | None = None) -> list[dict]:
     """Acceptance per position of the committed trained pair next to the reference anchors
-    (mtplib.lab.display.REFERENCES), as rows for the benchmark notebook."""
+    (mtplib.lab.common.display.REFERENCES), as rows for the benchmark notebook."""
     import json
     from pathlib import Path
 
-    from mtplib.lab.display import REFERENCE_S9
+    from mtplib.lab.common.display import REFERENCE_S9
 
     p = Path(metrics_path) if metrics_path else EVIDENCE_DIR / "metrics.json"
     m = json.loads(p.read_text())

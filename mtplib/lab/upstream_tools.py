@@ -4,8 +4,9 @@ Opt-in (never part of CI): `build_tools()` compiles `llama-server` (and `llama-c
 on upstream's server loop in tools/server/server-context.cpp) from the pinned
 llama-cpp-python sdist's `vendor/llama.cpp` once, CPU only, with the flags the Python
 wheel is built with (Release, GGML_NATIVE on, GGML_RPC on), and caches the binaries under
-``~/.cache/mtplib/upstream-tools/<commit>/bin`` (the issue estimates about 9 minutes on 2
-idle cores; 28 minutes were measured here under a load of about 5).
+``$MTPLIB_CACHE_DIR/upstream-tools/<commit>/bin`` (default ~/.cache/mtplib; the issue
+estimates about 9 minutes on 2 idle cores; 28 minutes were measured here under a load of
+about 5).
 
 Why llama-server: at the pinned commit `--spec-synth-rates` is accepted by the server and
 the CLI only (common/arg.cpp: LLAMA_EXAMPLE_SERVER, LLAMA_EXAMPLE_CLI), and llama-cli runs
@@ -38,14 +39,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import envs, pins
 from mtplib.errors import UpstreamFault
+from mtplib.runtime import OMP_DEFAULTS
 from mtplib.runtime.settings import DecodeSettings
 
 TARGETS = ("llama-server", "llama-cli")
-CACHE_ROOT = Path(os.environ.get("MTPLIB_CACHE", Path.home() / ".cache" / "mtplib"))
 SDIST_NAME = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-SDIST_CANDIDATES = (Path("/tmp/sdist") / SDIST_NAME, CACHE_ROOT / "sdist" / SDIST_NAME)
+
+
+def sdist_candidates() -> tuple[Path, ...]:
+    """Where the pinned sdist may already be: /tmp/sdist, then the cache ($MTPLIB_CACHE_DIR,
+    where ./dev.sh setup keeps it)."""
+    return (Path("/tmp/sdist") / SDIST_NAME, envs.cache_dir() / "sdist" / SDIST_NAME)
+
 #: CPU build, the wheel's flags (GGML_NATIVE defaults on, GGML_RPC from pins.CMAKE_ARGS),
 #: static libraries so the binaries never pick up another libllama; no web UI download,
 #: no OpenSSL, no tests or examples.
@@ -72,7 +79,7 @@ class UpstreamToolError(UpstreamFault):
 
 
 def tools_dir(commit: str = pins.LLAMA_CPP_COMMIT) -> Path:
-    return CACHE_ROOT / "upstream-tools" / commit
+    return envs.cache_dir() / "upstream-tools" / commit
 
 
 def find_sdist(sdist: str | Path | None = None) -> Path:
@@ -82,10 +89,10 @@ def find_sdist(sdist: str | Path | None = None) -> Path:
         if not p.is_file():
             raise UpstreamToolError(f"sdist {p} not found")
         return p
-    for p in SDIST_CANDIDATES:
+    for p in sdist_candidates():
         if p.is_file():
             return p
-    dest = CACHE_ROOT / "sdist"
+    dest = envs.cache_dir() / "sdist"
     dest.mkdir(parents=True, exist_ok=True)
     cmd = ["pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dest),
            f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}"]
@@ -238,8 +245,10 @@ class Server:
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        # upstream's threads wait as mtplib's do (OMP_DEFAULTS; a value set here wins)
         self.proc = subprocess.Popen(cfg.argv(self.binary, self.port), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**OMP_DEFAULTS, **os.environ})
         self._wait_ready(start_timeout)
 
     @property

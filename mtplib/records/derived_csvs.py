@@ -1,6 +1,6 @@
 """The CSVs committed beside a results JSON are derived from it, by the library's writer:
-``wan_summary.csv`` from ``wan.json`` (`mtplib.lab.wan.write_summary_csv`) and the
-``bench_*.csv`` from ``bench.json`` (`mtplib.lab.bench_summary.write_csvs`).
+``wan_summary.csv`` from ``wan.json`` (`mtplib.lab.wan.files.write_summary_csv`) and the
+``bench_*.csv`` from ``bench.json`` (`mtplib.lab.bench.summary.write_csvs`).
 
 A CSV written by an older writer keeps the older format (lists as JSON text, ``rep`` as a
 float, no ``build`` column) until it is written again. ``python -m
@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtplib import paths
+from mtplib import logs, paths
 from mtplib.errors import InputError
 from mtplib.files import write_text_atomic
-from mtplib.lab import bench_summary as B
-from mtplib.lab import wan as W
+from mtplib.lab.bench import summary as B
+from mtplib.lab.wan import files as W
+
+log = logging.getLogger(__name__)
 
 #: results file name -> its CSV writer (the file's data, a folder) -> the CSVs it wrote
 WRITERS: dict[str, Callable[[dict, Path], Iterable[Path]]] = {
@@ -97,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 when a derived CSV differs from its writer's")
     a = ap.parse_args(argv)
+    logs.configure()
     try:
         found = derived(a.folders)
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     for p in orphans(a.folders, found):
         print(f"no results file derives {p}: left as it is")

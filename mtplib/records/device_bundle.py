@@ -22,6 +22,7 @@ import fnmatch
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -32,8 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import logs, pins
 from mtplib.errors import InputError
+
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 #: What `run` carries in all, working tree included (the device tool's limit).
@@ -291,10 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-wheels", action="store_true", help="skip the pip download")
     a = ap.parse_args(argv)
+    logs.configure()
     try:
         m = build_bundle(a.sdist, a.out, wheels=not a.no_wheels)
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     print(json.dumps(m.to_dict(), indent=1))
     return 0

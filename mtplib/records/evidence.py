@@ -1,7 +1,8 @@
 """Evidence READMEs generated from a run's raw metrics, and the check that they only say
 what the metrics say. This module picks the writer of a story; the writers themselves are
-`mtplib.records.dgr065` and `mtplib.records.dgr066` (one function per README section),
-sharing `mtplib.records.readme` (tracing rule, formatting, tables, links).
+`mtplib.records.ownership_report`, `mtplib.records.benchmark_report` and
+`mtplib.records.wan_evidence` (one function per README section), sharing
+`mtplib.records.readme` (tracing rule, formatting, tables, links).
 
 - `write_evidence_readme(run_dir, story, out)`: the README of a story, every number
   formatted from the run's raw metrics (``run_record.json`` and the story's own files,
@@ -9,9 +10,9 @@ sharing `mtplib.records.readme` (tracing rule, formatting, tables, links).
   ``dgr065_state.json`` for DGR-065; each read by its reader in
   `mtplib.records.raw_metrics`), and the criterion tests' results where they were
   recorded (``tests-<story>.json``, `mtplib.records.pytest_results`).
-- `numbers_trace(text, raw)`: the numbers in a README that do not appear in the raw metrics
-  (the rule is `TRACE_RULE`, also printed at the end of every README; DGR-065's README
-  prints it as `TRACE_RULE_DGR065`, naming its own files).
+- `mtplib.records.readme.numbers_trace(text, raw)`: the numbers in a README that do not
+  appear in the raw metrics (each writer's rule is its `TRACE_RULE`, also printed at the end
+  of its README).
 - `copy_run(run_dir, story, dest)`: what ``mtplib evidence`` does: copy a run's executed
   notebooks, raw metrics, plots and run record into ``evidence/<story>/`` and write the
   README there (refusing to overwrite a different file unless forced); DGR-065 copies only
@@ -29,28 +30,18 @@ from pathlib import Path
 
 from mtplib.errors import InputError, WouldOverwrite
 from mtplib.files import copy_atomic, write_text_atomic
-from mtplib.records import dgr065, dgr066, dgr066_correctness, wan_evidence
+from mtplib.records import benchmark_report, correctness_report, ownership_report, wan_evidence
 from mtplib.records import pytest_results as pr
 from mtplib.records import raw_metrics as rm
 from mtplib.records.raw_metrics import BENCH_DIR
-from mtplib.records.readme import CITED_BENCH_KEYS, Links, cited, numbers_trace, readme_numbers
+from mtplib.records.readme import Links, numbers_trace
 from mtplib.records.run_record import read_record
-
-__all__ = ["BENCH_DIR", "CITED_BENCH_KEYS", "DGR065_NOTEBOOKS", "DGR065_RAW", "STORY_FILES",
-           "STORY_RAW", "TRACE_RULE", "TRACE_RULE_DGR065", "WRITERS", "Links", "cited",
-           "copy_run", "load_raw", "numbers_trace", "readme_numbers", "render_readme",
-           "run_files", "write_evidence_readme"]
-
-TRACE_RULE = dgr066.TRACE_RULE
-TRACE_RULE_DGR065 = dgr065.TRACE_RULE
-DGR065_NOTEBOOKS = dgr065.NOTEBOOKS
-DGR065_RAW = dgr065.RAW
 
 #: The raw metrics a story's README may cite besides ``run_record.json``: key in the dict
 #: `load_raw` returns -> (file in the run directory, its reader); read when present.
 STORY_RAW: dict[str, dict[str, tuple[str, Callable[[Path], dict]]]] = {
     "DGR-066": {"bench": (rm.BENCH_JSON, rm.read_bench),
-                "correctness": (rm.CORRECTNESS_JSON, dgr066_correctness.read_correctness),
+                "correctness": (rm.CORRECTNESS_JSON, correctness_report.read_correctness),
                 "tests": (pr.results_file("DGR-066"), lambda d: pr.read_results(d, "DGR-066"))},
     "DGR-065": {"ownership": (rm.OWNERSHIP_JSON, rm.read_ownership),
                 "state": (rm.STATE_JSON, rm.read_state),
@@ -73,7 +64,8 @@ def load_raw(run_dir: str | Path, story: str = "DGR-066") -> dict:
 
 #: The README writer of each story: (run_dir, raw metrics, links) -> README text.
 WRITERS: dict[str, Callable[[Path, dict, Links], str]] = {
-    dgr066.STORY: dgr066.render, dgr065.STORY: dgr065.render,
+    benchmark_report.STORY: benchmark_report.render,
+    ownership_report.STORY: ownership_report.render,
     wan_evidence.STORY: wan_evidence.render}
 
 
@@ -132,7 +124,8 @@ def run_files(run_dir: Path) -> list[Path]:
 
 #: What ``mtplib evidence`` copies for a story (default: `run_files`, the whole run).
 STORY_FILES: dict[str, Callable[[Path], list[Path]]] = {
-    dgr065.STORY: dgr065.story_files, wan_evidence.STORY: wan_evidence.story_files}
+    ownership_report.STORY: ownership_report.story_files,
+    wan_evidence.STORY: wan_evidence.story_files}
 
 
 def replaced_files(target: Path, story: str) -> list[Path]:

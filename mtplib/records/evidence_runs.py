@@ -9,6 +9,9 @@ and end. A field comes from the file's own content where the run wrote it (its
 git history where that can establish it (the last commit that changed the file: the code that
 ran is that commit's or an earlier one's), else it says `UNKNOWN`: nothing is guessed.
 
+A command naming an evidence script that is a module now gets ``rerun`` beside it
+(`mtplib.records.moved_scripts`).
+
 ``python -m mtplib.records.evidence_runs FOLDER...`` writes the records (git history needs a
 full clone); ``--check`` only reports what `problems` finds, as tests/test_evidence_runs.py
 does on the committed evidence.
@@ -18,16 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from mtplib import files, paths
+from mtplib import files, logs, paths
 from mtplib.errors import InputError
 from mtplib.host import FROM_HISTORY
+from mtplib.records.moved_scripts import rerun
 from mtplib.stamps import sha256_file
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "mtplib.evidence_runs/1"
 RECORD = "run_record.json"
@@ -189,6 +195,9 @@ def entry(path: Path, folder: Path, repo: Path) -> dict:
     e: dict = {"file": path.relative_to(folder).as_posix()}
     e.update({k: facts.get(k) if facts.get(k) not in (None, "", {}, []) else UNKNOWN
               for k in FIELDS})
+    again = rerun(e["command"], folder.resolve().relative_to(repo.resolve()).as_posix())
+    if again is not None:  # the script is a module now: the same arguments through it
+        e["rerun"] = again
     later = facts.get("from_history", [])
     own = [k for k in FIELDS if e[k] != UNKNOWN and k not in later]
     e["from_the_file"] = own
@@ -359,6 +368,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                     help="first add a provenance block, from git history, to each results "
                          "file that names no commit or build (`stamp_folder`)")
     a = ap.parse_args(list(argv) if argv is not None else None)
+    logs.configure()
     bad = 0
     try:
         for f in map(Path, a.folders):
@@ -377,7 +387,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                 print(line)
                 bad = 1
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     return bad
 

@@ -3,7 +3,7 @@
 One reader for every results file a run (or a committed evidence folder) holds, so a user
 gets DataFrames without knowing the JSON layouts. Each table is one row per measured
 thing (a generation, a summary cell, a scenario), nested values spread over columns as
-the CSVs have them (`mtplib.lab.tables`). Keys, present only where the run has the file:
+the CSVs have them (`mtplib.lab.common.tables`). Keys, present only where the run has the file:
 
 - ``bench`` (one row per generation), ``bench_summary``, ``bench_sweep``,
   ``bench_sweep_runs``, ``bench_break_even``, ``bench_sampling``: ``bench/bench.json``
@@ -47,8 +47,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from mtplib.errors import InputError
-from mtplib.lab import tables
-from mtplib.lab import wan as W
+from mtplib.lab.common import tables
+from mtplib.lab.wan.config import MODES
+from mtplib.lab.wan.files import build_of
 from mtplib.records.raw_metrics import BENCH_JSON, CORRECTNESS_JSON, SEAM_BYTES_JSON
 
 if TYPE_CHECKING:
@@ -80,13 +81,17 @@ LAYOUTS = {
     "serve/faults.json": "serve_faults",  # evidence/serve: a shard's fault, 503 and recovery
     "serve/batch-*.json": "serve_batch",  # evidence/serve: --parallel N against one client
     "serve/stress-*.json": "serve_stress",  # evidence/serve: mixed traffic vs alone
+    "serve/structured.json": "serve_structured",  # evidence/serve: JSON schema vs none
     "profile/*.json": "profile",  # evidence/side-by-side/profile: the step profiles
     "trained-v4/metrics.json": "trained_metrics",
     "trained-v4/split.json": "trained_split",
     "trained-v4/train_summary.json": "train_summary",
+    "trained-dspark/train_summary.json": "dspark_train_summary",  # its trained DSpark draft
+    "trained-dspark/parity.json": "dspark_parity",  # the draft, torch vs upstream
+    "trained-dspark/acceptance.json": "dspark_acceptance",  # DSpark vs MTP in the loop
     "upstream-bugs/crashes.json": "upstream_crashes",
     "upstream-bugs/hidden-matrix.json": "hidden_matrix",
-    "seam-*.json": "seam_waits",  # evidence/upstream-patches/seam_waits.py
+    "seam-*.json": "seam_waits",  # mtplib.reports.upstream_patches.seam_waits
     "waits-*.json": "wan_waits",  # evidence/wan: waits per step, stock and patched
     "graph-reuse/bytes-*.json": "graph_bytes",  # bytes per step by kind and class
     "graph-reuse/shared-cores-*.json": "shared_cores",  # client drafting on shared cores
@@ -102,9 +107,10 @@ LAYOUTS = {
     "upstream-patches/ring-*.json": "ring_waits",  # patches/0007: ring vs star waits
     "ttft/ttft.json": "ttft",  # evidence/ttft: cold TTFT, allocation sizes answered or not
     "ttft/setup-queries.json": "setup_queries",  # the warm-up's allocation-size queries
+    "dspark-shards/table.json": "dspark_shards",  # DSpark drafting on shards, per step kind
 }
 #: top-level mappings of records (name -> record) read as rows, per layout key
-RECORDS = {"tests": ("files",)}
+RECORDS = {"tests": ("files",), "serve_structured": ("runs",)}
 #: JSON files that are not results, and why they are not read
 NOT_RESULTS = {"run_record.json": "the run record (mtplib.records.run_record.read_record)",
                "tokenizer.json": "a tokenizer, not results"}
@@ -172,10 +178,10 @@ def _where(run: Path, p: Path, data: dict) -> tuple[str, str]:
     folders above it (``.`` none); a wan.json directly in ``run``: the build it recorded."""
     parts = list(p.parent.relative_to(run).parts)
     modes = (data.get("config") or {}).get("modes")
-    if len(parts) > 1 and modes == [parts[-1]] and parts[-1] in W.MODES:
+    if len(parts) > 1 and modes == [parts[-1]] and parts[-1] in MODES:
         parts.pop()
     if not parts:
-        return W.build_of(data), "."
+        return build_of(data), "."
     return parts[-1], "/".join(parts[:-1]) or "."
 
 

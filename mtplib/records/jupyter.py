@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
-from mtplib import paths
+from mtplib import logs, paths
 from mtplib.errors import InputError
+
+log = logging.getLogger(__name__)
 
 #: The kernelspec notebooks and lanes run on.
 KERNEL = "mtplib"
@@ -159,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--replace", action="store_true",
                    help="replace a mtplib kernel that runs another interpreter")
     a = ap.parse_args(argv)
+    logs.configure()
     try:
         if a.cmd == "strip":
             import nbformat
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(install_kernel(user=a.user, prefix=a.prefix, replace=a.replace))
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     return 0
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mtplib import paths
+from mtplib import envs, paths
 from mtplib.errors import InputError, MtplibError
 from mtplib.files import make_dirs, remove_dirs, safe_component
+from mtplib.lab.common.checks import MAX_THREADS, Context, ParameterError
 from mtplib.records import parameters as NP
 from mtplib.records.jupyter import KERNEL, papermill_options  # KERNEL: what lanes run on
 from mtplib.records.raw_metrics import read_seam_bytes
@@ -28,7 +29,7 @@ from mtplib.records.run_record import base_record, end_record, file_hashes, writ
 from mtplib.stamps import now_iso, run_stamp
 
 if TYPE_CHECKING:
-    from mtplib.lab.bench_config import BenchConfig
+    from mtplib.lab.bench.config import BenchConfig
 
 REPO = paths.REPO
 NOTEBOOKS = REPO / "notebooks"
@@ -52,9 +53,9 @@ class Lane:
     threads: int = 2
     parameters: dict = field(default_factory=dict)
     description: str = ""
-    bench: dict | None = None  # the `bench:` section (mtplib.lab.bench_config.BenchConfig)
+    bench: dict | None = None  # the `bench:` section (mtplib.lab.bench.config.BenchConfig)
     evidence: list[str] = field(default_factory=list)  # stories whose README a run writes
-    wan: dict | None = None  # the `wan:` section (mtplib.lab.wan.WanConfig)
+    wan: dict | None = None  # the `wan:` section (mtplib.lab.wan.config.WanConfig)
     #: `policy:` alpha | beta, for the bench and every notebook's MTP runs (None:
     #: $MTPLIB_POLICY, else beta); under alpha a lane with a bench stops before anything runs
     policy: str | None = None
@@ -98,7 +99,7 @@ INJECTED = {"trunk", "sidecar", "threads", "run_dir", "bench", "wan"}
 
 #: a lane's `threads` beyond this is a typo on any machine (upstream's thread pool crashed
 #: at 100000); the machine's own CPU count is checked by `check_lane_requirements`
-MAX_LANE_THREADS = NP.MAX_THREADS
+MAX_LANE_THREADS = MAX_THREADS
 
 
 def _bad(p: Path, key: str, expected: str, got: object) -> LaneError:
@@ -178,13 +179,13 @@ def _type_ok(value: object, default: object) -> tuple[bool, str]:
 
 
 def _check_value(p: Path, name: str, value: object, where: str, default: object,
-                 nb: str, ctx: NP.Context) -> None:
+                 nb: str, ctx: Context) -> None:
     """One lane value for the notebook parameter ``name``: the notebooks' own rule
     (`mtplib.records.parameters`), else the type of the notebook's default."""
     if name in NP.PARAMETERS:
         try:
             NP.check_value(name, value, where=where, ctx=ctx)
-        except NP.ParameterError as e:
+        except ParameterError as e:
             raise LaneError(f"{p}: {e}") from None
         return
     ok, want = _type_ok(value, default)
@@ -193,14 +194,14 @@ def _check_value(p: Path, name: str, value: object, where: str, default: object,
 
 
 def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
-                      ctx: NP.Context) -> None:
+                      ctx: Context) -> None:
     """Every lane parameter is declared by the notebook(s) it goes to and passes the rule
     the notebook checks it with: a typo (`n_token: 8`) or a bad value (`ks: 3`) stops the
     lane before anything runs, naming its key path."""
     declared = {item["notebook"]: declared_parameters(item["notebook"]) for item in notebooks}
 
-    def ctx_of(decl: dict) -> NP.Context:  # the lane's models bound plans where they are used
-        return ctx if "trunk" in decl else NP.Context()  # 05 reads the trained pair instead
+    def ctx_of(decl: dict) -> Context:  # the lane's models bound plans where they are used
+        return ctx if "trunk" in decl else Context()  # 05 reads the trained pair instead
 
     for i, item in enumerate(notebooks):
         name, decl = item["notebook"], declared[item["notebook"]]
@@ -220,18 +221,18 @@ def _check_parameters(p: Path, notebooks: list[dict], lane_params: dict,
             _check_value(p, k, v, f"parameters.{k}", declared[n][k], n, ctx_of(declared[n]))
 
 
-def _model_context(fixture: dict | None) -> NP.Context:
+def _model_context(fixture: dict | None) -> Context:
     """What bounds the lane's values where its models are known before they exist (a
     generated fixture preset): shard plans cover exactly its layers, a context is at most
     its context_length, a token id below its vocabulary."""
     if not fixture or fixture.get("preset", "tiny") == "trained":
-        return NP.Context()
+        return Context()
     from mtplib.model.presets import PRESETS
 
     cfg = PRESETS.get(fixture.get("preset", "tiny"))
-    return NP.Context(n_layer=getattr(cfg, "n_layer", None),
-                      n_ctx_train=getattr(cfg, "n_ctx_train", None),
-                      n_vocab=getattr(cfg, "n_vocab", None))
+    return Context(n_layer=getattr(cfg, "n_layer", None),
+                   n_ctx_train=getattr(cfg, "n_ctx_train", None),
+                   n_vocab=getattr(cfg, "n_vocab", None))
 
 
 def load_lane(path: str | Path) -> Lane:
@@ -298,8 +299,8 @@ def load_lane(path: str | Path) -> Lane:
         if data.get(key) is not None:
             try:  # 05 runs on the trained pair whatever the lane's models: no n_layer
                 NP.check_value(key, data[key], where=key,
-                               ctx=ctx if key == "bench" else NP.Context())
-            except NP.ParameterError as e:
+                               ctx=ctx if key == "bench" else Context())
+            except ParameterError as e:
                 raise LaneError(f"{p}: {e}") from None
     evidence = data.get("evidence")
     if evidence is not None and (not isinstance(evidence, list)
@@ -322,7 +323,7 @@ def load_lane(path: str | Path) -> Lane:
 
 
 def _storage_root(models: dict) -> Path:
-    root = models.get("storage_root") or os.environ.get("MTPLIB_MODEL_ROOT")
+    root = models.get("storage_root") or envs.model_root()
     if not root:
         raise LaneError("this lane needs real model files: set models.storage_root in the "
                         "params file or MTPLIB_MODEL_ROOT to the mounted storage")
@@ -371,7 +372,7 @@ def check_lane_requirements(lane: Lane) -> BenchConfig | None:
             raise LaneError(f"lane {lane.name}: no evidence README writer for {unknown} "
                             f"(known: {sorted(WRITERS)})")
     if lane.wan is not None:
-        from mtplib.lab.wan import WanConfig
+        from mtplib.lab.wan.config import WanConfig
 
         try:
             WanConfig.from_dict(lane.wan)
@@ -380,7 +381,7 @@ def check_lane_requirements(lane: Lane) -> BenchConfig | None:
     needs = f" (lane needs: {lane.requires['hardware']})" if lane.requires else ""
     bench = None
     if lane.bench is not None:
-        from mtplib.lab.bench_config import BenchConfig, MissingCapability, check_requirements
+        from mtplib.lab.bench.config import BenchConfig, MissingCapability, check_requirements
 
         try:
             bench = BenchConfig.from_dict(lane.bench, threads=lane.threads,
@@ -439,8 +440,7 @@ def kernel_env() -> dict[str, str]:
     from jupyter_core.paths import jupyter_path
 
     ours = str(Path(sys.prefix) / "share" / "jupyter")
-    path = [ours] + [d for d in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
-                     if d and d != ours]
+    path = [ours] + [d for d in envs.jupyter_path() if d != ours]
     # the kernel directories papermill searches under that JUPYTER_PATH: ours first
     mine = str(Path(ours) / "kernels")
     dirs = [mine] + [d for d in jupyter_path("kernels") if d != mine]
@@ -585,7 +585,8 @@ def run_lane(params: str | Path, *, out_root: str | Path = REPO / "outputs",
     policy = resolve_policy(lane.policy).name
     record["policy"] = policy
     env = {POLICY_ENV: policy, **kenv}
-    env_before = {k: os.environ.get(k) for k in env}
+    saved = os.environ.copy()  # restored below: the kernels' settings end with the run
+    env_before = {k: saved.get(k) for k in env}
     quiet = papermill_options()  # merged stream outputs, an encrypted kernel connection
     os.environ.update(env)
     try:

@@ -11,7 +11,7 @@ was expected and what was given; so does a ``-p`` name the notebook does not dec
 (`ParameterError._render_traceback_`), and papermill's CLI prints it as one line too
 (`mtplib.records.papermill_engine`). Each value is range-checked here, where it is read:
 a thread count against this machine's CPUs, a fixture preset against the presets, and
-every other number against its stated range (`mtplib.lab.checks`: tokens per generation
+every other number against its stated range (`mtplib.lab.common.checks`: tokens per generation
 and per prompt, repetitions, seeds, contexts, bandwidths), so that a lane with a typo
 (``n_tokens: 100000000000``, ``reps: 1000000000``) stops before its run folder exists.
 
@@ -25,7 +25,7 @@ string for a mapping is read as YAML (``-p bench '{ks: [1], n_new: 8}'``); ``pap
 -y``/``-f`` give typed values directly. Lanes are YAML with real lists and mappings, so
 lane validation is strict: ``ks: 3`` is refused where a list is expected.
 
-The rules themselves are the lab's primitives (`mtplib.lab.checks`), and the ``bench:`` and
+The rules themselves are the lab's primitives (`mtplib.lab.common.checks`), and the ``bench:`` and
 WAN sections use the lab configs' own rule tables (`bench_rules`, `wan_rules`): a range or
 a choice is declared once, next to its field, and this module only reads it.
 """
@@ -37,16 +37,15 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# the rule primitives are the lab's (`mtplib.lab.checks`): one rule per field, which the
-# lab's configs check with too; re-exported here for the notebooks, lanes and tests
-from mtplib.lab.checks import (  # noqa: F401 - re-exported
+# the rule primitives are the lab's (`mtplib.lab.common.checks`): one rule per field, which
+# the lab's configs check with too
+from mtplib.lab.common.checks import (
     MAX_CONTEXT,
     MAX_NEW_TOKENS,
     MAX_PROMPT_TOKENS,
     MAX_REPEATS,
     MAX_SEED,
     MAX_SEQ,
-    MAX_THREADS,
     STRICT,
     Check,
     Context,
@@ -76,7 +75,7 @@ def _bench_cross(d: dict, where: str, ctx: Context) -> None:
     """What `run_bench` would refuse only when it gets there: ranged plans without the
     whole model (their quality reference), and a generation that does not fit the
     context after the longest seeded prompt (a text's length is known once tokenized)."""
-    from mtplib.lab.bench_config import BenchConfig, SamplingConfig
+    from mtplib.lab.bench.config import BenchConfig, SamplingConfig
 
     plans = d.get("plans", ["whole"])
     if any(p != "whole" for p in plans) and "whole" not in plans:
@@ -97,36 +96,36 @@ def _bench_cross(d: dict, where: str, ctx: Context) -> None:
 
 def bench_rules() -> dict[str, Check]:
     """The checker of each ``bench:`` key: `BenchConfig`'s own rules
-    (`mtplib.lab.bench_config.BENCH_RULES`, the objects its `validate` uses), read when
+    (`mtplib.lab.bench.config.BENCH_RULES`, the objects its `validate` uses), read when
     called, never restated here."""
-    from mtplib.lab.bench_config import BENCH_RULES, BenchConfig
+    from mtplib.lab.bench.config import BENCH_RULES, BenchConfig
 
     return fields_of(BenchConfig, BENCH_RULES)
 
 
 def wan_rules() -> dict[str, Check]:
     """The checker of each WAN key: `WanConfig`'s own rules
-    (`mtplib.lab.wan_config.WAN_RULES`, the objects its `__post_init__` uses)."""
-    from mtplib.lab.wan_config import WAN_RULES, WanConfig
+    (`mtplib.lab.wan.config.WAN_RULES`, the objects its `__post_init__` uses)."""
+    from mtplib.lab.wan.config import WAN_RULES, WanConfig
 
     return fields_of(WanConfig, WAN_RULES)
 
 
 def bench_section() -> Check:
-    """The ``bench:`` section (mtplib.lab.bench_config.BenchConfig), with its cross rule
+    """The ``bench:`` section (mtplib.lab.bench.config.BenchConfig), with its cross rule
     (`_bench_cross`)."""
     def check(v: object, where: str, ctx: Context) -> object:
-        from mtplib.lab.bench_config import BenchConfig
+        from mtplib.lab.bench.config import BenchConfig
 
         return section(BenchConfig, bench_rules(), after=_bench_cross)(v, where, ctx)
     return Rule("a mapping of BenchConfig fields", check)
 
 
 def wan_section() -> Check:
-    """A WAN run's fields (mtplib.lab.wan.WanConfig): the lane's ``wan:``, 05's ``target``
+    """A WAN run's fields (mtplib.lab.wan.config.WanConfig): the lane's ``wan:``, 05's ``target``
     and each build's ``overrides``."""
     def check(v: object, where: str, ctx: Context) -> object:
-        from mtplib.lab.wan_config import WanConfig
+        from mtplib.lab.wan.config import WanConfig
 
         return section(WanConfig, wan_rules())(v, where, ctx)
     return Rule("a mapping of WanConfig fields", check)
@@ -157,6 +156,7 @@ PARAMETERS: dict[str, Param] = {
     "run_dir": _p("Optional[str]", _PATH),
     "flash_dir": _p("Optional[str]", _PATH),
     "golden_dir": _p("Optional[str]", _PATH),
+    "dspark": _p("Optional[str]", _PATH),  # a DSpark draft of the trunk (notebooks 01, 02)
     "sbs_dir": _p("str", text(what="a folder (string)")),
     "threads": _p("int", threads()),
     "progress": _p("bool", boolean()),

@@ -46,9 +46,9 @@ def results_file(story: str) -> str:
 
 def story_tests(story: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The (criterion, test files) of a story's README: its writer's ``TESTS``."""
-    from mtplib.records import dgr065, dgr066
+    from mtplib.records import benchmark_report, ownership_report
 
-    writers = {dgr065.STORY: dgr065, dgr066.STORY: dgr066}
+    writers = {ownership_report.STORY: ownership_report, benchmark_report.STORY: benchmark_report}
     if story not in writers:
         raise InputError(f"no criterion tests listed for story {story!r} "
                          f"(known: {sorted(writers)})")

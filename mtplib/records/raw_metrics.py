@@ -27,8 +27,9 @@ from mtplib import files
 if TYPE_CHECKING:
     import pandas as pd
 
-    from mtplib.lab.bench_summary import BenchResult
+    from mtplib.lab.bench.summary import BenchResult
     from mtplib.ownership.derivation import CacheParams, Inventory, Ownership
+    from mtplib.ownership.dspark import DSparkOwnership
 
 BENCH_DIR = "bench"
 BENCH_JSON = f"{BENCH_DIR}/bench.json"
@@ -66,17 +67,26 @@ def _read(run_dir: str | Path, rel: str) -> Any:
 def ownership_record(*, fixture: Ownership, combined: Inventory, ctx: int,
                      reads: dict[str, dict], flash: FlashOwns, flash_files: dict,
                      flash_ctx: int, flash_shards: Sequence[int], seconds: float,
-                     limit_s: float, table_check: pd.DataFrame, plans: pd.DataFrame) -> dict:
+                     limit_s: float, table_check: pd.DataFrame, plans: pd.DataFrame,
+                     dspark: DSparkOwnership | None = None, dspark_check: dict | None = None
+                     ) -> dict:
     """Notebook 01's raw metrics (what the DGR-065 README's criteria 1 and 3 cite).
 
     ``fixture``: the fixture pair's derivation; ``combined``: the single-file layout's
     inventory; ``reads``: `check_pair` results by layout (``pair``, ``combined``);
     ``flash``: the V4-Flash derivations and ``seconds`` they took; ``flash_files``: the
-    weight-less pair's `summary()`; ``table_check``/``plans``: the tables shown."""
+    weight-less pair's `summary()`; ``table_check``/``plans``: the tables shown;
+    ``dspark``/``dspark_check``: the fixture's DSpark draft's derivation and its
+    `check_dspark` (the README's DSpark section; absent where not run)."""
     from mtplib.ownership import report as rep
 
     inv, cfg = fixture.inventory, fixture.inventory.config
-    return {"derivation_seconds": seconds, "derivations": len(flash),
+    extra = {} if dspark is None or dspark_check is None else {"dspark": {
+        "fixture": {"file": Path(dspark.paths["dspark"]).name, **dspark.to_json(tensors=False)},
+        "reads": dspark_check["reads"], "reads_equal": dspark_check["reads_equal"],
+        "parts_consistent": dspark_check["parts_consistent"],
+        "part_contradictions": dspark_check["part_contradictions"]}}
+    return {**extra, "derivation_seconds": seconds, "derivations": len(flash),
             "derivation_limit_seconds": limit_s, "flash_ctx": flash_ctx,
             "mtp_block_bytes": flash[(flash_shards[0], flash_ctx, True)].mtp_block_bytes,
             "table_check": _rows(table_check),
@@ -113,16 +123,18 @@ def read_ownership(run_dir: str | Path) -> dict:
 def state_record(*, checks: Sequence[dict], variants: Sequence[CacheParams],
                  flash: FlashOwns, seconds: float, limit_s: float,
                  flash_shards: Sequence[int], flash_ctxs: Sequence[int],
-                 golden: dict, policies: dict) -> dict:
+                 golden: dict, policies: dict, dspark: dict | None = None) -> dict:
     """Notebook 02's raw metrics (what the DGR-065 README's criteria 2 to 4 cite).
 
     ``checks``: `check_pair` results, one per context of ``variants``; ``flash``: the
     V4-Flash derivations and ``seconds`` they took; ``golden``/``policies``: the contract
     checks of `mtplib.lab.contract_checks`. The seam bytes are those of the largest plan
-    (last of ``flash_shards``) at the first context."""
+    (last of ``flash_shards``) at the first context. ``dspark``: the DSpark draft's cache
+    checks, crossings and V4-Flash feature sources (`dspark_state`; absent where not run)."""
     from mtplib.ownership import report as rep
 
-    return {"fixture_caches_equal": [r["caches_equal"] for r in checks],
+    return {**({"dspark": dspark} if dspark is not None else {}),
+            "fixture_caches_equal": [r["caches_equal"] for r in checks],
             "fixture_variants": [str(p) for p in variants],
             "fixture_checks": [{"params": dict(r["params"]), "caches_equal": r["caches_equal"],
                                 "tensors_equal": [c["tensors_equal"] for c in r["caches"]],
@@ -136,6 +148,23 @@ def state_record(*, checks: Sequence[dict], variants: Sequence[CacheParams],
                       for (n, c, f), o in flash.items()},
             "seam_bytes_per_token":
                 flash[(flash_shards[-1], flash_ctxs[0], True)].seam_bytes()}
+
+
+def dspark_state(*, checks: Sequence[dict], variants: Sequence[CacheParams],
+                 crossings: dict, feature_plans: Sequence[dict]) -> dict:
+    """Notebook 02's DSpark part: ``checks`` (`check_dspark`, one per context of
+    ``variants``: the draft context's caches against upstream's), ``crossings`` (what
+    crosses per placement at V4-Flash's sizes: `dspark_crossings` rows and step bytes)
+    and ``feature_plans`` (per V4-Flash plan, the tail's remote target layers)."""
+    from mtplib.ownership import report as rep
+
+    return {"fixture_variants": [str(p) for p in variants],
+            "fixture_checks": [{"params": dict(r["params"]), "caches_equal": r["caches_equal"],
+                                "tensors_equal": r["caches"]["tensors_equal"],
+                                "buffers": _rows(rep.caches_check_table(
+                                    {"caches": [r["caches"]]}))}
+                               for r in checks],
+            "crossings": crossings, "feature_plans": list(feature_plans)}
 
 
 def write_state(run_dir: str | Path, record: dict) -> Path:
@@ -182,14 +211,14 @@ def read_seam_bytes(run_dir: str | Path) -> list[dict] | None:
 def write_bench(run_dir: str | Path, result: BenchResult, *, plots: bool = True
                 ) -> dict[str, Path]:
     """The benchmark's raw metrics, CSVs and plots under ``run_dir/bench/`` (the format is
-    `mtplib.lab.bench_summary.save`'s)."""
-    from mtplib.lab import bench_summary
+    `mtplib.lab.bench.summary.save`'s)."""
+    from mtplib.lab.bench import summary as bench_summary
 
     return bench_summary.save(result, Path(run_dir) / BENCH_DIR, plots=plots)
 
 
 def read_bench(run_dir: str | Path) -> dict:
     """What `write_bench` wrote to ``bench.json`` (as DataFrames: `mtplib.records.load`)."""
-    from mtplib.lab import bench_summary
+    from mtplib.lab.bench import summary as bench_summary
 
     return bench_summary.load(Path(run_dir) / BENCH_DIR)

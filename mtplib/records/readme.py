@@ -1,8 +1,9 @@
 """What every evidence README shares: the tracing rule's machinery, number formatting,
 markdown tables, links into the run, and the rows that say how to repeat a run.
 
-The per-story writers (`mtplib.records.dgr065`, `mtplib.records.dgr066`) build their
-sections from these; `mtplib.records.evidence` picks the writer for a story. Keeping the
+The per-story writers (`mtplib.records.ownership_report`,
+`mtplib.records.benchmark_report`, `mtplib.records.wan_evidence`) build their sections from
+these; `mtplib.records.evidence` picks the writer for a story. Keeping the
 number rule here, next to the formatting, is what lets a test say "every number in a
 README appears in the raw metrics": the README never formats a number any other way.
 """
@@ -29,7 +30,7 @@ _IDENT = re.compile(r"[A-Za-z§#@_]")
 
 def readme_numbers(text: str) -> list[str]:
     """Numbers of a README as written (``"12.5"``, ``"77.0%"``), by the stories' tracing
-    rule (`mtplib.records.dgr066.TRACE_RULE`)."""
+    rule (`mtplib.records.benchmark_report.TRACE_RULE`)."""
     out = []
     for line in text.splitlines():
         if line.lstrip().startswith("#"):

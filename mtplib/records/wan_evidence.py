@@ -53,7 +53,7 @@ def story_files(run_dir: Path) -> list[Path]:
 def save_plots(results: dict[str, dict], run_dir: Path) -> list[Path]:
     """Tokens/s and speed-up against every measured RTT, stock and patched on the same
     axes, one PNG per (mode, plan) under ``wan/plots/`` (the README links them)."""
-    from mtplib.lab import wan as W
+    from mtplib.lab.wan import plots as W
 
     d = Path(run_dir) / PLOTS_DIR
     d.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,7 @@ def _bandwidths(summary: list[dict]) -> list[float | None]:
 
 
 def _build_section(b: str, d: dict, what: str) -> list[str]:
-    from mtplib.lab import wan as W
+    from mtplib.lab.wan import plots as W
 
     s = d["summary"]
     c = d["config"]
