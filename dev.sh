@@ -23,6 +23,8 @@ PINS="$ROOT/mtplib/pins.py"
 pin() { sed -n "s/^$1 = \"\(.*\)\"$/\1/p" "$PINS"; }
 LLAMA_VERSION="$(pin LLAMA_CPP_PYTHON_VERSION)"
 LLAMA_CMAKE_ARGS="$(pin CMAKE_ARGS)"
+# mtplib's cache folder (mtplib/envs.py: cache_dir); MTPLIB_CACHE is its deprecated old name
+CACHE_DIR="${MTPLIB_CACHE_DIR:-${MTPLIB_CACHE:-$HOME/.cache/mtplib}}"
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -52,7 +54,7 @@ wheel_dir() {
   pyver="$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
   # GGML_NATIVE builds for this CPU: key the cache on its flags.
   cpu="$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | sha256sum | cut -c1-8)"
-  echo "${MTPLIB_WHEEL_CACHE:-$HOME/.cache/mtplib/wheels}/llama-cpp-python-$LLAMA_VERSION-rpc-$pyver-$cpu"
+  echo "${MTPLIB_WHEEL_CACHE:-$CACHE_DIR/wheels}/llama-cpp-python-$LLAMA_VERSION-rpc-$pyver-$cpu"
 }
 
 setup() {
@@ -90,6 +92,22 @@ setup() {
   fi
 }
 
+# The pinned sdist, kept once in the cache (`mtplib.lab.upstream_tools.sdist_candidates`):
+# the patched build applies patches/ to it, and tests read upstream's own tables from it
+# (common/arg.cpp's options, llama-chat.cpp's template names). A failed download only warns:
+# those tests then skip and say so.
+SDIST_DIR="$CACHE_DIR/sdist"
+sdist() {
+  local f="$SDIST_DIR/llama_cpp_python-$LLAMA_VERSION.tar.gz"
+  [ -f "$f" ] && return 0
+  mkdir -p "$SDIST_DIR"
+  log "keeping the pinned sdist in $SDIST_DIR"
+  "$PY" -m pip download -q --no-deps --no-binary :all: -d "$SDIST_DIR.tmp" \
+    "llama-cpp-python==$LLAMA_VERSION" && mv "$SDIST_DIR.tmp"/*.tar.gz "$f" \
+    || log "warning: could not download the pinned sdist; tests that read it will skip"
+  rm -rf "$SDIST_DIR.tmp"
+}
+
 # The patch set under patches/ (upstream fixes mtplib needs for shard-local V4 caches): the
 # same pinned sdist with the patches applied to vendor/llama.cpp (checked, applied and
 # reverse-checked against the exact pin first), built once into its own wheel cache (keyed on
@@ -108,8 +126,13 @@ patched() {
   if ! ls "$wd"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
     local src; src="$(mktemp -d)"
     log "building the patched llama-cpp-python==$LLAMA_VERSION ($(ls "$ROOT"/patches/*.patch | wc -l) patches, about 7 minutes)"
-    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" "llama-cpp-python==$LLAMA_VERSION"
-    tar -xzf "$src"/llama_cpp_python-"$LLAMA_VERSION".tar.gz -C "$src"
+    sdist
+    if [ -f "$SDIST_DIR/llama_cpp_python-$LLAMA_VERSION.tar.gz" ]; then
+      tar -xzf "$SDIST_DIR/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$src"
+    else
+      "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" "llama-cpp-python==$LLAMA_VERSION"
+      tar -xzf "$src"/llama_cpp_python-"$LLAMA_VERSION".tar.gz -C "$src"
+    fi
     local tree="$src/llama_cpp_python-$LLAMA_VERSION"
     for p in "$ROOT"/patches/*.patch; do
       git -C "$tree/vendor/llama.cpp" apply --check "$p" || { log "error: $p does not apply to the pin"; exit 1; }
@@ -127,14 +150,14 @@ patched() {
 
 cmd="${1:-help}"; shift || true
 case "$cmd" in
-  setup) setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched ;;
+  setup) setup; sdist; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched ;;
   patched) setup; patched ;;
   run)
     setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched
     if [ $# -eq 0 ]; then set -- --params "$ROOT/params/cpu-fixture.yaml"; fi
     exec "$VENV/bin/mtplib" run "$@" ;;
   test)
-    setup; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched
+    setup; sdist; [ -n "${MTPLIB_SKIP_PATCHED:-}" ] || patched
     cd "$ROOT"
     exec "$PY" -m pytest "$@" ;;
   lab)

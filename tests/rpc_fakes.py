@@ -4,7 +4,10 @@
 HELLO, DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE and GET_DEVICE_MEMORY, each answer
 replaceable per connection (a hostile shard), and records every request it received; with
 ``concurrent`` it serves every connection at once (as a 7.2 server takes peer links next to
-its client). `peer_stream` opens a peer link (a shard's gateway's side) through a gateway.
+its client). Like upstream's server it closes a connection whose first request is neither
+HELLO nor PEER_HELLO (mtplib's report request, say) at once, and counts it in ``refused``,
+not as a connection. `peer_stream` opens a peer link (a shard's gateway's side) through a
+gateway. `TcpForward` is a plain TCP forward (as ``ssh -L`` or socat would be).
 """
 
 from __future__ import annotations
@@ -96,6 +99,11 @@ class FakeShard:
         self.addr = (host, self.srv.getsockname()[1])
         self.received: list[list[tuple[int, bytes]]] = []
         self.raw: list[bytearray] = []
+        #: connections accepted, and those closed on a first request that is neither HELLO
+        #: nor PEER_HELLO (``received`` and ``raw`` hold the others, once their first byte
+        #: came, in that order)
+        self.accepted = self.refused = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._conns: list[socket.socket] = []
         self.t = threading.Thread(target=self._run, daemon=True)
@@ -109,20 +117,42 @@ class FakeShard:
                 continue
             except OSError:
                 return
-            i = len(self.received)
-            self.received.append([])
-            self.raw.append(bytearray())
             self._conns.append(c)
+            with self._lock:
+                self.accepted += 1
             if self.concurrent:
-                threading.Thread(target=self._serve, args=(i, c), daemon=True).start()
+                threading.Thread(target=self._serve, args=(c,), daemon=True).start()
             else:
-                self._serve(i, c)
+                self._serve(c)
 
-    def _serve(self, i: int, c: socket.socket) -> None:
+    def _first(self, c: socket.socket) -> int | None:
+        """The connection's index once its first byte is HELLO or PEER_HELLO (as upstream's
+        server judges it); None for anything else (counted in ``refused``) or for a
+        connection closed without a byte (recorded, with nothing received)."""
+        try:
+            first = c.recv(1)
+        except OSError:
+            first = b""
+        with self._lock:
+            if first and first not in (bytes([RPC_CMD_HELLO]), bytes([RPC_PEER_HELLO])):
+                self.refused += 1
+                return None
+            self.received.append([])
+            self.raw.append(bytearray(first))
+            return len(self.received) - 1 if first else None
+
+    def _serve(self, c: socket.socket) -> None:
+        i = self._first(c)
+        if i is None:
+            with contextlib.suppress(OSError):
+                c.close()
+            return
         raw = self.raw[i]
+        pending = bytearray(raw)  # the first byte, already taken
 
         def take(n: int) -> bytes:
-            buf = b""
+            buf = bytes(pending[:n])
+            del pending[:n]
             while len(buf) < n:
                 chunk = c.recv(min(n - len(buf), 1 << 20))
                 if not chunk:
@@ -154,7 +184,10 @@ class FakeShard:
 
     @property
     def n_connections(self) -> int:
-        return len(self.received)
+        """Connections that reached this server and were not refused (one still waiting
+        for its first byte counts)."""
+        with self._lock:
+            return self.accepted - self.refused
 
     def close(self) -> None:
         self._stop.set()
@@ -166,6 +199,88 @@ class FakeShard:
         self.t.join(timeout=2)
 
     def __enter__(self) -> FakeShard:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TcpForward:
+    """A plain TCP forward on a loopback port of its own to ``target`` (as ``ssh -L``,
+    socat or a container's port mapping would be), each connection in threads of its own.
+    ``on_first(header)``: called with a connection's first 9 bytes; bytes returned are
+    sent back instead and the connection is closed (nothing reaches ``target``: a forward
+    that answers itself, garbage or a tampered report), None passes it on. ``target``
+    None: every connection gets ``on_first``'s answer."""
+
+    def __init__(self, target: tuple[str, int] | None,
+                 on_first: Callable[[bytes], bytes | None] | None = None) -> None:
+        self.target, self.on_first = target, on_first
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(0.2)
+        self.addr = ("127.0.0.1", self.srv.getsockname()[1])
+        self.endpoint = f"127.0.0.1:{self.addr[1]}"
+        self.n_connections = 0
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.n_connections += 1
+            self._socks.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        try:
+            first = b""
+            if self.on_first is not None:
+                c.settimeout(5)
+                while len(first) < 9 and (chunk := c.recv(9 - len(first))):
+                    first += chunk
+                answer = self.on_first(first)
+                if answer is not None or self.target is None:
+                    c.sendall(answer or b"")
+                    return
+            up = socket.create_connection(self.target, timeout=5)
+            self._socks.append(up)
+            c.settimeout(None)
+            up.settimeout(None)
+            up.sendall(first)
+            threading.Thread(target=self._pump, args=(up, c), daemon=True).start()
+            self._pump(c, up)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_WR)
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        for s in (self.srv, *self._socks):
+            with contextlib.suppress(OSError):
+                s.close()
+        self.t.join(timeout=2)
+
+    def __enter__(self) -> TcpForward:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -13,8 +13,9 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 from test_serve_http import EOG, FakeBackend, _cfg, _events, _expected  # noqa: E402
 
-from mtplib.commands.serve_app import GenerationWorker, create_app  # noqa: E402
-from mtplib.commands.serve_fields import HONOURED  # noqa: E402
+from mtplib.serve.app import create_app  # noqa: E402
+from mtplib.serve.fields import HONOURED  # noqa: E402
+from mtplib.serve.worker import GenerationWorker  # noqa: E402
 
 # each field with a value that would do something (not its default), from OpenAI's API
 # reference (completions; chat completions) and llama-server's README (/completion)
@@ -94,8 +95,9 @@ def test_every_schema_field_is_honoured_or_refused_naming_it(served, path, field
     # a field accepted and not implemented would land outside this set and fail here
     allowed = HONOURED[kind] | NO_EFFECT | OF_AN_OFF_FEATURE
     assert honoured - REQUIRED <= allowed, honoured - allowed
-    assert "grammar" in refused or kind != "completion"
-    for name in ("response_format", "tools", "tool_choice", "functions"):
+    assert "grammar" in honoured or kind != "completion"  # structured output (issue 43)
+    assert {"n", "response_format"} & set(fields) <= honoured
+    for name in ("tools", "tool_choice", "functions"):
         assert name in refused or name not in fields
 
 
@@ -312,9 +314,9 @@ def test_every_sampler_error_names_a_field_cleanly():
     each `Sampler` refusal's param is the field, never a piece of the sentence."""
     import math
 
-    from mtplib.commands.serve_app import _sampler_param
     from mtplib.errors import InputError
     from mtplib.runtime.sampling import Sampler
+    from mtplib.serve.intake import sampler_param as _sampler_param
 
     cases = {"temperature": {"temperature": math.nan}, "top_p": {"top_p": 2.0},
              "seed": {"seed": -1}, "top_k": {"top_k": -1}, "min_p": {"min_p": 2.0},
@@ -348,9 +350,10 @@ def test_x_api_key_cors_preflight_and_public_health():
         pre = c.options("/v1/chat/completions", headers={
             "Origin": "http://page.example", "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})
-        assert pre.status_code == 204
+        assert pre.status_code == 200 and pre.text == ""  # llama-server's 200, empty body
         assert pre.headers["access-control-allow-origin"] == "*"
         assert "Authorization" in pre.headers["access-control-allow-headers"]
+        assert "POST" in pre.headers["access-control-allow-methods"]
         r = c.post("/v1/completions", json=body, headers={
             "Origin": "http://page.example", "X-Api-Key": "sekrit"})
         assert r.headers["access-control-allow-origin"] == "*"

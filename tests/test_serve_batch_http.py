@@ -1,4 +1,4 @@
-"""`serve --parallel`'s scheduler (`serve_batch.BatchWorker`) over a fake batch (no model,
+"""`serve --parallel`'s scheduler (`mtplib.serve.batch`) over a fake batch (no model,
 milliseconds): more requests than slots all come back right, at most N generate at once
 and more than one do; /slots lists N; a failing step answers each of its requests with a
 JSON error and the service serves on; shutdown ends the scheduler."""
@@ -15,9 +15,9 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 from test_serve_http import FakeBackend, FakeGeneration, _cfg, _expected  # noqa: E402
 
-from mtplib.commands.serve_app import create_app  # noqa: E402
-from mtplib.commands.serve_batch import BatchWorker  # noqa: E402
 from mtplib.errors import MtplibError  # noqa: E402
+from mtplib.serve.app import create_app  # noqa: E402
+from mtplib.serve.worker import BatchWorker  # noqa: E402
 
 
 class FakeBatch:
@@ -161,8 +161,8 @@ def test_a_shard_fault_under_parallel_slots_is_recovered_with_a_new_batch(monkey
     session, and serves the same tokens again."""
     from test_serve_faults import EP, SHARD, FaultyBackend
 
-    from mtplib.commands import serve_faults
     from mtplib.distributed.client import ShardLostError
+    from mtplib.serve import faults as serve_faults
 
     monkeypatch.setattr(serve_faults, "BACKOFF_S", 0.02)
     monkeypatch.setattr(serve_faults, "MAX_BACKOFF_S", 0.05)

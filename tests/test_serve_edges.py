@@ -23,14 +23,12 @@ httpx = pytest.importorskip("httpx")
 from test_serve_http import FakeBackend, _cfg  # noqa: E402
 
 from mtplib.cli import main  # noqa: E402
-from mtplib.commands import serve_app  # noqa: E402
-from mtplib.commands.serve_app import (  # noqa: E402
-    CutAtShutdown,
-    GenerationWorker,
-    LimitedLog,
-    create_app,
-    deadline_protocol,
-)
+from mtplib.serve import app as serve_app  # noqa: E402
+from mtplib.serve.app import create_app  # noqa: E402
+from mtplib.serve.deadlines import deadline_protocol  # noqa: E402
+from mtplib.serve.edges import CutAtShutdown  # noqa: E402
+from mtplib.serve.logs import LimitedLog  # noqa: E402
+from mtplib.serve.worker import GenerationWorker  # noqa: E402
 
 HEADER_S, BODY_S = 1.0, 1.5
 

@@ -25,12 +25,13 @@ from fastapi.testclient import TestClient  # noqa: E402
 from test_serve import _cache_args, start, stop  # noqa: E402
 from test_serve_http import FakeBackend, _cfg  # noqa: E402
 
-import mtplib.commands.serve_faults as serve_faults  # noqa: E402
-from mtplib.commands.serve_app import GenerationWorker, create_app  # noqa: E402
+import mtplib.serve.faults as serve_faults  # noqa: E402
 from mtplib.distributed.client import ShardLostError  # noqa: E402
 from mtplib.distributed.processes import LocalShards  # noqa: E402
 from mtplib.distributed.tls import TlsConfig, init_pki  # noqa: E402
 from mtplib.runtime.rpc import ShardError  # noqa: E402
+from mtplib.serve.app import create_app  # noqa: E402
+from mtplib.serve.worker import GenerationWorker  # noqa: E402
 
 EP = "127.0.0.1:50999"
 SHARD = {"shard": 1, "endpoint": EP, "layers": "2-3", "cause": "gone"}

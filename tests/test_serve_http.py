@@ -15,20 +15,19 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from mtplib.commands.serve_app import (  # noqa: E402
-    ApiError,
-    GenerationWorker,
-    Job,
-    ServeConfig,
-    StopText,
-    create_app,
-    timings,
-)
 from mtplib.contract.labels import TIME_PARTS  # noqa: E402
 from mtplib.errors import InputError  # noqa: E402
 from mtplib.runtime.engine import Emitted  # noqa: E402
 from mtplib.runtime.results import GenerationMetrics  # noqa: E402
 from mtplib.runtime.sampling import token_logprob  # noqa: E402
+from mtplib.serve.app import create_app  # noqa: E402
+from mtplib.serve.config import ServeConfig  # noqa: E402
+from mtplib.serve.errors import ApiError  # noqa: E402
+from mtplib.serve.events import RunMetrics  # noqa: E402
+from mtplib.serve.job import Job  # noqa: E402
+from mtplib.serve.native import timings  # noqa: E402
+from mtplib.serve.stops import StopText  # noqa: E402
+from mtplib.serve.worker import GenerationWorker  # noqa: E402
 
 EOG = 63
 
@@ -153,7 +152,7 @@ def test_completion_text_tokens_usage_and_timings(served):
 
 
 def test_timings_names_are_llama_servers():
-    t = timings({"ttft_s": 0.5, "decode_s": 1.0, "drafted": 0}, 10, 11)
+    t = timings(RunMetrics(ttft_s=0.5, decode_s=1.0, drafted=0), 10, 11)
     assert set(t) == {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms",
                       "prompt_per_second", "predicted_n", "predicted_ms",
                       "predicted_per_token_ms", "predicted_per_second"}  # no drafts: no draft_n
@@ -250,7 +249,8 @@ BAD = [
     (b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
     (b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
     (b'{"prompt": "x", "seed": -3}', 400, "seed"),
-    (b'{"prompt": "x", "n": 2}', 400, "n must be 1"),
+    (b'{"prompt": "x", "n": 3}', 400, "at most 2 per request"),  # --queue 2
+    (b'{"prompt": "x", "n": 0}', 400, "n"),
     (b'{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop takes up to 4"),
     (b'{"prompt": "x", "stop": [""]}', 400, "non-empty"),
     (b'{"prompt": "x", "stop": 3}', 400, "stop"),
@@ -258,7 +258,8 @@ BAD = [
     (b'{"prompt": "x", "top_k": 40, "grammar": "root ::= x"}', 400, "grammar"),
     (b'{"prompt": "x", "frobnicate": 1}', 400, "unknown field 'frobnicate'"),
     (b'{"prompt": "x", "echo": true}', 400, "echo"),
-    (b'{"prompt": ["a", "b"]}', 400, "one per request"),
+    (b'{"prompt": ["a", []]}', 400, "prompt[1] is empty"),
+    (b'{"prompt": ["a", "b", "c"]}', 400, "at most 2 per request"),
     (b'{"prompt": []}', 400, "empty"),
     (b'{"prompt": [1, 99]}', 400, "out of range"),
     (b'{"prompt": "' + b"x" * 128 + b'", "max_tokens": 8}', 400, "leaves no room"),

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 
 from mtplib.errors import InputError
 
 
 def add_log_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verbose", action="store_true", help="show upstream's log lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="show upstream's log lines, and mtplib's debug lines")
     p.add_argument("--log-file", help="append upstream's log lines to this file")
 
 
 def setup_logging(a: argparse.Namespace) -> None:
+    from mtplib import logs
     from mtplib.runtime.lib import configure_logging
 
+    if a.verbose:
+        logs.configure(logging.DEBUG)
     configure_logging(verbose=a.verbose, log_file=a.log_file)
 
 
@@ -54,6 +59,7 @@ LLAMA_ALIASES: dict[str, tuple[str, ...]] = {
     "--model": ("-m",),
     "--mtp": ("-md", "--model-draft"),
     "--draft": ("--draft-max", "--spec-draft-n-max"),
+    "--draft-p-min": ("--spec-draft-p-min",),
     "--n": ("-n", "--n-predict"),
     "--ctx": ("-c", "--ctx-size"),
     "--threads": ("-t",),

@@ -8,10 +8,11 @@ upstream's HELLO (or a peer link's PEER_HELLO) within 3 s and bounds those still
 then passes the rest through unchanged. Without TLS, ENDPOINT must be loopback, unless
 ``--insecure-plaintext`` exposes upstream's unauthenticated RPC there.
 
-The shard reports its build (contract version, pin, stock/patched, patch set:
-`mtplib.distributed.shard_report.local_report`) to clients at probe time: in its
-gateway's ready line with ``--tls``, else in a report file on this host that it removes
-when it stops. Clients build the adverts they route MTP on from that report."""
+The shard reports its build (contract version, pin, stock/patched, patch set, device:
+`mtplib.distributed.shard_report.local_report`) to clients at probe time, in band: its
+front (gateway or plaintext) answers mtplib's report request on ENDPOINT
+(`mtplib.distributed.report_wire`), so forwards and tunnels in between change nothing.
+Clients build the adverts they route MTP on from that report."""
 
 from __future__ import annotations
 
@@ -57,22 +58,20 @@ def serve(a: argparse.Namespace) -> int:
               "memory buffers, run graphs on it, crash it or hold it.", file=sys.stderr)
     from mtplib.distributed.gateway import Gateway
     from mtplib.distributed.plain_front import PlainFront
-    from mtplib.distributed.processes import _free_port
+    from mtplib.distributed.processes import free_port
 
     # upstream's server on a loopback port behind a front on ENDPOINT: with TLS the
     # gateway, else the plaintext front, which passes only connections that open with
     # HELLO (or a peer's PEER_HELLO) in time: upstream holds a thread per connection
-    rpc_endpoint, report_file = f"127.0.0.1:{_free_port()}", None
+    rpc_endpoint = f"127.0.0.1:{free_port()}"
     front: Gateway | PlainFront
     try:
         front = Gateway((host, port), parse_endpoint(rpc_endpoint), tls,
-                        report=report.token()) if tls is not None else \
-            PlainFront((host, port), parse_endpoint(rpc_endpoint))
+                        report=report) if tls is not None else \
+            PlainFront((host, port), parse_endpoint(rpc_endpoint), report=report)
     except OSError as e:
         return _cannot_serve(a, f"could not serve {a.endpoint}: cannot bind it "
                              f"({e.strerror or e})")
-    if tls is None:
-        report_file = _write_report(a.endpoint, report)
     if a.parent_pid:  # started by LocalShards: never outlive it
         from mtplib.distributed.processes import die_with_parent
 
@@ -93,7 +92,6 @@ def serve(a: argparse.Namespace) -> int:
     # keep the main thread free to act on Ctrl-C / SIGTERM (exit at once, no cleanup to do)
     def stop(signum, _frame) -> None:
         sys.stdout.flush()
-        _remove_report(report_file)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -106,33 +104,12 @@ def serve(a: argparse.Namespace) -> int:
               flush=True)
     while not done.wait(0.5):
         pass
-    _remove_report(report_file)
     front.close()
     if "error" in result:
         raise result["error"]
     # start_server only returns when it could not serve (e.g. the port is taken)
     return _cannot_serve(a, f"upstream could not serve {rpc_endpoint} (port in use or not "
                          "bindable; see its message above)")
-
-
-def _write_report(endpoint: str, report):
-    """The plaintext channel of the report (a file on this host); a shard that cannot
-    write it still serves, and its clients refuse MTP naming the missing report."""
-    from mtplib.distributed.shard_report import ReportError, write_report_file
-
-    try:
-        return write_report_file(endpoint, report)
-    except (OSError, ReportError) as e:
-        print(f"mtplib shard serve: WARNING: cannot write the build report for {endpoint} "
-              f"({e}); clients will refuse MTP with this shard", file=sys.stderr)
-        return None
-
-
-def _remove_report(path) -> None:
-    if path is not None:
-        from mtplib.distributed.shard_report import remove_report_file
-
-        remove_report_file(path)
 
 
 def _cannot_serve(a: argparse.Namespace, msg: str) -> int:

@@ -17,14 +17,18 @@ and a client that proves itself in milliseconds gets through however many are co
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
-import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
+
+from mtplib.logs import RateLimited
+
+log = logging.getLogger(__name__)
 
 #: an unauthenticated peer is closed after this long (the target: within 5 s)
 HANDSHAKE_S = 3.0
@@ -56,6 +60,10 @@ def keepalive(s: socket.socket) -> None:
             s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), v)
 
 
+def _log_warning(kind: str, line: str) -> None:
+    log.warning("mtplib %s: %s", kind, line)
+
+
 class Front:
     """What both fronts of a shard's RPC server share (the TLS `Gateway`, the plaintext
     `PlainFront`): ``public`` bound at construction (OSError if it cannot be), an accept
@@ -66,7 +74,8 @@ class Front:
     ``max_pending`` at once and ``max_per_source`` from one address, a new one beyond
     either evicting the oldest (`_make_room`), never the newcomer. ``stats`` counts what
     happened (``accepted``, ``evicted`` and the subclass's ``counters``); ``log`` gets one
-    line per notable event, rate-limited."""
+    line per notable event, rate-limited (`mtplib.logs.RateLimited`); by default they are
+    this module logger's warnings, "mtplib <kind>: ..."."""
 
     #: the accept thread's name and the log's prefix
     kind = "front"
@@ -85,9 +94,8 @@ class Front:
         self.upstream = upstream
         self.handshake_timeout_s, self.first_byte_s = handshake_timeout_s, first_byte_s
         self.max_pending, self.max_per_source = max_pending, max_per_source
-        self._log = log or (lambda s: print(f"mtplib {self.kind}: {s}", file=sys.stderr,
-                                            flush=True))
-        self._log_window, self._log_lines, self._log_dropped = 0.0, 0, 0
+        self.log = RateLimited(log or (lambda s: _log_warning(self.kind, s)),
+                               LOG_LINES, LOG_WINDOW_S)
         self.stats = dict.fromkeys(("accepted", "evicted", *counters), 0)
         self._lock = threading.Lock()
         #: the connections still proving themselves, oldest first
@@ -99,24 +107,6 @@ class Front:
         self._srv.settimeout(0.2)
         self.endpoint = "{}:{}".format(*self._srv.getsockname()[:2])
         self._thread: threading.Thread | None = None
-
-    def log(self, line: str) -> None:
-        """At most LOG_LINES lines per LOG_WINDOW_S (a flood of strangers must not fill the
-        shard's log), then one line saying how many were dropped."""
-        now = time.monotonic()
-        with self._lock:
-            if now - self._log_window > LOG_WINDOW_S:
-                dropped, self._log_dropped = self._log_dropped, 0
-                self._log_window, self._log_lines = now, 0
-            else:
-                dropped = 0
-            self._log_lines += 1
-            if self._log_lines > LOG_LINES:
-                self._log_dropped += 1
-                return
-        if dropped:
-            self._log(f"({dropped} similar lines dropped in the last {LOG_WINDOW_S:g} s)")
-        self._log(line)
 
     def _count(self, key: str) -> None:
         with self._lock:

@@ -18,9 +18,12 @@ loopback port and runs a `Gateway` on HOST:PORT in front of it:
 - **One client at a time** (upstream serves one): an authenticated client arriving while
   another is served gets the status line ``busy`` at once and is closed; the served one
   gets ``ready`` (both lines carry the gateway's random instance id, so a client that
-  reaches one shard under two addresses can tell; ``ready`` also carries the shard's
-  ``report`` of its build, `mtplib.distributed.shard_report`, which only an authenticated
-  client sees). TCP keepalive drops a vanished client.
+  reaches one shard under two addresses can tell). TCP keepalive drops a vanished client.
+- **The shard's report** of its build (`mtplib.distributed.shard_report`): an
+  authenticated connection offering ALPN `REPORT_ALPN` gets no status line and takes no
+  client slot; its first request must be mtplib's report request (within
+  ``handshake_timeout_s``), answered with the report, then it is closed; it never reaches
+  upstream (`mtplib.distributed.report_wire`: the same request a plaintext front answers).
 - **Checked framing** (`RequestChecker`, in `mtplib.distributed.framing`): every request
   header is parsed and checked before any byte of it is forwarded: HELLO first and only
   once, known commands, the exact size of every fixed-size request, and bounds on the two
@@ -87,6 +90,8 @@ from mtplib.distributed.framing import (
     RpcLimits,
 )
 from mtplib.distributed.front import CHUNK, FIRST_BYTE_S, HANDSHAKE_S, Front, keepalive
+from mtplib.distributed.report_wire import REPORT_ALPN, is_report_request, report_reply
+from mtplib.distributed.shard_report import ShardReport
 from mtplib.distributed.tls import (
     GATEWAY_BUSY,
     GATEWAY_MAGIC,
@@ -106,8 +111,6 @@ from mtplib.runtime.rpc import (
     parse_endpoint,
 )
 
-#: the longest report of its build a ready line carries (the status line stays < STATUS_MAX)
-REPORT_MAX = 400
 #: PEER_CONNECT's payload: | link (4) | token (16) | endpoint (128, NUL-padded) |
 PEER_CONNECT_SIZE = REQUEST_SIZES[RPC_PEER_CONNECT]
 PEER_ENDPOINT_SIZE = PEER_CONNECT_SIZE - PEER_HELLO_SIZE
@@ -335,7 +338,8 @@ class Gateway(Front):
     bound at construction (OSError if it cannot be); ``start()`` serves in a thread,
     ``close()`` stops. ``stats`` counts what happened; ``log`` gets one line per notable
     event. ``peers=False``: this gateway dials no peer links (its forwarders refuse) and
-    says so; ``peer_problem`` says why it dials none ("" where it does)."""
+    says so; ``peer_problem`` says why it dials none ("" where it does). ``report``: what
+    it answers mtplib's report request (None: it closes such a connection unanswered)."""
 
     kind = "gateway"
     silent = ("pre_tls_timeout", "no TLS byte")
@@ -346,16 +350,14 @@ class Gateway(Front):
                  handshake_timeout_s: float = HANDSHAKE_S, first_byte_s: float = FIRST_BYTE_S,
                  max_pending: int = 64, max_per_source: int = 8, max_peers: int = 16,
                  limits: RpcLimits = DEFAULT_LIMITS,
-                 log: Callable[[str], None] | None = None, report: str = "",
-                 peers: bool = True) -> None:
-        if len(report) > REPORT_MAX or not report.isascii() or len(report.split()) > 1:
-            raise ValueError(f"gateway report: one ASCII word of at most {REPORT_MAX} "
-                             f"characters, got {report[:80]!r}")
+                 log: Callable[[str], None] | None = None,
+                 report: ShardReport | None = None, peers: bool = True) -> None:
         self.limits = limits
-        self.report = report
+        self._reply = report_reply(report) if report is not None else None
         self.ctx = tls.server_context()
         self.ctx.num_tickets = 0  # no resumption: every session proves its certificate
-        self.ctx.set_alpn_protocols([PEER_ALPN])  # a peer link offers it, a client does not
+        # a peer link offers PEER_ALPN, a report request REPORT_ALPN, a client neither
+        self.ctx.set_alpn_protocols([PEER_ALPN, REPORT_ALPN])
         self.peer_ctx, self.peer_problem = (peer_credentials(tls) if peers
                                             else (None, "peer links turned off"))
         self.features = (GATEWAY_PEER,) if self.peer_ctx is not None else ()
@@ -375,10 +377,10 @@ class Gateway(Front):
                              "busy", "sessions", "frame_errors", "upstream_unreachable",
                              "shard_cert_as_client", "peer_sessions", "peer_refused",
                              "peer_frame_errors", "peer_links_out", "peer_forward_refused",
-                             "peer_dial_failed"))
+                             "peer_dial_failed", "reports", "report_refused"))
 
     def _status(self, stream: TlsStream, what: bytes) -> None:
-        words = [self.report, *self.features] if what == GATEWAY_READY else []
+        words = list(self.features) if what == GATEWAY_READY else []
         extra = b"".join(b" " + w.encode() for w in words if w)
         stream.sendall(GATEWAY_MAGIC + what + b" " + self.instance.encode() + extra + b"\n")
 
@@ -394,8 +396,31 @@ class Gateway(Front):
     def _serve(self, sock: socket.socket, stream: TlsStream, who: str) -> None:
         if stream.alpn() == PEER_ALPN:
             self._peer_session(stream, who)
+        elif stream.alpn() == REPORT_ALPN:
+            self._report(stream, who)
         else:
             self._session(stream, who)
+
+    def _report(self, stream: TlsStream, who: str) -> None:
+        """A report request (see the module doc): answered, or closed unanswered when this
+        gateway has no report or the request is not exactly one within the deadline."""
+        if self._reply is None:
+            self._count("report_refused")
+            self.log(f"{who}: asked for the shard's report; this gateway has none: closed")
+            return
+        deadline = time.monotonic() + self.handshake_timeout_s
+        try:
+            ok = is_report_request(stream, b"", deadline)
+        except OSError:  # TimeoutError, PeerClosed and ssl.SSLError are OSErrors
+            ok = False
+        self._count("reports" if ok else "report_refused")  # first: a client acts at once
+        if not ok:
+            self.log(f"{who}: no report request within {self.handshake_timeout_s:g} s, or "
+                     "not one; closed")
+            return
+        with contextlib.suppress(OSError):
+            stream.settimeout(self.handshake_timeout_s)
+            stream.sendall(self._reply)
 
     def _session(self, stream: TlsStream, who: str) -> None:
         if self._own_cert and hmac.compare_digest(stream.peer_certificate_der(),

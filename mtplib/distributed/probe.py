@@ -12,10 +12,14 @@ that builds 67 million devices. It also finds one shard given twice:
   the first probe already saw (named at once), a plain RPC server stays silent (named
   after ``timeout_s``).
 
-Each answer comes back with the shard's report of its build (`ProbedShard`: from a TLS
-gateway's ready line, or a plaintext shard's report file on this host), which a ranged run
-builds its adverts from (`mtplib.distributed.shard_report`). A missing or unreadable
-report is not a probe failure: it refuses MTP later, by name.
+Before its handshake every shard is asked for its report of its build on a connection of
+its own to the same endpoint (`mtplib.distributed.report_wire.ask_report`: in band, so a
+forward or a tunnel in between changes nothing), closed before the handshake's opens (a
+stock server serves one connection at a time). The report comes back with the handshake's
+answer (`ProbedShard`), and a ranged run builds its adverts from it
+(`mtplib.distributed.shard_report`). A missing or unreadable report is not a probe
+failure: it refuses MTP later, by name; a shard that answers the report request not at
+all within ``timeout_s`` fails as a silent handshake does.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import socket
 from collections.abc import Sequence
 
+from mtplib.distributed.report_wire import ask_report, report_context
 from mtplib.distributed.shard_report import ProbedShard, with_report
 from mtplib.distributed.tls import GATEWAY_PEER, TlsConfig, connect_ready_status
 from mtplib.ownership.plan import PlanError
@@ -49,47 +54,55 @@ def probe_shards(endpoints: Sequence[str], *, tls: TlsConfig | None = None,
     allow = allow_remote or tls is not None
     check_distinct(endpoints, allow_remote=allow)
     ctx = tls.client_context() if tls is not None else None
+    report_ctx = report_context(tls) if tls is not None else None
     held: list = []
     instances: dict[str, str] = {}
     out = []
     try:
         for ep in endpoints:
             addr = parse_endpoint(ep, allow_remote=allow)
-            token: str | None = None  # plaintext: the report file on this host
-            peer_links = False
-            if tls is None:
-                try:
-                    s = socket.create_connection(addr, timeout=timeout_s)
-                except OSError as e:
-                    raise ShardError(f"shard {ep} unreachable: {e.strerror or e}") from None
-                held.append(s)
-            else:
-                def same(instance: str, ep: str = ep) -> None:
-                    if instance in instances:
-                        raise PlanError(f"endpoints {instances[instance]} and {ep} are the "
-                                        f"same shard (gateway instance {instance}); every "
-                                        "plan range needs its own shard")
-
-                s, status = connect_ready_status(addr, tls, timeout_s=timeout_s, ctx=ctx,
-                                                 on_busy=same)
-                held.append(s)
-                instances[status.instance], token = ep, status.report
-                peer_links = GATEWAY_PEER in status.features
+            what = "the mtplib report request"
             try:
-                out.append(with_report(handshake(s, ep, timeout_s=timeout_s), ep, token=token,
-                                       peer_links=peer_links))
+                report, problem = ask_report(addr, ep, timeout_s=timeout_s, tls=tls,
+                                             ctx=report_ctx)
+                what = "the handshake"
+                s, peer_links = _connect(addr, ep, tls, ctx, timeout_s, instances)
+                held.append(s)
+                out.append(with_report(handshake(s, ep, timeout_s=timeout_s), ep,
+                                       report=report, problem=problem, peer_links=peer_links))
             except TimeoutError:
                 others = list(endpoints[:len(out)])
                 same = (f"; it may be {', '.join(others)} under another address (their "
                         "probe connections are open)" if others else "")
-                raise ShardError(f"shard {ep} did not answer the handshake within "
-                                 f"{timeout_s} s (busy with another client, or hung{same})"
-                                 ) from None
+                raise ShardError(f"shard {ep} did not answer {what} within {timeout_s} s "
+                                 f"(busy with another client, or hung{same})") from None
             except OSError as e:
-                raise ShardError(f"shard {ep}: connection lost during the handshake "
+                raise ShardError(f"shard {ep}: connection lost during {what} "
                                  f"({e.strerror or e})") from None
     finally:
         for s in held:
             with contextlib.suppress(OSError):
                 s.close()
     return out
+
+
+def _connect(addr: tuple[str, int], ep: str, tls: TlsConfig | None, ctx,
+             timeout_s: float, instances: dict[str, str]) -> tuple:
+    """The probe's connection for the handshake (plain, or through the gateway once it
+    says ready: PlanError for a gateway instance already probed under another endpoint)
+    and whether the gateway carries peer links."""
+    if tls is None:
+        try:
+            return socket.create_connection(addr, timeout=timeout_s), False
+        except OSError as e:
+            raise ShardError(f"shard {ep} unreachable: {e.strerror or e}") from None
+
+    def same(instance: str) -> None:
+        if instance in instances:
+            raise PlanError(f"endpoints {instances[instance]} and {ep} are the same shard "
+                            f"(gateway instance {instance}); every plan range needs its own "
+                            "shard")
+
+    s, status = connect_ready_status(addr, tls, timeout_s=timeout_s, ctx=ctx, on_busy=same)
+    instances[status.instance] = ep
+    return s, GATEWAY_PEER in status.features

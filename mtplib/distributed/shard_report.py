@@ -4,50 +4,40 @@ Why: upstream's RPC protocol carries a protocol version and device facts only, s
 client cannot learn there which mtplib contract, llama-cpp-python / llama.cpp pin, build
 (stock or patched) and patch set a shard runs; adverts the client built from its own pin
 could never fail the pin or contract checks. So every ``mtplib shard serve`` process
-reports its own (`local_report`, from the upstream library it loaded) through the one
-channel it has to the client:
+reports its own (`local_report`, from the upstream library it loaded) **in band**: its
+front (the plaintext `PlainFront` or the TLS `Gateway`) answers mtplib's report request
+on the very endpoint the client dials (`mtplib.distributed.report_wire`), so a TCP
+forward, an SSH tunnel, a container port mapping or NAT in between changes nothing.
+Upstream's own RPC server (a stock shard, or a forward to one) closes a connection that
+does not open with HELLO: that shard reports nothing.
 
-- a TLS shard: its gateway's ready line (``mtplib-gateway 1 ready <instance> <report>``),
-  which only a client with a certificate of the shard's CA reads;
-- a plaintext shard: a report file (`write_report_file`) in this user's report directory
-  (`report_dir`, mode 0700), named by the endpoint and holding the serving pid; a probe on
-  the same host reads it (`read_report_file`). A plaintext shard on another host
-  (``--insecure-plaintext``) has no channel and reports nothing.
+`probe_shards` asks every shard for its report, then does upstream's handshake, and
+attaches the report to the handshake answer (`ProbedShard`); `shard_adverts` builds every
+shard's advert from its report (`build_advert`), and a ranged run negotiates them against
+this process's pin (`route(..., pin=PIN)`). A shard that reports another contract version
+or pin, or nothing, refuses MTP with one line naming the shard and the difference; plain
+decoding does not negotiate. The build and the patch set are reported and recorded
+(`advert_summary`), not required to match: a patched client on stock shards is supported
+(the RPC handshake settles the protocol; the graphs, and so the cache placement, are the
+client's).
 
-`probe_shards` attaches each report to the shard's handshake answer (`ProbedShard`);
-`shard_adverts` builds every shard's advert from its report (`build_advert`), and a
-ranged run negotiates them against this process's pin (`route(..., pin=PIN)`). A shard
-that reports another contract version or pin, or nothing, refuses MTP with one line
-naming the shard and the difference; plain decoding does not negotiate. The build and the
-patch set are reported and recorded (`advert_summary`), not required to match: a patched
-client on stock shards is supported (the RPC handshake settles the protocol; the graphs,
-and so the cache placement, are the client's).
-
-A report is the shard's claim: mutual TLS proves who claims it, not that it is true.
+A report is the shard's claim (and, in plaintext, whatever answers on its endpoint): mutual
+TLS proves who claims it, not that it is true.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
-import tempfile
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from mtplib import pins
+from mtplib import envs, pins
 from mtplib.contract.capabilities import Policy, RouteRefused, ShardAdvert, build_advert
 from mtplib.contract.types import CONTRACT_VERSION
 from mtplib.errors import InputError
 from mtplib.runtime.routing import PIN, require_mtp, route
-from mtplib.runtime.rpc import ShardInfo, parse_endpoint
+from mtplib.runtime.rpc import ShardInfo
 
-#: overrides the report directory (tests, or shards and clients sharing another one)
-REPORT_DIR_ENV = "MTPLIB_SHARD_REPORTS"
-#: the longest report token read (the gateway sends at most gateway.REPORT_MAX)
-TOKEN_MAX = 400
 BUILDS = ("stock", "patched")
 
 _FIELDS = {
@@ -63,7 +53,7 @@ _OPTIONAL = {"device": re.compile(r"cpu|gpu")}
 
 
 class ReportError(InputError):
-    """A shard's report that is not one (malformed, oversized, stale)."""
+    """A shard's report that is not one (missing, malformed, oversized)."""
 
 
 @dataclass(frozen=True)
@@ -84,38 +74,37 @@ class ShardReport:
         """The advert's pin, spelled as `mtplib.runtime.routing.PIN`."""
         return f"llama-cpp-python=={self.llama_cpp_python}@{self.llama_cpp_commit[:9]}"
 
-    def token(self) -> str:
-        """One ASCII word (the gateway's status line and the report file carry it)."""
-        return ";".join(f"{k}={v}" for k, v in (
-            ("contract", self.contract_version), ("llama-cpp-python", self.llama_cpp_python),
-            ("llama.cpp", self.llama_cpp_commit), ("build", self.build),
-            ("patches", self.patch_set or "-"),
-            *((("device", self.device),) if self.device else ())))
+    def fields(self) -> dict[str, str]:
+        """The report as the wire carries it (`mtplib.distributed.report_wire`): each
+        field's name and its ASCII value ("-": no patch set; no ``device`` if unsaid)."""
+        out = {"contract": self.contract_version, "llama-cpp-python": self.llama_cpp_python,
+               "llama.cpp": self.llama_cpp_commit, "build": self.build,
+               "patches": self.patch_set or "-"}
+        if self.device:
+            out["device"] = self.device
+        return out
 
     @classmethod
-    def parse(cls, token: str) -> ShardReport:
-        """The report a token spells; ReportError naming the first fault."""
-        if not isinstance(token, str) or not token:
-            raise ReportError("empty report")
-        if len(token) > TOKEN_MAX or not token.isascii():
-            raise ReportError(f"report of {len(token)} characters or not ASCII "
-                              f"(at most {TOKEN_MAX} ASCII)")
-        items = [part.partition("=") for part in token.split(";")]
-        keys = [k for k, _, _ in items]
-        required = sorted(k for k in keys if k not in _OPTIONAL)
-        if (required != sorted(_FIELDS) or len(set(keys)) != len(keys)
-                or any(not sep for _, sep, _ in items)):
-            raise ReportError(f"report fields {keys}, expected {list(_FIELDS)} "
+    def from_fields(cls, fields: Mapping) -> ShardReport:
+        """The report ``fields`` spell (as `fields` writes them); ReportError naming the
+        first fault (a field missing, unknown, not a string, or malformed)."""
+        if not isinstance(fields, Mapping):
+            raise ReportError(f"a report is an object of fields, got {type(fields).__name__}")
+        keys = sorted(str(k)[:40] for k in fields)
+        required = sorted(str(k) for k in fields if k not in _OPTIONAL)
+        if required != sorted(_FIELDS):
+            raise ReportError(f"report fields {keys[:12]}, expected {list(_FIELDS)} "
                               f"(and optionally {list(_OPTIONAL)})")
-        vals = {k: v for k, _, v in items}
         for k, rx in (*_FIELDS.items(), *_OPTIONAL.items()):
-            if k in vals and not rx.fullmatch(vals[k]):
-                raise ReportError(f"report field {k}={vals[k]!r} is malformed")
-        if (vals["build"] == "stock") != (vals["patches"] == "-"):
-            raise ReportError(f"report: build {vals['build']} with patches {vals['patches']}")
-        return cls(vals["contract"], vals["llama-cpp-python"], vals["llama.cpp"],
-                   vals["build"], "" if vals["patches"] == "-" else vals["patches"],
-                   vals.get("device", ""))
+            v = fields.get(k)
+            if k in fields and not (isinstance(v, str) and v.isascii() and rx.fullmatch(v)):
+                raise ReportError(f"report field {k}={v!r:.80} is malformed")
+        if (fields["build"] == "stock") != (fields["patches"] == "-"):
+            raise ReportError(f"report: build {fields['build']} with patches "
+                              f"{fields['patches']}")
+        return cls(fields["contract"], fields["llama-cpp-python"], fields["llama.cpp"],
+                   fields["build"], "" if fields["patches"] == "-" else fields["patches"],
+                   fields.get("device", ""))
 
     def to_dict(self) -> dict:
         return {"contract_version": self.contract_version, "pin": self.pin,
@@ -134,96 +123,13 @@ def local_report(device: str = "") -> ShardReport:
                        str(info["build"]), info.get("patch_set_sha256") or "", device)
 
 
-# -- the plaintext channel: a report file per endpoint ---------------------------------
-def report_dir() -> Path:
-    """$MTPLIB_SHARD_REPORTS, else ``<tmp>/mtplib-shard-reports-<uid>``."""
-    env = os.environ.get(REPORT_DIR_ENV)
-    return Path(env) if env else Path(tempfile.gettempdir()) / f"mtplib-shard-reports-{os.getuid()}"
-
-
-def _normal(endpoint: str) -> str:
-    host, port = parse_endpoint(endpoint, allow_remote=True)
-    return f"{host}:{port}"
-
-
-def _report_path(endpoint: str) -> Path:
-    return report_dir() / (_normal(endpoint).replace(":", "_") + ".json")
-
-
-def write_report_file(endpoint: str, report: ShardReport) -> Path:
-    """Write the serving process's report for ``endpoint`` (atomically; the directory is
-    made mode 0700). Returns the file, which the process removes when it stops. ReportError
-    where a live process of this user holds it (the port is that one's: this shard will
-    not bind it)."""
-    path = _report_path(endpoint)
-    held = _holder(path)
-    if held is not None and held != os.getpid() and _alive(held):
-        raise ReportError(f"{path} belongs to the live shard process {held}")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.parent.stat().st_uid != os.getuid():
-        raise ReportError(f"report directory {path.parent} is not this user's")
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"endpoint": _normal(endpoint), "pid": os.getpid(),
-                               "report": report.token()}))
-    os.replace(tmp, path)
-    return path
-
-
-def _holder(path: Path) -> int | None:
-    """The pid a report file names (None: no file, or not a report)."""
-    try:
-        return int(json.loads(path.read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def remove_report_file(path: Path) -> None:
-    """Remove a report file this process wrote (no error if it is gone)."""
-    if _holder(path) == os.getpid():
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def read_report_file(endpoint: str) -> ShardReport:
-    """The report the plaintext shard serving ``endpoint`` on this host wrote; ReportError
-    when there is none, it is not this user's, or its process is gone."""
-    path = _report_path(endpoint)
-    try:
-        st = path.stat()
-        raw = path.read_text() if st.st_size <= 4 * TOKEN_MAX else ""
-    except OSError:
-        raise ReportError(f"no report file {path} (not an `mtplib shard serve` on this "
-                          "host, or serving through TLS)") from None
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise ReportError(f"report file {path} is not this user's alone")
-    try:
-        rec = json.loads(raw)
-        pid, token = int(rec["pid"]), rec["report"]
-    except (ValueError, KeyError, TypeError):
-        raise ReportError(f"report file {path} is malformed") from None
-    if rec.get("endpoint") != _normal(endpoint):
-        raise ReportError(f"report file {path} names {rec.get('endpoint')!r}, not {endpoint}")
-    if not _alive(pid):
-        raise ReportError(f"report file {path} is stale (its process {pid} is gone)")
-    return ShardReport.parse(token)
-
-
 # -- what the probe returns, and the adverts ----------------------------------------------
 @dataclass(frozen=True)
 class ProbedShard(ShardInfo):
     """A shard's handshake answer and its report (None, with ``report_problem``, where it
-    gave none or an unreadable one); ``peer_links``: its TLS gateway's ready line says it
-    carries peer links (the ring through the gateways; False for a plaintext shard)."""
+    gave none or an unreadable one: `mtplib.distributed.report_wire`); ``peer_links``: its
+    TLS gateway's ready line says it carries peer links (the ring through the gateways;
+    False for a plaintext shard)."""
 
     endpoint: str = ""
     report: ShardReport | None = None
@@ -231,27 +137,20 @@ class ProbedShard(ShardInfo):
     peer_links: bool = False
 
 
-def with_report(info: ShardInfo, endpoint: str, *, token: str | None,
-                peer_links: bool = False) -> ProbedShard:
-    """``info`` with the shard's report: ``token`` from a gateway's ready line, or (None,
-    a plaintext shard) its report file on this host; ``peer_links`` as that line says."""
+def with_report(info: ShardInfo, endpoint: str, *, report: ShardReport | None,
+                problem: str = "", peer_links: bool = False) -> ProbedShard:
+    """``info`` (the handshake's answer) with what the shard answered mtplib's report
+    request: ``report``, or None and ``problem`` (why there is none); ``peer_links`` as its
+    gateway's ready line says."""
     base = {f: getattr(info, f) for f in ShardInfo.__dataclass_fields__}
-    base["peer_links"] = peer_links
-    try:
-        if token is None:
-            report = read_report_file(endpoint)
-        elif not token:
-            raise ReportError("its gateway's ready line carries no report")
-        else:
-            report = ShardReport.parse(token)
-    except (ReportError, InputError) as e:
-        return ProbedShard(**base, endpoint=endpoint, report_problem=str(e))
-    return ProbedShard(**base, endpoint=endpoint, report=report)
+    return ProbedShard(**base, endpoint=endpoint, report=report,
+                       report_problem="" if report is not None else problem or "no report",
+                       peer_links=peer_links)
 
 
 #: ``1``: every allocation-size query goes to the shards (as before session 13), none is
 #: answered by the client's relays (for side-by-side runs)
-FORWARD_ALLOC_SIZES_ENV = "MTPLIB_FORWARD_ALLOC_SIZES"
+FORWARD_ALLOC_SIZES_ENV = envs.FORWARD_ALLOC_SIZES
 
 
 def answers_alloc_sizes(info: ShardInfo) -> bool:
@@ -259,7 +158,7 @@ def answers_alloc_sizes(info: ShardInfo) -> bool:
     the shard reported that it serves its CPU, whose answer the relay knows
     (`mtplib.distributed.relay._AllocSizeAnswers`); not a GPU shard, a shard that reported
     nothing, or with $MTPLIB_FORWARD_ALLOC_SIZES=1."""
-    if os.environ.get(FORWARD_ALLOC_SIZES_ENV, "") not in ("", "0"):
+    if envs.forward_alloc_sizes():
         return False
     report, _ = _reported(info)
     return report is not None and report.device == "cpu"
@@ -273,11 +172,17 @@ def _reported(info: ShardInfo) -> tuple[ShardReport | None, str]:
 
 
 def shard_adverts(shards: Sequence[ShardInfo], *, mtp_placed: bool, policy: Policy,
-                  certified: Collection[str] = ()) -> list[ShardAdvert]:
+                  certified: Collection[str] = (), dspark_block: int = 0
+                  ) -> list[ShardAdvert]:
     """Every shard's advert from its own report (`build_advert`): its contract version and
     pin as reported ("none reported: why" where it gave none, which negotiation refuses by
     name); the tail's MTP recipes unsupported unless ``mtp_placed`` (the MTP block was
-    loaded where its placement says, next to the sampler: the client or the tail)."""
+    loaded where its placement says, next to the sampler: the client or the tail).
+    DSpark recipes: unsupported on every shard unless ``dspark_block`` > 0, the block size
+    of a DSpark draft the run loaded where its placement says (only the client placement
+    is built; `mtplib.runtime.request` refuses the tail one); then the tail's advert holds
+    it, as for MTP. Shards hold no draft file (the client uploads the weights); which
+    drafters a shard can serve follows from the contract version it reports."""
     tail = len(shards) - 1
     out = []
     for i, info in enumerate(shards):
@@ -287,7 +192,8 @@ def shard_adverts(shards: Sequence[ShardInfo], *, mtp_placed: bool, policy: Poli
             i, pin=report.pin if report else "none reported", policy=policy,
             has_mtp_sidecar=mtp_placed and i == tail,
             mtp_problem="" if mtp_placed or i != tail else "no MTP sidecar",
-            certified=certified,
+            certified=certified, has_dspark_draft=dspark_block > 0 and i == tail,
+            dspark_block=dspark_block,
             contract_version=report.contract_version if report else none).advert)
     return out
 

@@ -23,11 +23,12 @@ object from two threads at once), so the TLS state is an `ssl.SSLObject` over me
 behind a lock, and the raw socket does the I/O.
 
 After the TLS handshake the gateway sends one status line (`GATEWAY_READY` or
-`GATEWAY_BUSY`, then the gateway's instance id, and on a ready line the shard's report of
-its build: `mtplib.distributed.shard_report`, and the gateway's features, words starting
-with "+": `GATEWAY_PEER`, it carries peer links), so that a client tells "busy" and "the
-same shard twice" apart from a broken shard before upstream's client sends a byte. A peer
-link (ALPN `PEER_ALPN`) gets no status line.
+`GATEWAY_BUSY`, then the gateway's instance id, and on a ready line the gateway's features,
+words starting with "+": `GATEWAY_PEER`, it carries peer links), so that a client tells
+"busy" and "the same shard twice" apart from a broken shard before upstream's client sends
+a byte. A peer link (ALPN `PEER_ALPN`) and a report request (ALPN
+`mtplib.distributed.report_wire.REPORT_ALPN`: the shard's report of its build, asked as in
+plaintext) get no status line.
 """
 
 from __future__ import annotations
@@ -205,8 +206,6 @@ class TlsStream:
 class GatewayStatus:
     ready: bool
     instance: str
-    #: the shard's report of its build (`ShardReport.token`); "" where the line has none
-    report: str = ""
     #: the gateway's feature words (e.g. `GATEWAY_PEER`); empty for an older gateway
     features: frozenset[str] = frozenset()
 
@@ -238,19 +237,33 @@ def read_status(stream: TlsStream, endpoint: str, timeout_s: float) -> GatewaySt
             stream.settimeout(None)
     parts = buf[len(GATEWAY_MAGIC):].split()
     words = [w.decode("ascii", "replace") for w in parts[2:]]
-    features = frozenset(w for w in words if w.startswith("+"))
-    reports = [w for w in words if not w.startswith("+")]
-    if not buf.startswith(GATEWAY_MAGIC) or len(parts) < 2 or len(reports) > 1 \
-            or len(features) > 8 or parts[0] not in (GATEWAY_READY, GATEWAY_BUSY):
+    features = frozenset(words)
+    if not buf.startswith(GATEWAY_MAGIC) or len(parts) < 2 or len(words) > 8 \
+            or not all(w.startswith("+") for w in words) \
+            or parts[0] not in (GATEWAY_READY, GATEWAY_BUSY):
         raise ShardError(f"shard {endpoint}: unexpected gateway status {buf[:STATUS_MAX]!r}")
     return GatewayStatus(parts[0] == GATEWAY_READY, parts[1].decode("ascii", "replace"),
-                         reports[0] if reports else "", features)
+                         features)
 
 
 def connect(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
             ctx: ssl.SSLContext | None = None) -> tuple[TlsStream, GatewayStatus]:
     """A verified TLS connection to the gateway at ``addr`` and its status line; the
     caller closes it (also when the status says busy). ShardError on any failure."""
+    stream = open_tls(addr, tls, timeout_s=timeout_s, ctx=ctx)
+    try:
+        return stream, read_status(stream, f"{addr[0]}:{addr[1]}", timeout_s)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            stream.close()
+        raise
+
+
+def open_tls(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
+             ctx: ssl.SSLContext | None = None) -> TlsStream:
+    """A verified TLS connection to the gateway at ``addr`` (``ctx``: the client's
+    context, by default `TlsConfig.client_context`), nothing read yet; ShardError naming
+    the shard on any failure."""
     endpoint = f"{addr[0]}:{addr[1]}"
     ctx = ctx or tls.client_context()
     try:
@@ -274,7 +287,7 @@ def connect(addr: tuple[str, int], tls: TlsConfig, *, timeout_s: float = 5.0,
         except OSError as e:
             raise ShardError(f"shard {endpoint}: connection lost during the TLS handshake "
                              f"({e.strerror or e}); is it an mtplib TLS shard?") from None
-        return stream, read_status(stream, endpoint, timeout_s)
+        return stream
     except BaseException:
         with contextlib.suppress(OSError):
             stream.close()

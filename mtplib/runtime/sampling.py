@@ -15,6 +15,12 @@ history for every window position (the committed tokens, then the drafts before 
 are the history exactly when the position's pick is used), so it passes it to `pick` and
 MTP on and off see the same adjusted logits. top-k, top-p and min-p are pure filters of
 one position's distribution.
+
+Why a grammar stays exact (`mtplib.runtime.grammar`): it is a filter of one position's
+distribution given the history, like the penalties: the verify passes each window
+position the grammar state after the committed tokens and the drafts before it, and the
+forbidden tokens' logits become -inf before temperature and the position's draw (greedy:
+the argmax of what is allowed).
 """
 
 from __future__ import annotations
@@ -23,10 +29,28 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from mtplib.errors import InputError
+from mtplib.runtime.structured import GrammarSpec
+
+
+class Constraint(Protocol):
+    """Which tokens may come next at one position (a grammar state: `Grammar`)."""
+
+    def allows(self, token: int) -> bool: ...
+
+    def allowed_among(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def allowed(self) -> np.ndarray: ...
+
+
+#: a greedy pick whose argmax the grammar forbids checks this many best tokens (ties at
+#: the last one included, up to `GREEDY_CAP`) before the whole vocabulary
+GREEDY_CANDIDATES = 64
+GREEDY_CAP = 256
 
 
 def _real(x: object) -> bool:
@@ -71,6 +95,13 @@ class Sampler:
     #: re-verified) is observed again, the last call being the emitted token's
     observe: Callable[[int, np.ndarray], None] | None = field(default=None, compare=False,
                                                               repr=False)
+    #: structured output: the target's picks are constrained to this grammar's language
+    #: (each session builds its own grammar state from it: `mtplib.runtime.grammar`)
+    grammar: GrammarSpec | None = None
+    #: with ``logprobs``: report the distribution the token was drawn from (after the bias,
+    #: penalties, grammar, temperature and filters: `post_logprobs`) instead of the raw
+    #: one, as llama-server's post_sampling_probs does
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         # a NaN temperature would pass "< 0" and turn every probability into NaN (the run
@@ -106,6 +137,9 @@ class Sampler:
         if self.logprobs is not None and (not _int(self.logprobs) or self.logprobs < 0):
             raise InputError(f"logprobs must be an int >= 0 (None: off), got "
                              f"{self.logprobs!r}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise InputError(f"grammar must be a GrammarSpec (None: off), got "
+                             f"{type(self.grammar).__name__}")
 
     def __getstate__(self) -> dict:
         """Refused with ``observe``: the callback would run in the worker, never here."""
@@ -145,12 +179,15 @@ class Sampler:
             z[ids] = v - counts * self.frequency_penalty - self.presence_penalty
         return z
 
-    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
-        """The target distribution after the bias, penalties, temperature, top-k, top-p
-        and min-p (float64, sums to 1)."""
+    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None, *,
+              allowed: np.ndarray | None = None) -> np.ndarray:
+        """The target distribution after the bias, penalties, the grammar's ``allowed``
+        mask, temperature, top-k, top-p and min-p (float64, sums to 1)."""
         # shift first, then scale: z <= 0 everywhere, so a tiny temperature gives -inf
         # (probability 0) instead of inf - inf = NaN
         z = np.asarray(self.adjust(logits, history), dtype=np.float64)
+        if allowed is not None:
+            z = masked(z, allowed)
         with np.errstate(over="ignore"):
             z = (z - z.max()) / self.temperature
         p = np.exp(z)
@@ -173,20 +210,70 @@ class Sampler:
             p /= p.sum()
         return p
 
+    def post_logprobs(self, logits: np.ndarray, token: int,
+                      history: Sequence[int] | None = None,
+                      constraint: Constraint | None = None) -> np.ndarray:
+        """The log of the distribution ``token`` was drawn from at its position (-inf where
+        the chain left nothing): `probs`, or greedy's certainty (the picked token 0, the
+        rest -inf, as llama.cpp's temperature 0 leaves one candidate)."""
+        if self.greedy:
+            out = np.full(len(logits), -np.inf)
+            out[token] = 0.0
+            return out
+        allowed = None if constraint is None else constraint.allowed()
+        with np.errstate(divide="ignore"):
+            return np.log(self.probs(logits, history, allowed=allowed))
+
     def uniform(self, stream: int, position: int) -> float:
         return float(np.random.default_rng([self.seed, stream, position]).random())
 
     def pick(self, logits: np.ndarray, *, stream: int = 0, position: int = 0,
-             history: Sequence[int] | None = None) -> int:
+             history: Sequence[int] | None = None,
+             constraint: Constraint | None = None) -> int:
         """The token at ``position``: argmax, or inverse-CDF with that position's uniform.
-        ``history``: the tokens before ``position`` (needed when `penalized`)."""
+        ``history``: the tokens before ``position`` (needed when `penalized`);
+        ``constraint``: the grammar state there (tokens it forbids are never picked)."""
         if self.observe is not None:
             self.observe(position, logits)
         if self.greedy:
-            return int(np.argmax(self.adjust(logits, history)))
-        cdf = np.cumsum(self.probs(logits, history))
+            z = self.adjust(logits, history)
+            tok = int(np.argmax(z))
+            # the argmax of the allowed tokens is the argmax itself when allowed (ties
+            # included: a lower id with the same logit would have been the argmax)
+            if constraint is None or constraint.allows(tok):
+                return tok
+            return constrained_argmax(z, constraint)
+        allowed = None if constraint is None else constraint.allowed()
+        cdf = np.cumsum(self.probs(logits, history, allowed=allowed))
         u = self.uniform(stream, position) * cdf[-1]
         return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+
+
+def constrained_argmax(z: np.ndarray, constraint: Constraint) -> int:
+    """The argmax of ``z`` among the tokens ``constraint`` allows (ties: the lowest id),
+    as the masked argmax gives it: the best allowed token among the ``GREEDY_CANDIDATES``
+    highest (every token with the last one's value included) is that argmax, since every
+    other token is lower; none allowed there: the whole vocabulary's mask."""
+    n = min(GREEDY_CANDIDATES, len(z))
+    kth = np.partition(z, len(z) - n)[len(z) - n]
+    cand = np.flatnonzero(z >= kth)  # ascending ids
+    if len(cand) <= GREEDY_CAP and np.isfinite(kth):
+        cand = cand[np.argsort(-z[cand], kind="stable")]  # by value, ties by lower id
+        ok = np.flatnonzero(constraint.allowed_among(cand))
+        if len(ok):
+            return int(cand[ok[0]])
+    return int(np.argmax(masked(z, constraint.allowed())))
+
+
+def masked(z: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``z`` with the tokens a grammar forbids at -inf; refused when nothing is left."""
+    if len(allowed) != len(z):
+        raise InputError(f"grammar mask of {len(allowed)} tokens for {len(z)} logits")
+    out = np.where(allowed, z, -np.inf)
+    if not np.isfinite(out).any():
+        raise InputError("the grammar allows no token here that the logits (and the logit "
+                         "bias) leave possible")
+    return out
 
 
 @dataclass(frozen=True)
