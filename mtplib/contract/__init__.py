@@ -1,4 +1,5 @@
-"""The MTP contract: typed values, session lifecycle, seam rules and capability negotiation.
+"""The MTP contract: typed values, session lifecycle, seam rules and capability negotiation,
+for both drafters (the NextN MTP block and a DSpark draft: `mtplib.contract.dspark`).
 
 Pure stdlib so every shard, the coordinator and the test suite share one definition.
 """
@@ -20,6 +21,18 @@ from mtplib.contract.capabilities import (
     policy_named,
     policy_statuses,
     require_route,
+)
+from mtplib.contract.dspark import (
+    DSPARK_SHARD_LOCAL,
+    Crossing,
+    DSparkBlock,
+    DSparkConfidences,
+    DSparkFeatures,
+    DSparkProposal,
+    DSparkStepPlan,
+    dspark_crossings,
+    dspark_step_bytes,
+    plan_dspark_step,
 )
 from mtplib.contract.seam import (
     FORBIDDEN_KINDS,
@@ -45,6 +58,8 @@ from mtplib.contract.session import (
 from mtplib.contract.types import (
     CONTRACT_VERSION,
     DEFAULT_DRAFT,
+    DRAFTERS,
+    DSPARK_RECIPES,
     MAX_DRAFT,
     MIN_DRAFT,
     MTP_OFF,
@@ -71,6 +86,7 @@ from mtplib.contract.types import (
     draft_with,
     plan_rollback,
     recipe_draft_k,
+    recipe_drafter,
     verify_greedy,
 )
 
@@ -78,6 +94,9 @@ __all__ = [
     "ALPHA_POLICY",
     "BETA_POLICY",
     "CONTRACT_VERSION",
+    "DRAFTERS",
+    "DSPARK_RECIPES",
+    "DSPARK_SHARD_LOCAL",
     "FORBIDDEN_KINDS",
     "DEFAULT_DRAFT",
     "MAX_DRAFT",
@@ -97,6 +116,12 @@ __all__ = [
     "CacheKind",
     "ClosedSessionError",
     "ContractError",
+    "Crossing",
+    "DSparkBlock",
+    "DSparkConfidences",
+    "DSparkFeatures",
+    "DSparkProposal",
+    "DSparkStepPlan",
     "DType",
     "Decision",
     "DraftLength",
@@ -126,13 +151,17 @@ __all__ = [
     "checked_draft",
     "draft_problem",
     "draft_with",
+    "dspark_crossings",
+    "dspark_step_bytes",
     "names_cache_state",
     "negotiate",
     "parse_recipe",
+    "plan_dspark_step",
     "plan_rollback",
     "policy_named",
     "policy_statuses",
     "recipe_draft_k",
+    "recipe_drafter",
     "require_route",
     "seam_bytes_per_token",
     "validate_boundary",

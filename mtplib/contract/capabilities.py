@@ -2,7 +2,9 @@
 
 Why: MTP only pays off if every shard agrees on the contract, the exact model build and the
 recipe, and the tail shard actually holds the MTP block. Any doubt routes mtp.off, which is
-always correct (just slower), and the reason names the first failing cause.
+always correct (just slower), and the reason names the first failing cause. DSpark recipes
+(dspark.v4.draft<k>) negotiate by the same checks: the tail must hold a DSpark draft whose
+block size covers k, and a policy that disables MTP disables them too.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from types import MappingProxyType
 
 from mtplib.contract.types import (
     CONTRACT_VERSION,
+    DRAFTER_LABELS,
+    DSPARK_DRAFTER,
+    DSPARK_RECIPES,
     MAX_DRAFT,
     MIN_DRAFT,
+    MTP_DRAFTER,
     MTP_OFF,
     MTP_RECIPES,
     RECIPES,
@@ -23,12 +29,14 @@ from mtplib.contract.types import (
     check_str,
     fail,
     recipe_draft_k,
+    recipe_drafter,
 )
 
 __all__ = [
     "ALPHA_POLICY",
     "BETA_POLICY",
     "Capability",
+    "DSPARK_RECIPES",
     "POLICIES",
     "MAX_DRAFT",
     "MIN_DRAFT",
@@ -70,19 +78,22 @@ def parse_recipe(recipe: str) -> int:
 
 @dataclass(frozen=True)
 class ShardAdvert:
-    """What one shard claims: contract version, model/build pin, sidecar, recipe statuses."""
+    """What one shard claims: contract version, model/build pin, drafters held (the MTP
+    sidecar, a DSpark draft), recipe statuses."""
 
     shard_index: int
     contract_version: str
     pin: str
     has_mtp_sidecar: bool
     recipes: Mapping[str, Status]
+    has_dspark_draft: bool = False
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Deployment policy: whether MTP may route at all, and the least status every shard
-    must advertise for a recipe before it does.
+    """Deployment policy: whether drafting may route at all (``allow_mtp``: MTP and
+    DSpark alike; the name predates DSpark), and the least status every shard must
+    advertise for a recipe before it does.
 
     Fields are checked at construction (a truthy string is not a bool: `allow_mtp='false'`
     is refused, not read as "allow"), so a policy that exists is one negotiate can trust.
@@ -125,9 +136,9 @@ def policy_named(name: object) -> Policy:
 
 
 def policy_statuses(recipes: Mapping[str, Status], policy: Policy) -> dict[str, Status]:
-    """Recipe statuses as advertised under `policy`: an MTP recipe the policy disables is
-    DISABLED where it would otherwise run (an unsupported one stays UNSUPPORTED: that says
-    more); mtp.off is never disabled."""
+    """Recipe statuses as advertised under `policy`: an MTP or DSpark recipe the policy
+    disables is DISABLED where it would otherwise run (an unsupported one stays
+    UNSUPPORTED: that says more); mtp.off is never disabled."""
     out = dict(recipes)
     if not policy.allow_mtp:
         for r, s in out.items():
@@ -137,6 +148,20 @@ def policy_statuses(recipes: Mapping[str, Status], policy: Policy) -> dict[str, 
 
 
 NOT_CERTIFIED = "implemented; no passing certification run for this model hash"
+NO_DSPARK = "no DSpark draft"
+
+
+def drafter_label(recipe: object) -> str:
+    """"MTP" or "DSpark": the drafter a recipe names, as messages spell it (by its first
+    word, so an out-of-range dspark.v4.draft9 reads DSpark too; MTP for mtp.off and for
+    names of no drafter)."""
+    head = recipe.split(".", 1)[0] if isinstance(recipe, str) else ""
+    return DRAFTER_LABELS[DSPARK_DRAFTER if head == DSPARK_DRAFTER else MTP_DRAFTER]
+
+
+def disabled_reason(policy: Policy, recipe: object) -> str:
+    """Why ``policy`` disables ``recipe``: one spelling for adverts and decisions."""
+    return f"{policy.name} policy: {drafter_label(recipe)} disabled"
 
 
 @dataclass(frozen=True)
@@ -149,22 +174,39 @@ class Capability:
     def to_dict(self) -> dict:
         return {"contract_version": self.advert.contract_version, "pin": self.advert.pin,
                 "has_mtp_sidecar": self.advert.has_mtp_sidecar,
+                "has_dspark_draft": self.advert.has_dspark_draft,
                 "recipes": {r: s.label for r, s in self.advert.recipes.items()},
                 "reasons": self.reasons}
+
+
+def _dspark_problem(k: int, block: int, problem: str) -> str:
+    if problem:
+        return problem
+    if block < 1:
+        return NO_DSPARK
+    if k > block:  # upstream skips the Markov head past it (dflash.cpp:324-327)
+        return (f"the DSpark draft's block size is {block}: a {k}-token block would skip "
+                "its Markov head")
+    return ""
 
 
 def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar: bool,
                  mtp_problem: str = "", build_problem: str = "",
                  certified: Collection[str] = (),
-                 contract_version: str = CONTRACT_VERSION) -> Capability:
-    """The one advert builder: every recipe of the contract (mtp.off, mtp.v4.draft1..8)
-    with its status and reason, from what the shard found out.
+                 contract_version: str = CONTRACT_VERSION, has_dspark_draft: bool = False,
+                 dspark_block: int = 0, dspark_problem: str = "") -> Capability:
+    """The one advert builder: every recipe of the contract (mtp.off, mtp.v4.draft1..8,
+    dspark.v4.draft1..8) with its status and reason, from what the shard found out.
 
     ``build_problem``: the shard cannot run anything (wrong upstream build): every recipe
     unsupported. ``mtp_problem``: why the MTP recipes do not run here (no sidecar, a pair
     that does not belong together, a context upstream refused): unsupported. Otherwise a
     recipe is implemented, certified if in ``certified`` (a passing certification run for
-    this exact pair), and DISABLED where ``policy`` disables MTP. `advertise()` and the
+    this exact pair), and DISABLED where ``policy`` disables MTP. DSpark recipes are
+    unsupported (fail closed) unless the run's DSpark draft has a block size
+    ``dspark_block`` >= k and ``dspark_problem`` is empty; ``has_dspark_draft``: this
+    shard holds it (the tail's advert: the draft sits next to the sampler, as
+    ``has_mtp_sidecar`` says of the MTP block). `advertise()` and the
     adverts every run routes on (`mtplib.runtime.routing`, and from the shards' own
     reports `mtplib.distributed.shard_report`) are built here, so all offer the same
     recipes with the same statuses. ``contract_version``: the one the shard reported
@@ -172,7 +214,12 @@ def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar:
     status: dict[str, Status] = {}
     reasons: dict[str, str] = {}
     for r in RECIPES:
-        problem = build_problem or ("" if r == MTP_OFF else mtp_problem)
+        if build_problem or r == MTP_OFF:
+            problem = build_problem
+        elif recipe_drafter(r) == DSPARK_DRAFTER:
+            problem = _dspark_problem(recipe_draft_k(r), dspark_block, dspark_problem)
+        else:
+            problem = mtp_problem
         if problem:
             status[r], reasons[r] = Status.UNSUPPORTED, problem
         elif r in certified:
@@ -182,8 +229,9 @@ def build_advert(shard_index: int, *, pin: str, policy: Policy, has_mtp_sidecar:
     status = policy_statuses(status, policy)
     for r, st in status.items():
         if st == Status.DISABLED:
-            reasons[r] = f"{policy.name} policy: MTP disabled"
-    advert = ShardAdvert(shard_index, contract_version, pin, has_mtp_sidecar, status)
+            reasons[r] = disabled_reason(policy, r)
+    advert = ShardAdvert(shard_index, contract_version, pin, has_mtp_sidecar, status,
+                         has_dspark_draft=has_dspark_draft)
     return Capability(advert, reasons)
 
 
@@ -206,7 +254,13 @@ class Decision:
 
     @property
     def mtp(self) -> bool:
+        """A drafter routes (MTP or DSpark): anything but mtp.off."""
         return self.recipe_routed != MTP_OFF
+
+    @property
+    def drafter(self) -> str | None:
+        """The routed recipe's drafter ("mtp", "dspark"), None for mtp.off."""
+        return recipe_drafter(self.recipe_routed)
 
 
 class RouteRefused(ContractError):
@@ -238,9 +292,11 @@ def _pin(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -
 
 
 def _sidecar(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
-    if a.shard_index != tail or a.has_mtp_sidecar is True:
+    if a.shard_index != tail:
         return ""
-    return "tail shard has no MTP sidecar"
+    if recipe_drafter(recipe) == DSPARK_DRAFTER:
+        return "" if a.has_dspark_draft is True else "tail shard has no DSpark draft"
+    return "" if a.has_mtp_sidecar is True else "tail shard has no MTP sidecar"
 
 
 def _advertised(recipe: str, a: ShardAdvert, tail: int, ref: _PinRef, policy: Policy) -> str:
@@ -269,7 +325,7 @@ def negotiate(requested: str, adverts: Sequence[ShardAdvert], policy: Policy, *,
     if not isinstance(policy, Policy):
         raise fail("policy", "a Policy", policy)
     if not policy.allow_mtp:
-        return Decision(requested, MTP_OFF, f"{policy.name} policy: MTP disabled", ())
+        return Decision(requested, MTP_OFF, disabled_reason(policy, requested), ())
     if requested == MTP_OFF:
         return Decision(requested, MTP_OFF, "mtp.off requested", ())
     try:

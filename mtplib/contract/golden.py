@@ -20,8 +20,11 @@ from mtplib.contract.capabilities import (
     Policy,
     ShardAdvert,
     Status,
+    build_advert,
     negotiate,
 )
+from mtplib.contract.dspark import DSPARK_SHARD_LOCAL
+from mtplib.contract.dspark_golden import dspark_doc
 from mtplib.contract.seam import (
     FORBIDDEN_KINDS,
     SEAM_VALUES,
@@ -33,6 +36,7 @@ from mtplib.contract.session import TRANSITIONS, Event, Session, State
 from mtplib.contract.types import (
     CONTRACT_VERSION,
     DEFAULT_DRAFT,
+    DRAFTERS,
     FLOAT_DTYPES,
     MAX_DRAFT,
     MIN_DRAFT,
@@ -58,8 +62,10 @@ def _version_doc() -> Doc:
         "min_draft": MIN_DRAFT,
         "max_draft": MAX_DRAFT,
         "default_draft": DEFAULT_DRAFT,
+        "drafters": list(DRAFTERS),
         "statuses": [s.label for s in Status],
         "shard_local_caches": sorted(k.value for k in SHARD_LOCAL),
+        "dspark_shard_local_caches": sorted(k.value for k in DSPARK_SHARD_LOCAL),
         "dtypes": {d.value: d.itemsize for d in DType},
     }
 
@@ -87,6 +93,8 @@ def _seam_doc() -> Doc:
                         "hc": dims.hc,
                         "n_vocab": dims.n_vocab,
                         "hidden_width": dims.hidden_width,
+                        "n_target_layers": dims.n_target_layers,
+                        "feature_width": dims.feature_width,
                     },
                     "dtype": dtype.value,
                     "values": values,
@@ -120,7 +128,8 @@ def _msg(
 ) -> BoundaryMessage:
     spec = SEAM_VALUES.get(kind)
     width = spec.width(dims) if spec else dims.hidden_width
-    dtype = DType.BF16 if spec is None or DType.BF16 in spec.dtypes else DType.I32
+    allowed = spec.dtypes if spec else frozenset({DType.BF16})
+    dtype = next(d for d in (DType.BF16, DType.F32, DType.I32) if d in allowed)
     base: dict[str, object] = dict(
         session_id="s1",
         epoch=3,
@@ -187,6 +196,19 @@ def boundary_cases(dims: ModelDims = TINY_DIMS) -> list[tuple[str, BoundaryMessa
         ("payload_mismatch", _msg(dims, n=1, payload=bytes(3))),
         ("verify_result_two_positions", _msg(dims, "verify_result", n=2)),
         ("too_many_drafts", _msg(dims, "draft_tokens", n=MAX_DRAFT + 1)),
+        ("ok_dspark_features", _msg(dims, "dspark_features", n=3)),
+        ("ok_dspark_features_with_payload",
+         _msg(dims, "dspark_features", n=1, payload=bytes(dims.feature_width * 4))),
+        ("dspark_features_bf16_option_not_built",
+         _msg(dims, "dspark_features", dtype=DType.BF16,
+              nbytes=2 * dims.feature_width * 2)),
+        ("dspark_features_wrong_width",
+         _msg(dims, "dspark_features", width=dims.hidden_width,
+              nbytes=2 * dims.hidden_width * 4)),
+        ("ok_dspark_confidences", _msg(dims, "dspark_confidences", n=5)),
+        ("too_many_dspark_confidences", _msg(dims, "dspark_confidences", n=MAX_DRAFT + 1)),
+        ("dspark_k_rows_option_not_built", _msg(dims, "dspark_k_rows")),
+        ("smuggled_dspark_swa_k", _msg(dims, extra={"dspark_swa_k": 0})),
     ]
     return [(name, m, sess) for name, m in cases]
 
@@ -221,9 +243,18 @@ def _advert(i: int, **kw: object) -> ShardAdvert:
         pin="v4flash-q8@abc123",
         has_mtp_sidecar=True,
         recipes={r: Status.CERTIFIED for r in RECIPES[1:]},
+        has_dspark_draft=True,
     )
     base.update(kw)
     return ShardAdvert(**base)  # type: ignore[arg-type]
+
+
+def _built(i: int, tail: int, dspark_block: int = 0) -> ShardAdvert:
+    """A ranged run's advert as `shard_report.shard_adverts` builds it (the MTP block
+    placed; a DSpark draft of ``dspark_block`` in the client, 0: none)."""
+    return build_advert(i, pin="v4flash-q8@abc123", policy=BETA_POLICY,
+                        has_mtp_sidecar=i == tail, has_dspark_draft=dspark_block > 0
+                        and i == tail, dspark_block=dspark_block).advert
 
 
 def advert_sets() -> dict[str, list[ShardAdvert]]:
@@ -243,6 +274,9 @@ def advert_sets() -> dict[str, list[ShardAdvert]]:
         ],
         "disabled": [_advert(0, recipes={r: Status.DISABLED for r in RECIPES[1:]}), _advert(1)],
         "duplicate_index": [_advert(0), _advert(0)],
+        "tail_without_dspark_draft": [_advert(0), _advert(1, has_dspark_draft=False)],
+        "ranged_no_dspark_draft": [_built(0, 1), _built(1, 1)],
+        "ranged_dspark_block3": [_built(0, 1, 3), _built(1, 1, 3)],
     }
 
 
@@ -252,6 +286,7 @@ def _advert_json(a: ShardAdvert) -> Doc:
         "contract_version": a.contract_version,
         "pin": a.pin,
         "has_mtp_sidecar": a.has_mtp_sidecar,
+        "has_dspark_draft": a.has_dspark_draft,
         "recipes": {r: s.label for r, s in sorted(a.recipes.items())},
     }
 
@@ -269,6 +304,10 @@ def _negotiation_doc() -> Doc:
         "mtp.v4.draft9",
         "mtp.v4.draft02",
         "eagle3",
+        "dspark.v4.draft1",
+        "dspark.v4.draft3",
+        "dspark.v4.draft5",
+        "dspark.v4.draft9",
     )
     policies: tuple[Policy, ...] = (ALPHA_POLICY, BETA_POLICY, STRICT_EXAMPLE)
     sets = advert_sets()
@@ -361,6 +400,7 @@ DOCS: dict[str, Callable[[], Doc]] = {
     "boundary_messages.json": _messages_doc,
     "negotiation_matrix.json": _negotiation_doc,
     "rollback_and_verify.json": _rollback_verify_doc,
+    "dspark_values.json": dspark_doc,
 }
 
 

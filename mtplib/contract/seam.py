@@ -66,7 +66,14 @@ def _verify(dims: ModelDims) -> int:
     return VERIFY_RESULT_WIDTH
 
 
+def _features(dims: ModelDims) -> int:
+    return dims.feature_width
+
+
 _I32 = frozenset({DType.I32})
+_F32 = frozenset({DType.F32})
+#: kinds of which a message carries one row per draft position (at most MAX_DRAFT)
+PER_DRAFT_KINDS = frozenset({"draft_tokens", "dspark_confidences"})
 SEAM_VALUES: Mapping[str, SeamValue] = MappingProxyType(
     {
         v.kind: v
@@ -107,6 +114,26 @@ SEAM_VALUES: Mapping[str, SeamValue] = MappingProxyType(
                 _I32,
                 "message",
                 "fixed int32 record: base_position, n_drafted, n_accepted, correction_token",
+            ),
+            SeamValue(
+                "dspark_features",
+                _features,
+                _F32,
+                "token",
+                "a DSpark draft's input: per committed token, one n_embd row per target "
+                "layer (the hc-mean of the residual entering it), side by side in "
+                "target_layers order, f32 as upstream's llama_get_embeddings_layer_inp "
+                "gives them; crosses only where the draft is not beside the layers that "
+                "produce them (client placement: once per committed token; rows of "
+                "rejected positions never)",
+            ),
+            SeamValue(
+                "dspark_confidences",
+                _one,
+                _F32,
+                "token",
+                "a DSpark draft's confidence head, one f32 sigmoid per draft position, "
+                "from a drafter on the tail shard (with its draft_tokens)",
             ),
         )
     }
@@ -329,7 +356,7 @@ def validate_boundary(
         raise _violation(exc) from None
     if spec.per == "message" and len(positions) != 1:
         raise SeamViolation(f"positions: expected 1 position for {kind}, got {len(positions)}")
-    if kind == "draft_tokens" and len(positions) > MAX_DRAFT:
+    if kind in PER_DRAFT_KINDS and len(positions) > MAX_DRAFT:
         raise SeamViolation(
             f"positions: expected <= {MAX_DRAFT} drafts, got {len(positions)}"
         )

@@ -3,6 +3,8 @@
 Why: the trunk shards, the MTP block, the coordinator and the evidence tools must agree on
 what one MTP step consumes and produces, down to which hidden row pairs with which token.
 Every rule lives here once so a disagreement is a ContractError, not a silent off-by-one.
+Two drafters share the recipes' grammar ``<drafter>.v4.draft<k>``: the NextN MTP block
+(``mtp``) and a DSpark draft (``dspark``, its own values in `mtplib.contract.dspark`).
 """
 
 from __future__ import annotations
@@ -14,17 +16,25 @@ from dataclasses import dataclass
 
 from mtplib.errors import InputError
 
-CONTRACT_VERSION = "mtp-contract/2"
+CONTRACT_VERSION = "mtp-contract/3"
 """Shards that advertise any other string cannot be negotiated with (fail closed).
 
-mtp-contract/2: the recipes are mtp.v4.draft1..8 (the draft lengths the engines, the CLI
-and the llama adapter run), one bound for parsing and advertising; /1 defined recipes
-draft1..3 but parsed draft1..8 (README.md, "Contract versions")."""
+mtp-contract/3: DSpark recipes dspark.v4.draft1..8 beside MTP's, the DSpark draft's SWA K
+caches shard-local, its seam values (docs/contract.md, "Contract versions"); /2: the
+recipes are mtp.v4.draft1..8 (the draft lengths the engines, the CLI and the llama adapter
+run), one bound for parsing and advertising; /1 defined recipes draft1..3 but parsed
+draft1..8."""
 
 V4_HC = 4
 """DeepSeek-V4 hyper-connection streams: a hidden row is hc * n_embd values wide."""
 
 MTP_OFF = "mtp.off"
+"""No drafter at all: plain decoding (the off recipe of both drafters)."""
+MTP_DRAFTER = "mtp"
+DSPARK_DRAFTER = "dspark"
+DRAFTERS: tuple[str, ...] = (MTP_DRAFTER, DSPARK_DRAFTER)
+"""The drafters a recipe may name: the NextN MTP block, a DSpark draft (GGUF `dflash`)."""
+DRAFTER_LABELS = {MTP_DRAFTER: "MTP", DSPARK_DRAFTER: "DSpark"}
 MIN_DRAFT = 1
 MAX_DRAFT = 8
 """Draft lengths the contract defines recipes for: mtp.v4.draft1..8, and no other."""
@@ -34,7 +44,7 @@ DRAFT_BOUNDS = f"{MIN_DRAFT}..{MAX_DRAFT}"
 DEFAULT_DRAFT = 3
 """The draft length of a run that turns MTP on and names none (CLI, lanes, runtimes)."""
 
-_DRAFT_RE = re.compile(r"mtp\.v4\.draft([0-9]+)")
+_DRAFT_RE = re.compile(r"(mtp|dspark)\.v4\.draft([0-9]+)")
 
 
 class ContractError(InputError):
@@ -79,18 +89,39 @@ def check_positions(field: str, positions: object) -> tuple[int, ...]:
     return positions
 
 
-def recipe_draft_k(recipe: object) -> int:
-    """Return k for mtp.v4.draft<k>, 0 for mtp.off; refuse anything else as unknown."""
+def _parse_recipe(recipe: object) -> tuple[str | None, int]:
+    """(drafter, k) of a recipe: (None, 0) for mtp.off; ContractError for anything else."""
     if recipe == MTP_OFF:
-        return 0
+        return None, 0
     m = _DRAFT_RE.fullmatch(recipe) if isinstance(recipe, str) else None
     # Leading zeros are refused so every recipe has exactly one spelling.
-    if m is None or str(int(m.group(1))) != m.group(1):
-        raise fail("recipe", f"{MTP_OFF} or mtp.v4.draft<{MIN_DRAFT}..{MAX_DRAFT}>", recipe)
-    k = int(m.group(1))
+    if m is None or str(int(m.group(2))) != m.group(2):
+        raise fail("recipe", f"{MTP_OFF}, mtp.v4.draft<{MIN_DRAFT}..{MAX_DRAFT}> or "
+                   f"dspark.v4.draft<{MIN_DRAFT}..{MAX_DRAFT}>", recipe)
+    k = int(m.group(2))
     if not MIN_DRAFT <= k <= MAX_DRAFT:
-        raise fail("recipe", f"mtp.v4.draft<k> with {MIN_DRAFT} <= k <= {MAX_DRAFT}", recipe)
-    return k
+        raise fail("recipe", f"{m.group(1)}.v4.draft<k> with {MIN_DRAFT} <= k <= {MAX_DRAFT}",
+                   recipe)
+    return m.group(1), k
+
+
+def recipe_draft_k(recipe: object) -> int:
+    """Return k for mtp.v4.draft<k> or dspark.v4.draft<k>, 0 for mtp.off; refuse anything
+    else as unknown."""
+    return _parse_recipe(recipe)[1]
+
+
+def recipe_drafter(recipe: object) -> str | None:
+    """The drafter a recipe names (`DRAFTERS`), None for mtp.off; ContractError for an
+    unknown recipe."""
+    return _parse_recipe(recipe)[0]
+
+
+def check_drafter(drafter: object) -> str:
+    """``drafter`` if it is one of `DRAFTERS`; ContractError otherwise."""
+    if drafter not in DRAFTERS:
+        raise fail("drafter", " or ".join(DRAFTERS), drafter)
+    return drafter  # type: ignore[return-value]
 
 
 def draft_problem(name: str, k: object) -> str | None:
@@ -146,15 +177,19 @@ def draft_with(k: object, *, has_sidecar: bool, name: str = "draft length k") ->
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """The one description of a run's drafting: k drafts per step, 0 = MTP off.
+    """The one description of a run's drafting: k drafts per step, 0 = MTP off, and the
+    drafter that proposes them (``mtp``: the NextN block; ``dspark``: a DSpark draft, one
+    block of k tokens per step, anchor + k-1 noise tokens).
 
     Why: the draft length, its bounds, the recipe id and "is MTP on" were decided in many
     places; every entry point builds this (validated here) and reads them from it."""
 
     k: int = 0
+    drafter: str = MTP_DRAFTER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k", checked_draft(self.k))
+        check_drafter(self.drafter)
 
     @classmethod
     def requested(cls, draft: int | None, *, mtp: bool) -> DraftSpec:
@@ -165,21 +200,27 @@ class DraftSpec:
     @classmethod
     def from_recipe(cls, recipe: object) -> DraftSpec:
         """The spec of a recipe id; ContractError for an unknown recipe."""
-        return cls(recipe_draft_k(recipe))
+        drafter, k = _parse_recipe(recipe)
+        return cls(k, drafter or MTP_DRAFTER)
 
     @property
     def mtp(self) -> bool:
-        """MTP is on: the drafter proposes k >= 1 tokens per step."""
+        """Drafting is on (either drafter): it proposes k >= 1 tokens per step."""
         return self.k > 0
 
     @property
     def recipe(self) -> str:
-        """The contract's recipe id: mtp.off, or mtp.v4.draft<k>."""
-        return f"mtp.v4.draft{self.k}" if self.k else MTP_OFF
+        """The contract's recipe id: mtp.off, or <drafter>.v4.draft<k>."""
+        return f"{self.drafter}.v4.draft{self.k}" if self.k else MTP_OFF
 
 
 MTP_RECIPES: tuple[str, ...] = tuple(DraftSpec(k).recipe for k in DRAFT_RANGE)
-RECIPES: tuple[str, ...] = (MTP_OFF, *MTP_RECIPES)
+DSPARK_RECIPES: tuple[str, ...] = tuple(DraftSpec(k, DSPARK_DRAFTER).recipe
+                                        for k in DRAFT_RANGE)
+"""dspark.v4.draft<k>: one block pass of k tokens (the anchor and k-1 noise tokens) gives k
+drafts; k is what the verifier sees, as for MTP. A draft file's block size bounds the k a
+shard advertises (past it upstream skips the Markov head, dflash.cpp:324-327)."""
+RECIPES: tuple[str, ...] = (MTP_OFF, *MTP_RECIPES, *DSPARK_RECIPES)
 
 
 class DType(enum.Enum):
@@ -203,13 +244,19 @@ _ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I32: 4}
 FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
 
 
+V4_DSPARK_LAYERS = 3
+"""Target layers a V4 DSpark draft reads (V4-Flash: the outputs of layers 40-42)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelDims:
-    """The few model sizes the contract needs; validated at construction."""
+    """The few model sizes the contract needs; validated at construction.
+    ``n_target_layers``: the trunk layers a DSpark draft reads features of (L)."""
 
     n_embd: int
     hc: int = V4_HC
     n_vocab: int
+    n_target_layers: int = V4_DSPARK_LAYERS
 
     def __post_init__(self) -> None:
         check_int("n_embd", self.n_embd, minimum=1)
@@ -217,11 +264,17 @@ class ModelDims:
         if self.hc != V4_HC:
             raise fail("hc", str(V4_HC), self.hc)
         check_int("n_vocab", self.n_vocab, minimum=1)
+        check_int("n_target_layers", self.n_target_layers, minimum=1)
 
     @property
     def hidden_width(self) -> int:
         """Values per hidden row: the hc residual streams side by side."""
         return self.hc * self.n_embd
+
+    @property
+    def feature_width(self) -> int:
+        """Values per token a DSpark draft reads: one n_embd hc-mean row per target layer."""
+        return self.n_target_layers * self.n_embd
 
 
 TINY_DIMS = ModelDims(n_embd=64, n_vocab=256)
@@ -333,7 +386,8 @@ class DraftProposal:
             raise fail("head_index", "0 (V4 has one MTP block)", self.head_index)
         k = recipe_draft_k(self.recipe)
         if k == 0:
-            raise fail("recipe", "an MTP recipe (mtp.off drafts nothing)", self.recipe)
+            raise fail("recipe", "an MTP recipe or a DSpark one (mtp.off drafts nothing)",
+                       self.recipe)
         if k != len(self.drafts):
             raise fail("drafts", f"{k} tokens for {self.recipe}", len(self.drafts))
 
@@ -489,6 +543,9 @@ class CacheKind(enum.Enum):
     INDEXER_K = "indexer_k"
     COMPRESSOR_STATE = "compressor_state"
     MTP_SWA_K = "mtp_swa_k"
+    #: a DSpark draft's per-stage SWA K (one shared KV head per stage; V is allocated but
+    #: never read); no recurrent or compressor state, no Markov state across steps
+    DSPARK_SWA_K = "dspark_swa_k"
 
 
 SHARD_LOCAL: frozenset[CacheKind] = frozenset(CacheKind)

@@ -235,8 +235,11 @@ def _removed_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
         raise
 
 
-def _write(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sidecar: bool,
-           name: str) -> None:
+def write_gguf(path: Path, cfg: V4Config, specs: list[TensorSpec], seed: int, sidecar: bool,
+               name: str) -> None:
+    """One F32 fixture file of ``specs`` under ``cfg``, written as given: nothing here
+    validates ``cfg`` (`mtplib.reports.upstream_bugs.repro_crashes` writes configurations
+    `V4Config.validate` refuses, for upstream to see as they are)."""
     import gguf  # registry package; knows nothing of deepseek4 but writes any names
 
     tmp = path.with_name(path.name + ".tmp")
@@ -358,7 +361,8 @@ def write_fixture(out_dir: str | Path, *, seed: int = 0, preset: str = DEFAULT_P
                 elif cfg.extra.get("dtype_policy", "f32") != "f32":
                     _write_typed(staged, cfg, specs, seed, is_sidecar, fname[: -len(".gguf")])
                 else:
-                    _write(staged, cfg, specs, seed, is_sidecar, fname[: -len(".gguf")])
+                    write_gguf(staged, cfg, specs, seed, is_sidecar,
+                               fname[: -len(".gguf")])
                 if path.exists() and not force and not _same_file(path, staged, weightless):
                     raise WouldOverwrite(
                         f"{path} exists with different contents; remove it or pass --force")

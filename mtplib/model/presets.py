@@ -159,7 +159,7 @@ V4_FLASH_SLICE_L4 = replace(V4_FLASH_SLICE, n_layer=4,
 #: The `tiny` preset's widths with V4-Flash's first six layer kinds (0-1 SWA, 2 CSA, 3 HCA,
 #: 4 CSA, 5 HCA, the first 3 hash-routed): `v4-flash-slice`'s structure in 7 MB, for counting
 #: the graph and control bytes a shard pass sends per layer kind
-#: (evidence/graph-reuse/bytes_table.py --tiny-slice).
+#: (`python -m mtplib.reports.graph_reuse.bytes_table --tiny-slice`).
 TINY_SLICE = replace(TINY, n_layer=6, n_hash_layers=3, compress_ratios=V4_FLASH_SLICE_RATIOS)
 
 PRESETS: dict[str, V4Config] = {"tiny": TINY, "v4-flash": V4_FLASH,

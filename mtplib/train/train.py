@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -30,10 +31,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mtplib import logs
 from mtplib.train import data
 from mtplib.train import tokenizer as tk
 from mtplib.train.config import TRAINED, TrainConfig
 from mtplib.train.model import V4Model
+
+logger = logging.getLogger(__name__)  # (`log` is train's history writer)
 
 CKPT = "checkpoint.pt"
 HISTORY = "history.jsonl"
@@ -156,7 +160,7 @@ def train(out: Path, *, minutes: float, seed: int, resume: bool, tc: TrainConfig
             history = [json.loads(line) for line in hist_path.read_text().splitlines()]
             history = [h for h in history if h["step"] <= step]  # drop steps not saved
     elif resume:
-        print(f"--resume: no checkpoint in {out}, starting from step 0", file=sys.stderr)
+        logger.warning("--resume: no checkpoint in %s, starting from step 0", out)
     hist_path.write_text("".join(json.dumps(h) + "\n" for h in history))
     step_fn = torch.compile(losses) if compile_model else losses
     budget = minutes * 60.0
@@ -167,8 +171,8 @@ def train(out: Path, *, minutes: float, seed: int, resume: bool, tc: TrainConfig
                file=sys.stderr)
     stopped = "steps"
     t_last = time.time()
-    print(f"setup {t_last - t_setup:.1f}s; train stream {len(d['train'])} tokens, held-out "
-          f"{len(d['heldout'])}", file=sys.stderr)
+    logger.info("setup %.1fs; train stream %d tokens, held-out %d", t_last - t_setup,
+             len(d["train"]), len(d["heldout"]))
 
     def log(rec: dict) -> None:
         history.append(rec)
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-export", action="store_true")
     ap.add_argument("--stop-after", type=int, help="stop (checkpointed) after this step")
     a = ap.parse_args(argv)
+    logs.configure()
     tc = TrainConfig(steps=a.steps)
     out = Path(a.out)
     cmd = "python -m mtplib.train " + " ".join(argv if argv is not None else sys.argv[1:])
