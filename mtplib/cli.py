@@ -9,6 +9,8 @@ same exit codes. Output that cannot be written (stdout on a full or failing devi
 line on stderr, exit 2, with or without --json (stdout cannot carry its JSON); a reader
 that left the pipe (``| head``) ends it quietly, exit 0. `main` writes and flushes every
 command's output inside its guard (`_Output`), never in Python's flush at exit.
+Diagnostics are `logging` lines (`mtplib.logs`), configured here once: on stderr, from
+$MTPLIB_LOG_LEVEL (default INFO) up, a verb's ``--verbose`` down to DEBUG.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
-from mtplib import paths, pins
+from mtplib import logs, paths, pins
 from mtplib.commands import COMMANDS
 from mtplib.commands.common import llama_spelling_message
 from mtplib.errors import CheckFailed, InputError, MtplibError, UpstreamFault
@@ -324,6 +326,7 @@ def _main(argv: list[str]) -> int:
         return 2
     as_json = bool(getattr(args, "json", False))
     cmd = args.cmd
+    logs.configure()  # mtplib's log lines on stderr, from $MTPLIB_LOG_LEVEL (INFO) up
     try:
         return int(args.fn(args) or 0)
     except CheckFailed as e:  # a check ran and found a fault

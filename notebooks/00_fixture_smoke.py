@@ -93,7 +93,7 @@ plt.tight_layout()
 # ## Greedy decode, twice
 
 # %%
-from mtplib.lab.display import show
+from mtplib.lab.common.display import show
 
 runs = [run_greedy(trunk, prompt_tokens, n_tokens, n_threads=threads) for _ in range(2)]
 assert runs[0].tokens == runs[1].tokens, "greedy decoding is not deterministic"

@@ -37,6 +37,7 @@ ctx: int = 4096  # context (llama n_ctx) for the cache columns
 flash_dir: Optional[str] = None  # V4-Flash table folder; None: run_dir/models/v4-flash
 flash_shards: list[int] = [2, 4, 8]  # V4-Flash shard counts to derive
 flash_ctx: int = 131072  # context for the V4-Flash cache column
+dspark: Optional[str] = None  # DSpark draft of the trunk; None: the tiny fixture's random one
 
 # %%
 # the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
@@ -101,10 +102,52 @@ rep.shard_table(own)
 rep.replica_table(own)
 
 # %%
-from mtplib.lab.display import model_name
+from mtplib.lab.common.display import model_name
 
 fig = rep.stacked_bytes_chart({f"plan {own.plan}": own}, "roles", unit=2**20,
                               title=f"{model_name(trunk)}: bytes held per shard, by tensor role")
+
+# %% [markdown]
+# ## DSpark beside MTP: the draft's parts, checked against its two graphs
+#
+# DeepSeek-V4-Flash's release drafts with DSpark (GGUF arch `dflash` + `markov_w1`). From
+# the draft's header and the trunk's (`mtplib.ownership.dspark`) each draft tensor gets a
+# part (a stage, the feature fusion `fc` + `enc.output_norm`, the Markov head, the
+# confidence head, the draft's hc head + output norm) and the graphs that read it: the embd
+# batch (`inject`: the target's features through `fc` into each stage's K) and the token
+# batch (`block`: the noise block through the stages and both heads). The token embedding
+# and the output head are the trunk's, read through `ctx_other`. Then one embd batch and one
+# noise block on the runtime's own draft context, with `cb_eval`, record what upstream's
+# graphs read; any difference, or a read whose part says another graph, stops the notebook.
+
+# %%
+from mtplib.model.dspark.fixture import write_dspark_fixture
+from mtplib.ownership.dspark import derive_dspark_from_paths
+from mtplib.runtime.dspark.graph_reads import check_dspark
+
+dspark = dspark or str(write_dspark_fixture(Path(run_dir) / "models" / "dspark", seed=0))
+dsp = derive_dspark_from_paths(dspark, trunk, plan, CacheParams(n_ctx=ctx))
+dcheck = check_dspark(dsp, CacheParams(n_ctx=ctx))
+assert dcheck["reads_equal"] and dcheck["parts_consistent"], (dcheck["reads"],
+                                                              dcheck["part_contradictions"])
+print(f"{Path(dspark).name}: {dsp.config.n_stages} stages, target layers "
+      f"{list(dsp.config.target_layers)} (the outputs of trunk layers "
+      f"{[t - 1 for t in dsp.config.target_layers]}), block size {dsp.config.block_size}")
+pd.DataFrame(dcheck["reads"])
+
+# %%
+pd.DataFrame(dsp.parts())
+
+# %% [markdown]
+# Where each feature is made and which shards see it under the plan, and what the draft
+# needs where it runs (in the client, or on the tail shard):
+
+# %%
+pd.DataFrame([f.to_json() for f in dsp.features])
+
+# %%
+pd.DataFrame([{k: v for k, v in p.to_json().items() if k != "caches"}
+              for p in dsp.placements])
 
 # %% [markdown]
 # ## DeepSeek-V4-Flash: the real tensor table, weight-less
@@ -177,5 +220,6 @@ from mtplib.records import raw_metrics as RM
 record = RM.ownership_record(
     fixture=own, combined=combined, ctx=ctx, reads={"pair": check, "combined": check_c},
     flash=owns, flash_files=flash.summary(), flash_ctx=flash_ctx, flash_shards=flash_shards,
-    seconds=secs, limit_s=limit_s, table_check=tc, plans=plans)
+    seconds=secs, limit_s=limit_s, table_check=tc, plans=plans, dspark=dsp,
+    dspark_check=dcheck)
 _ = RM.write_ownership(run_dir, record)

@@ -39,6 +39,7 @@ flash_dir: Optional[str] = None  # V4-Flash table folder; None: run_dir/models/v
 flash_shards: list[int] = [2, 4, 8]  # V4-Flash shard counts to derive
 flash_ctxs: list[int] = [8192, 131072, 1048576]  # V4-Flash contexts to derive
 golden_dir: Optional[str] = None  # contract golden files; None: tests/golden/contract
+dspark: Optional[str] = None  # DSpark draft of the trunk; None: the tiny fixture's random one
 
 # %%
 # the parameters checked (-p strings parsed, ranges, no unknown -p name): a bad one stops here
@@ -160,6 +161,50 @@ assert tbl.iloc[:, 1:].all().all()
 tbl
 
 # %% [markdown]
+# ## DSpark: the draft context's caches, and what crosses per placement
+#
+# A DSpark draft keeps one SWA K cache per stage (upstream also allocates a V it never
+# reads) and no other state: shard-local like every cache. Derived from the headers
+# (`mtplib.ownership.dspark.dspark_cache_tensors`) and compared, for the same contexts as
+# above, with what upstream allocates for the runtime's own draft context.
+
+# %%
+from mtplib.model.dspark.fixture import write_dspark_fixture
+from mtplib.ownership.dspark import derive_dspark_from_paths
+from mtplib.runtime.dspark.graph_reads import check_dspark
+
+dspark = dspark or str(write_dspark_fixture(Path(run_dir) / "models" / "dspark", seed=0))
+dsp = derive_dspark_from_paths(dspark, trunk, plan)
+dchecks = [check_dspark(dsp, p) for p in variants]
+assert all(r["caches_equal"] for r in dchecks), [r["caches"] for r in dchecks]
+pd.concat([rep.caches_check_table({"caches": [r["caches"]]}).assign(params=str(p))
+           for r, p in zip(dchecks, variants, strict=True)], ignore_index=True)
+
+# %% [markdown]
+# What crosses for DSpark beyond a plain step's boundary values, at V4-Flash's sizes
+# (`mtplib.contract.dspark.dspark_crossings`, the contract's minimum; options are listed
+# with their bytes but not built): with the draft in the client, the committed tokens'
+# features once each; on the tail shard, ids in and drafts + confidences out. Then, per
+# V4-Flash plan, the target layers whose residual the tail shard does not see (their rows
+# would come from the shard before).
+
+# %%
+from mtplib.model.dspark.spec import dspark_config_for
+from mtplib.ownership.dspark import crossing_table, tail_features
+from mtplib.ownership.plan import even_plan, parse_plan
+
+fcfg = dspark_config_for(next(iter(owns.values())).inventory.config)
+crossings = crossing_table(fcfg)
+n_flash = fcfg.target_layers[-1]  # the trunk's layers (the last target is its output)
+feature_plans = tail_features(fcfg, [even_plan(n_flash, n) for n in flash_shards] + [
+    parse_plan(f"0-{n_flash - 2},{n_flash - 1}-{n_flash - 1}", n_flash)])
+pd.DataFrame([{"placement": pl, **r} for pl, v in crossings["placements"].items()
+              for r in v["rows"]])
+
+# %%
+pd.DataFrame(feature_plans)
+
+# %% [markdown]
 # ## Contract fixtures and the alpha policy
 #
 # The golden JSON fixtures of the contract (`python -m mtplib.contract.golden`) are written
@@ -183,5 +228,7 @@ from mtplib.records import raw_metrics as RM
 
 record = RM.state_record(
     checks=checks, variants=variants, flash=owns, seconds=secs, limit_s=limit_s,
-    flash_shards=flash_shards, flash_ctxs=flash_ctxs, golden=gold, policies=policies)
+    flash_shards=flash_shards, flash_ctxs=flash_ctxs, golden=gold, policies=policies,
+    dspark=RM.dspark_state(checks=dchecks, variants=variants, crossings=crossings,
+                           feature_plans=feature_plans))
 _ = RM.write_state(run_dir, record)

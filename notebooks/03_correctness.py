@@ -49,7 +49,7 @@ import pandas as pd
 
 from mtplib.lab import correctness as C
 from mtplib.lab import correctness_plots as CP
-from mtplib.lab import display as D
+from mtplib.lab.common import display as D
 from mtplib.lab.quality import NOISE_BOUND
 from mtplib.records import raw_metrics as RM
 from mtplib.records.scratch import notebook_run

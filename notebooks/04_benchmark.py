@@ -35,7 +35,7 @@ trunk: Optional[str] = None  # trunk GGUF; None: generate the built-in fixture
 sidecar: Optional[str] = None  # its mtp- sidecar (set both or neither)
 threads: int = 2  # CPU threads
 run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/
-# the lane's `bench:` section (mtplib.lab.bench.BenchConfig); this default is a small one
+# the lane's `bench:` section (mtplib.lab.bench.config.BenchConfig); this default is a small one
 bench: dict = {"ks": [1, 2], "n_new": 16, "reps": 1, "warmup": 1, "threads": 1,
                "sweep": {"rates": [0.0, 0.5, 1.0], "ks": [1, 2], "reps": 1,
                          "warmup": 0}}  # BenchConfig fields (a lane's bench:)
@@ -52,15 +52,16 @@ globals().update(checked(globals()))
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from mtplib.lab import bench as B
-from mtplib.lab import display as D
+from mtplib.lab.bench.config import BenchConfig
+from mtplib.lab.bench.measure import run_bench
+from mtplib.lab.common import display as D
 from mtplib.records import raw_metrics as RM
 from mtplib.records.scratch import notebook_run
 
 nb = notebook_run("04_benchmark", run_dir, trunk, sidecar)
 run_dir, trunk, sidecar = nb.run_dir, nb.trunk, nb.sidecar
-cfg = B.BenchConfig.from_dict(bench, threads=threads)
-result = B.run_bench(trunk, sidecar, cfg, progress=progress)
+cfg = BenchConfig.from_dict(bench, threads=threads)
+result = run_bench(trunk, sidecar, cfg, progress=progress)
 paths = RM.write_bench(run_dir, result)
 data = RM.read_bench(run_dir)
 summ = pd.DataFrame(data["summary"])
@@ -177,20 +178,24 @@ D.show(anchor_table())
 # The machine has 2 shared vCPUs, so the 1-minute load average is shown next to every case.
 
 # %%
-from mtplib.lab import sidebyside as SBS
+from mtplib.lab.sidebyside.cost import cost_ratio_table
+from mtplib.lab.sidebyside.measure import evidence_dir
+from mtplib.lab.sidebyside.runs import table as side_by_side_table
+from mtplib.lab.sidebyside.sweep import sweep_table
+from mtplib.lab.sidebyside.sweep_plots import plot_sweeps
 
-sbs = SBS.evidence_dir(sbs_dir)
+sbs = evidence_dir(sbs_dir)
 if not sbs.is_dir():
     print(f"no side-by-side results in {sbs}")
 for p in sorted(sbs.glob("sbs-*.json")):
-    display(Markdown(f"**{p.name}**"), D.show(SBS.table(p)))
+    display(Markdown(f"**{p.name}**"), D.show(side_by_side_table(p)))
 
 # %% [markdown]
 # Plain decoding repeated (the case whose ratio moves most with the load):
 
 # %%
 reps = sorted(sbs.glob("plain-repeat-*.json"))
-D.show(pd.concat([SBS.table(p).assign(file=p.name) for p in reps])) if reps else "none"
+D.show(pd.concat([side_by_side_table(p).assign(file=p.name) for p in reps])) if reps else "none"
 
 # %% [markdown]
 # ### The preset's cost ratio: one MTP step against one trunk step
@@ -200,7 +205,7 @@ D.show(pd.concat([SBS.table(p).assign(file=p.name) for p in reps])) if reps else
 # MTP block is about 1/43 of its active compute; the `tiny` fixture's is about 1/5.
 
 # %%
-D.show(SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json'))))
+D.show(cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json'))))
 
 # %% [markdown]
 # ### Acceptance -> speed on `v4-ratio-cpu`, break-even acceptance
@@ -212,7 +217,7 @@ D.show(SBS.cost_ratio_table(sorted(sbs.glob('cost-ratio-*.json'))))
 # %%
 sweeps = sorted(sbs.glob("sweep-*.json"))
 for p in sweeps:
-    sw, be = SBS.sweep_table(p)
+    sw, be = sweep_table(p)
     display(Markdown(f"**{p.name}**"), D.show(sw), D.show(be))
 if sweeps:
-    display(D.as_image(SBS.plot_sweeps(sweeps)))
+    display(D.as_image(plot_sweeps(sweeps)))

@@ -43,7 +43,7 @@ from typing import Optional
 
 run_dir: Optional[str] = None  # None: a new scratch folder in outputs/scratch/; an earlier
 # run's folder: resume it
-# mtplib.lab.wan.WanConfig fields (a lane passes its `wan:`); {}: the full default sweep.
+# mtplib.lab.wan.config.WanConfig fields (a lane passes its `wan:`); {}: the full default sweep.
 # This default is a short run (as the cpu-fixture lane's): 2 shards, 0 and 50 ms, k 0 and 2
 wan: dict = {"rtts_ms": [0, 50], "ks": [0, 2], "plans": ["0-1,2-3"], "topologies": ["remote"],
              "placements": ["client"], "n_prompts": 1, "prompt_len": 32, "n_new": 12,
@@ -64,23 +64,25 @@ globals().update(checked(globals()))
 import pandas as pd
 from IPython.display import display
 
-from mtplib.lab import display as D
-from mtplib.lab import wan as W
+from mtplib.lab.common import display as D
+from mtplib.lab.wan.builds import run_builds
+from mtplib.lab.wan.config import WanConfig
+from mtplib.lab.wan.plots import plot_bandwidth
 from mtplib.records.scratch import notebook_run
 
 pd.set_option("display.width", 200)
 pd.set_option("display.precision", 3)
 out = notebook_run("05_wan", run_dir, models=False).run_dir  # the trained pair: read in place
-cfg = W.WanConfig.from_dict(wan)
+cfg = WanConfig.from_dict(wan)
 cfg
 
 # %%
-results = W.run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print,
-                       progress=progress)
+results = run_builds(cfg, out / "wan", builds=builds, overrides=overrides, log=print,
+                     progress=progress)
 targets = {}
 if target is not None:
-    targets = W.run_builds(W.WanConfig.from_dict(target), out / "wan-target", builds=builds,
-                           overrides=overrides, log=print, progress=progress)
+    targets = run_builds(WanConfig.from_dict(target), out / "wan-target", builds=builds,
+                         overrides=overrides, log=print, progress=progress)
 list(results), list(targets)
 
 # %% [markdown]
@@ -112,7 +114,7 @@ import matplotlib.pyplot as plt
 for build, d in targets.items():
     for mode in sorted({x["mode"] for x in d["summary"]}):
         for plan in sorted({x["plan"] for x in d["summary"]}):
-            ax = W.plot_bandwidth(d["summary"], plan=plan, rtt_ms=100, mode=mode)
+            ax = plot_bandwidth(d["summary"], plan=plan, rtt_ms=100, mode=mode)
             if ax is not None:
                 ax.set_title(f"{build}: {ax.get_title()}", fontsize=9)
                 plt.show()

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-# the upstream build is chosen before any test module imports llama_cpp itself
-import mtplib.runtime  # noqa: F401
+from mtplib import envs
 from mtplib.model.fixture import write_combined, write_fixture
 from mtplib.ownership.derivation import inventory_from_paths
+from mtplib.runtime import choose_upstream
+
+# the upstream build is chosen before any test module imports llama_cpp itself (and written
+# into the environment, so the CLI and shards the tests start load the same one)
+choose_upstream()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_dir(tmp_path_factory):
     """Row-source decisions are cached on disk across processes; tests use their own
-    folder so they neither read the developer's cache nor leave entries in it."""
+    folder so they neither read the developer's cache nor leave entries in it. The pinned
+    sdist ./dev.sh keeps there (read-only: tests read upstream's tables from it) is linked."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("MTPLIB_CACHE_DIR", str(tmp_path_factory.mktemp("mtplib-cache")))
+    own = tmp_path_factory.mktemp("mtplib-cache")
+    sdist = envs.cache_dir() / "sdist"
+    if sdist.is_dir():
+        (own / "sdist").symlink_to(sdist, target_is_directory=True)
+    mp.setenv(envs.CACHE_DIR, str(own))
     yield
     mp.undo()
 
@@ -23,6 +32,16 @@ def _private_cache_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
     return write_fixture(tmp_path_factory.mktemp("fixture"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def dspark(tmp_path_factory):
+    """A tiny trunk (the `pair`'s preset and seed) with its random-weight DSpark draft:
+    (FixturePair, path of dspark-<trunk>.gguf), in a folder of their own."""
+    from mtplib.model.dspark.fixture import write_dspark_fixture
+
+    out = tmp_path_factory.mktemp("dspark")
+    return write_fixture(out, seed=0, sidecar=False), write_dspark_fixture(out, seed=0)
 
 
 @pytest.fixture(scope="session")

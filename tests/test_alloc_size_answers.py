@@ -23,9 +23,9 @@ from mtplib.distributed.shard_report import (
     answers_alloc_sizes,
 )
 from mtplib.model.trained import trained_paths
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.rpc import ShardInfo
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions
 
 PROMPT = list(range(100, 129))  # 29 tokens: a width the warm-up does not run
 

@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 
-from mtplib.commands import serve_app, serve_batch, serve_faults
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.runtime.backend import Backend, Recoverable
 from mtplib.runtime.speculative import MTPRuntime
+from mtplib.serve import faults, worker
 
 
 def _members(proto: type) -> list[str]:
@@ -72,6 +72,6 @@ def test_the_check_fails_on_a_class_that_drifts():
 
 
 def test_serve_types_against_the_protocol_not_any():
-    for fn in (serve_app.GenerationWorker.__init__, serve_batch.BatchWorker.__init__,
-               serve_faults.BackendHealth.__init__):
+    for fn in (worker.GenerationWorker.__init__, worker.BatchWorker.__init__,
+               faults.BackendHealth.__init__):
         assert inspect.signature(fn).parameters["backend"].annotation == "Backend", fn

@@ -16,21 +16,15 @@ import pytest
 
 from mtplib.contract.labels import TIME_PARTS
 from mtplib.errors import InputError
-from mtplib.lab import bench_config as BC
-from mtplib.lab import bench_summary as BS
-from mtplib.lab import tables
-from mtplib.lab.display import REFERENCE_S9
-from mtplib.lab.sweep import break_even
+from mtplib.lab.bench import config as BC
+from mtplib.lab.bench import summary as BS
+from mtplib.lab.common import tables
+from mtplib.lab.common.acceptance_sweep import break_even
+from mtplib.lab.common.display import REFERENCE_S9
 from mtplib.model.trained import trained_paths
-from mtplib.records.evidence import (
-    copy_run,
-    load_raw,
-    numbers_trace,
-    readme_numbers,
-    render_readme,
-    write_evidence_readme,
-)
+from mtplib.records.evidence import copy_run, load_raw, render_readme, write_evidence_readme
 from mtplib.records.lanes import LaneError, load_lane, run_lane
+from mtplib.records.readme import numbers_trace, readme_numbers
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -302,8 +296,8 @@ def test_a_ranged_bench_row_says_which_seam_ran_per_pair(tmp_path):
     seam (asked, ran, each shard pair's ring or star and why), as generate's metrics do;
     it reads back. With this build's local shards auto is the ring where the build speaks
     RPC 7.2 (patches/0007), else the star."""
-    from mtplib.lab import bench as B
-    from mtplib.lab.bench_rows import BenchRun
+    from mtplib.lab.bench import measure as B
+    from mtplib.lab.bench.runs import BenchRun
     from mtplib.runtime.rpc import client_proto_minor
 
     pair = trained_paths()

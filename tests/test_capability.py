@@ -3,6 +3,7 @@
 import json
 
 from mtplib.contract.capabilities import ALPHA_POLICY, BETA_POLICY, Policy, Status, negotiate
+from mtplib.contract.types import MTP_RECIPES
 from mtplib.runtime.capability import advertise, certify, model_key
 
 
@@ -22,14 +23,14 @@ def test_mismatched_sidecar_is_unsupported(pair, other_pair, tmp_path):
 
 def test_implemented_then_certified_only_for_this_hash(pair, other_pair, tmp_path):
     cap = advertise(pair.trunk, pair.sidecar, cert_dir=tmp_path)
-    assert set(cap.advert.recipes.values()) == {Status.IMPLEMENTED}
+    assert {cap.advert.recipes[r] for r in MTP_RECIPES} == {Status.IMPLEMENTED}
     rec = certify(str(pair.trunk), str(pair.sidecar), cert_dir=tmp_path, n_new=16)
     assert all(r["passed"] for r in rec["recipes"].values())
     cap = advertise(pair.trunk, pair.sidecar, cert_dir=tmp_path)
-    assert set(cap.advert.recipes.values()) == {Status.CERTIFIED}
+    assert {cap.advert.recipes[r] for r in MTP_RECIPES} == {Status.CERTIFIED}
     # the record names one model hash: another pair is not certified by it
     other = advertise(other_pair.trunk, other_pair.sidecar, cert_dir=tmp_path)
-    assert set(other.advert.recipes.values()) == {Status.IMPLEMENTED}
+    assert {other.advert.recipes[r] for r in MTP_RECIPES} == {Status.IMPLEMENTED}
     # a tampered (failing) record certifies nothing
     p = tmp_path / f"{model_key(pair.trunk, pair.sidecar)}.json"
     data = json.loads(p.read_text())

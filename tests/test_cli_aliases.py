@@ -271,9 +271,9 @@ def test_the_short_spellings_are_those_of_the_pinned_llama_cpp():
     import tarfile
 
     from mtplib.commands.common import LLAMA_SHORT_SPELLINGS
-    from mtplib.lab.upstream_tools import SDIST_CANDIDATES
+    from mtplib.lab.upstream_tools import sdist_candidates
 
-    sdist = next((p for p in SDIST_CANDIDATES if p.is_file()), None)
+    sdist = next((p for p in sdist_candidates() if p.is_file()), None)
     if sdist is None:
         pytest.skip("the pinned sdist is not here")
     with tarfile.open(sdist) as t:

@@ -87,7 +87,7 @@ def test_mtp_off_always_routable():
         (
             "mtp.v4.draft1",
             [adv(0), adv(1, contract_version="mtp-contract/1")],
-            "^shard 1: contract_version expected 'mtp-contract/2', got 'mtp-contract/1'",
+            "^shard 1: contract_version expected 'mtp-contract/3', got 'mtp-contract/1'",
         ),
         ("mtp.v4.draft1", [adv(0), adv(1, pin="other")], "^shard 1: pin expected 'v4flash@abc'"),
         ("mtp.v4.draft1", [adv(0, pin=""), adv(1, pin="")], "^shard 0: pin expected non-empty"),
@@ -144,7 +144,7 @@ def test_non_tail_sidecar_not_required():
 
 
 statuses = st.sampled_from(list(Status))
-versions = st.sampled_from([CONTRACT_VERSION, "mtp-contract/1", "mtp-contract/3"])
+versions = st.sampled_from([CONTRACT_VERSION, "mtp-contract/1", "mtp-contract/2"])
 pins = st.sampled_from(["p1", "p2"])
 
 

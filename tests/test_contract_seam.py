@@ -42,7 +42,7 @@ def msg(kind="boundary_hidden", positions=(3, 4), dtype=DType.BF16, **kw) -> Bou
     spec = SEAM_VALUES.get(kind)
     width = spec.width(DIMS) if spec else W
     if spec is not None and dtype not in spec.dtypes:
-        dtype = DType.I32
+        dtype = DType.F32 if spec.dtypes == {DType.F32} else DType.I32
     base = dict(
         session_id="s",
         epoch=2,

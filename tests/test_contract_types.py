@@ -63,7 +63,7 @@ def prop(drafts=(7, 8), recipe="mtp.v4.draft2", **kw) -> DraftProposal:
 
 
 def test_constants():
-    assert CONTRACT_VERSION == "mtp-contract/2"
+    assert CONTRACT_VERSION == "mtp-contract/3"
     assert V4_FLASH_DIMS.hidden_width == 16384
     assert TINY_DIMS.hidden_width == 256
     assert [d.itemsize for d in (DType.F32, DType.F16, DType.BF16)] == [4, 2, 2]
@@ -300,5 +300,6 @@ def test_cache_kinds_all_shard_local():
         "indexer_k",
         "compressor_state",
         "mtp_swa_k",
+        "dspark_swa_k",
     }
     assert "never serialized across a seam" in " ".join(CacheKind.__doc__.split())

@@ -21,9 +21,10 @@ from mtplib.distributed.ranged_mtp import (
 from mtplib.distributed.results import RangedMetrics
 from mtplib.errors import InputError
 from mtplib.lab.correctness import seeded_prompt
+from mtplib.runtime.engine_options import EngineOptions, resolve_head
 from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.sampling import Sampler
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime, resolve_head
+from mtplib.runtime.speculative import MTPRuntime
 
 PROMPT = seeded_prompt(11, 12)
 N_NEW = 14
@@ -200,12 +201,17 @@ def test_whole_stream_sampler_and_threads(pair):
 @patched
 def test_every_entry_package_loads_the_default_build_first():
     """Importing `mtplib.llama` first (it imports llama_cpp's draft-model base class) must
-    not load the stock llama_cpp before the build is chosen."""
-    for mod in ("mtplib.llama", "mtplib.runtime.lib", "mtplib.distributed.ranged_mtp"):
-        p = subprocess.run([sys.executable, "-c", f"import {mod}, llama_cpp; "
-                            "print(llama_cpp.__file__)"], capture_output=True, text=True,
-                           timeout=120, env={k: v for k, v in __import__("os").environ.items()
-                                             if k != "MTPLIB_UPSTREAM"})
+    not load the stock llama_cpp before the build is chosen; other modules load nothing at
+    import (tests/test_envs.py), and the first `load` chooses the build before it imports
+    llama_cpp."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MTPLIB_UPSTREAM"}
+    for mod, first in (("mtplib.llama", ""),
+                       ("mtplib.runtime.lib", "mtplib.runtime.lib.load(); "),
+                       ("mtplib.distributed.ranged_mtp", "mtplib.runtime.lib.load(); ")):
+        p = subprocess.run([sys.executable, "-c", f"import sys, {mod}, mtplib.runtime.lib; "
+                            + ("assert 'llama_cpp' not in sys.modules; " if first else "")
+                            + f"{first}import llama_cpp; print(llama_cpp.__file__)"],
+                           capture_output=True, text=True, timeout=120, env=env)
         assert p.returncode == 0, (mod, p.stderr[-800:])
         assert p.stdout.strip().startswith(str(R.PATCHED_DIR)), (mod, p.stdout)
 

@@ -219,7 +219,7 @@ def ranged(pair):
 
 
 def test_ranged_n_zero_and_bad_arguments(ranged):
-    from mtplib.runtime.speculative import EngineOptions
+    from mtplib.runtime.engine_options import EngineOptions
 
     toks, m = ranged.generate(PROMPT, 0, EngineOptions(k=2))
     assert toks == [] and m.n_generated == 0
@@ -232,7 +232,7 @@ def test_ranged_n_zero_and_bad_arguments(ranged):
 def test_ranged_threads_count_their_own_seam_bytes(ranged):
     """Two threads on one RangedMTP counted each other's traffic (seam_bytes doubled):
     generations are serialized from reset_counts to the metrics."""
-    from mtplib.runtime.speculative import EngineOptions
+    from mtplib.runtime.engine_options import EngineOptions
 
     opts = EngineOptions(k=0)
     # the first prefill of a prompt length asks the shards for its new shapes' allocation

@@ -21,6 +21,7 @@ from mtplib.contract.capabilities import (
 from mtplib.contract.types import (
     DEFAULT_DRAFT,
     DRAFT_RANGE,
+    DSPARK_RECIPES,
     MAX_DRAFT,
     MTP_OFF,
     MTP_RECIPES,
@@ -30,8 +31,9 @@ from mtplib.contract.types import (
     draft_problem,
 )
 from mtplib.runtime.capability import advertise
+from mtplib.runtime.engine_options import EngineOptions
+from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.routing import PIN, POLICY_ENV, local_advert, route
-from mtplib.runtime.speculative import EngineOptions, RuntimeInputError
 
 GOLDEN = Path(__file__).parent / "golden" / "contract"
 STRICT = Policy("strict", allow_mtp=True, min_status=Status.CERTIFIED)
@@ -45,7 +47,7 @@ def _no_policy_env(monkeypatch):
 def test_one_range_one_recipe_spelling():
     assert list(DRAFT_RANGE) == list(range(1, MAX_DRAFT + 1)) and MAX_DRAFT == 8
     assert MTP_RECIPES == tuple(f"mtp.v4.draft{k}" for k in DRAFT_RANGE)
-    assert RECIPES == (MTP_OFF, *MTP_RECIPES)
+    assert RECIPES == (MTP_OFF, *MTP_RECIPES, *DSPARK_RECIPES)
     for r in RECIPES:
         assert DraftSpec.from_recipe(r).recipe == r
     assert DraftSpec(0).recipe == MTP_OFF and not DraftSpec(0).mtp and DraftSpec(5).mtp
@@ -129,7 +131,7 @@ def test_golden_matrix_routes_what_the_engines_run():
     assert by[("all_certified_2", "beta", "mtp.v4.draft9")] == MTP_OFF
     assert by[("all_certified_2", "alpha", "mtp.v4.draft5")] == MTP_OFF
     version = json.loads((GOLDEN / "contract_version.json").read_text())
-    assert version["contract_version"] == "mtp-contract/2"
+    assert version["contract_version"] == "mtp-contract/3"
     assert version["recipes"] == list(RECIPES) and version["max_draft"] == MAX_DRAFT
 
 

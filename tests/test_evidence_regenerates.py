@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mtplib.lab import sidebyside as S
-from mtplib.lab import wan as W
+from mtplib.lab.sidebyside.runs import summarize
+from mtplib.lab.sidebyside.sweep import break_even, sweep_summary
+from mtplib.lab.wan import files as W
 
 EVIDENCE = Path(__file__).resolve().parent.parent / "evidence"
 WAN_JSONS = sorted(EVIDENCE.rglob(W.WAN_JSON))
@@ -63,16 +64,16 @@ def _kind(kind: str) -> list[Path]:
 @pytest.mark.parametrize("src", _kind("side-by-side"), ids=lambda p: p.name)
 def test_side_by_side_summary_regenerates_from_its_rows(src):
     d = json.loads(src.read_text())
-    assert json.dumps(S.summarize(d["rows"])) == json.dumps(d["summary"])
+    assert json.dumps(summarize(d["rows"])) == json.dumps(d["summary"])
 
 
 @pytest.mark.parametrize("src", _kind("acceptance-sweep"), ids=lambda p: p.name)
 def test_sweep_summary_and_break_even_regenerate_from_its_rows(src):
     """The break-even ``note`` is the one field the committed sweeps predate ('' there)."""
     d = json.loads(src.read_text())
-    summary = S.sweep_summary(d["rows"])
+    summary = sweep_summary(d["rows"])
     assert json.dumps(summary) == json.dumps(d["summary"])
-    be = S.break_even(summary)
+    be = break_even(summary)
     assert [b["k"] for b in be] == [b["k"] for b in d["break_even"]]
     for got, want in zip(be, d["break_even"], strict=True):
         assert want["note"] == "" and {**got, "note": ""} == want

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mtplib.records import dgr065, dgr066, evidence
+from mtplib.records import benchmark_report, evidence, ownership_report
 from mtplib.records.readme import Links, numbers_trace
 
 REPO = Path(__file__).resolve().parent.parent
-STORIES = {"DGR-065": dgr065, "DGR-066": dgr066}
+STORIES = {"DGR-065": ownership_report, "DGR-066": benchmark_report}
 
 
 def _committed(story: str):
@@ -58,18 +58,18 @@ def test_writers_refuse_a_run_without_their_metrics(tmp_path):
     raw = {"run_record": {"run_dir": str(tmp_path)}}
     link = Links(tmp_path, tmp_path / "README.md")
     with pytest.raises(ValueError, match="did not run the benchmark"):
-        dgr066.Run.from_raw(tmp_path, raw, link)
+        benchmark_report.Run.from_raw(tmp_path, raw, link)
     with pytest.raises(ValueError, match="did not run notebooks"):
-        dgr065.Run.from_raw(tmp_path, raw, link)
+        ownership_report.Run.from_raw(tmp_path, raw, link)
     with pytest.raises(ValueError, match="older notebooks"):
-        dgr065.Run.from_raw(tmp_path, {**raw, "ownership": {}, "state": {}}, link)
+        ownership_report.Run.from_raw(tmp_path, {**raw, "ownership": {}, "state": {}}, link)
 
 
 def test_a_failed_check_is_shown_not_hidden():
     run, raw, _ = _committed("DGR-065")
     st = {**run.st, "golden": {**run.st["golden"], "identical": False,
                                "differs": ["seam.json"]}}
-    bad = dgr065.Run(run.run_dir, run.link, run.rec, run.own, st)
-    text = "\n".join(dgr065.criterion_4_contract(bad))
+    bad = ownership_report.Run(run.run_dir, run.link, run.rec, run.own, st)
+    text = "\n".join(ownership_report.criterion_4_contract(bad))
     assert "**differing**: `seam.json`." in text
     assert "every fixture regenerated" not in text

@@ -100,7 +100,7 @@ def test_unknown_preset_and_bad_seed():
 
 
 def test_tiny_slice_is_tiny_with_v4_flashs_first_six_layer_kinds(tmp_path):
-    """The preset evidence/graph-reuse/bytes_table.py --tiny-slice writes (it once added it to
+    """The preset `mtplib.reports.graph_reuse.bytes_table --tiny-slice` writes (it once added it to
     PRESETS at run time): only the layer count, kinds and hash-routed layers differ."""
     from dataclasses import asdict
 

@@ -1,6 +1,6 @@
 """Issue 23 item 5: a run's results load into tidy pandas DataFrames (`mtplib.records.load`),
 the CSVs spread lists over columns (no JSON text in a cell), ``rep`` stays an integer, the
-WAN tables carry their build, and `mtplib.lab.wan.load` names the per-build folders."""
+WAN tables carry their build, and `mtplib.lab.wan.files.load` names the per-build folders."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 import mtplib.records
 from mtplib.errors import InputError
-from mtplib.lab import bench as B
-from mtplib.lab import bench_config as BC
-from mtplib.lab import bench_summary as BS
-from mtplib.lab import tables
-from mtplib.lab import wan as W
+from mtplib.lab.bench import config as BC
+from mtplib.lab.bench import measure as B
+from mtplib.lab.bench import summary as BS
+from mtplib.lab.common import tables
+from mtplib.lab.wan import files as W
 from mtplib.records.frames import SkippedWarning
 
 EVIDENCE = Path(__file__).resolve().parent.parent / "evidence"

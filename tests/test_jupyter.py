@@ -187,7 +187,7 @@ def test_papermill_run_without_kernel_noise_or_per_refresh_outputs(tmp_path, mon
     nb.metadata["kernelspec"] = {"name": J.KERNEL, "display_name": J.DISPLAY_NAME,
                                  "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(
-        "import time\nfrom mtplib.lab.progress import bar\n"
+        "import time\nfrom mtplib.lab.common.progress import bar\n"
         "with bar(30, 'loop', True) as b:\n"
         "    for _ in range(30):\n        time.sleep(0.06)\n        b.update()\n"
         "print('done')")]

@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from mtplib.errors import InputError
-from mtplib.lab import sidebyside as S
 from mtplib.lab import tls_overhead as T
 from mtplib.lab import upstream_tools as U
-from mtplib.lab.sweep import SweepConfig
+from mtplib.lab.common.acceptance_sweep import SweepConfig
+from mtplib.lab.sidebyside.cases import ENGINES, Case, SideBySideConfig
+from mtplib.lab.sidebyside.measure import _MtplibSide, _UpstreamSide
+from mtplib.lab.sidebyside.runs import SideRun, summarize
+from mtplib.lab.sidebyside.sweep import SweepRun, acceptance_sweep, break_even, sweep_summary
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.settings import DecodeSettings
 
@@ -53,26 +56,26 @@ def test_the_committed_files_are_found_and_the_rest_are_other_kinds():
 @pytest.mark.parametrize("path", SIDE, ids=_id)
 def test_committed_side_by_side_rows_round_trip_and_recompute(path):
     d = json.loads(path.read_text())
-    typed = [S.SideRun.from_dict(r) for r in d["rows"]]
+    typed = [SideRun.from_dict(r) for r in d["rows"]]
     back = [t.to_dict() for t in typed]
     assert back == d["rows"]
     assert [list(b) for b in back] == [list(r) for r in d["rows"]]  # the order too
-    assert {t.engine for t in typed} == set(S.ENGINES)
-    assert S.summarize(typed) == S.summarize(d["rows"]) == d["summary"]
+    assert {t.engine for t in typed} == set(ENGINES)
+    assert summarize(typed) == summarize(d["rows"]) == d["summary"]
 
 
 @pytest.mark.parametrize("path", SWEEP, ids=_id)
 def test_committed_sweep_rows_round_trip_and_recompute(path):
     d = json.loads(path.read_text())
-    typed = [S.SweepRun.from_dict(r) for r in d["rows"]]
+    typed = [SweepRun.from_dict(r) for r in d["rows"]]
     back = [t.to_dict() for t in typed]
     assert back == d["rows"] and [list(b) for b in back] == [list(r) for r in d["rows"]]
     assert {t.mode for t in typed} == {"off", "synthetic"}
-    s = S.sweep_summary(typed)
-    assert s == S.sweep_summary(d["rows"]) == d["summary"]
+    s = sweep_summary(typed)
+    assert s == sweep_summary(d["rows"]) == d["summary"]
     # break_even's note names how the crossing was found since after these files were
     # written (it was ""); the numbers are the committed ones
-    be = S.break_even(s)
+    be = break_even(s)
     assert [{**b, "note": ""} for b in be] == d["break_even"]
     assert {b["note"] for b in be} == {"interpolated"}
 
@@ -82,15 +85,15 @@ def test_a_row_missing_a_field_or_its_engines_keys_is_named():
     up = next(r for r in d["rows"] if r["engine"] == "upstream")
     mt = next(r for r in d["rows"] if r["engine"] == "mtplib")
     with pytest.raises(InputError, match="upstream row lacks argv"):
-        S.SideRun.from_dict({k: v for k, v in up.items() if k != "argv"})
+        SideRun.from_dict({k: v for k, v in up.items() if k != "argv"})
     with pytest.raises(InputError, match="mtplib row lacks time_s"):
-        S.SideRun.from_dict({k: v for k, v in mt.items() if k != "time_s"})
+        SideRun.from_dict({k: v for k, v in mt.items() if k != "time_s"})
     with pytest.raises(InputError, match="lacks decode_tok_s"):
-        S.SideRun.from_dict({k: v for k, v in mt.items() if k != "decode_tok_s"})
+        SideRun.from_dict({k: v for k, v in mt.items() if k != "decode_tok_s"})
     with pytest.raises(InputError, match="engine must be one of"):
-        S.SideRun.from_dict({**mt, "engine": "vllm"})
+        SideRun.from_dict({**mt, "engine": "vllm"})
     with pytest.raises(InputError, match="sweep row lacks .*sweep_k"):
-        S.SweepRun.from_dict({"decode_tok_s": 1.0, "k": 0})
+        SweepRun.from_dict({"decode_tok_s": 1.0, "k": 0})
     with pytest.raises(InputError, match="TLS-overhead row lacks"):
         T.TlsRun.from_dict({"transport": "tls"})
 
@@ -113,9 +116,9 @@ def test_each_side_builds_its_run_typed_with_the_committed_keys(pair):
     """Both engines' runs as run_side_by_side builds them: mtplib's through MTPRuntime on
     the fixture, upstream's from the recorded server response (no server is built here)."""
     committed = json.loads(SIDE[0].read_text())["rows"]
-    want = {e: list(next(r for r in committed if r["engine"] == e)) for e in S.ENGINES}
-    cfg = S.SideBySideConfig(n_new=6, settings=DecodeSettings(n_ctx=256, n_threads=1))
-    side = S._MtplibSide(str(pair.trunk), str(pair.sidecar), S.Case(0), cfg)
+    want = {e: list(next(r for r in committed if r["engine"] == e)) for e in ENGINES}
+    cfg = SideBySideConfig(n_new=6, settings=DecodeSettings(n_ctx=256, n_threads=1))
+    side = _MtplibSide(str(pair.trunk), str(pair.sidecar), Case(0), cfg)
     try:
         m = side.run([1, 2, 3, 4], None, **_context("mtplib"))
     finally:
@@ -125,31 +128,31 @@ def test_each_side_builds_its_run_typed_with_the_committed_keys(pair):
         def complete(self, prompt, n_new):
             return SERVER_RESPONSE
 
-    up = object.__new__(S._UpstreamSide)
+    up = object.__new__(_UpstreamSide)
     up.server, up.argv, up.n_new = FakeServer(), ["llama-server", "-m", "t.gguf"], 64
     u = up.run([1, 2, 3, 4], None, **_context("upstream"))
     for run, engine in ((m, "mtplib"), (u, "upstream")):
-        assert isinstance(run, S.SideRun)
+        assert isinstance(run, SideRun)
         d = run.to_dict()
         assert list(d) == want[engine]
-        assert json.loads(json.dumps(d)) == d and S.SideRun.from_dict(d) == run
+        assert json.loads(json.dumps(d)) == d and SideRun.from_dict(d) == run
     assert m.n_generated == 6 and len(m.tokens) == 6 and m.time_s and m.argv is None
     assert u.drafted == 58 and u.accepted == 33 and u.argv[0] == "llama-server"
     assert u.time_s is None and u.decode_ms == SERVER_RESPONSE["timings"]["predicted_ms"]
-    s = S.summarize([u, m])[0]
+    s = summarize([u, m])[0]
     assert s["upstream_tok_s"] == u.decode_tok_s and s["mtplib_tok_s"] == m.decode_tok_s
 
 
 def test_an_acceptance_sweep_is_typed_until_it_is_written(pair):
     sw = SweepConfig(ks=[1], rates=[1.0], reps=1, warmup=0)
-    cfg = S.SideBySideConfig(n_new=6, n_prompt=6,
-                             settings=DecodeSettings(n_ctx=256, n_threads=1))
-    res = S.acceptance_sweep(str(pair.trunk), str(pair.sidecar), sw, cfg)
+    cfg = SideBySideConfig(n_new=6, n_prompt=6,
+                           settings=DecodeSettings(n_ctx=256, n_threads=1))
+    res = acceptance_sweep(str(pair.trunk), str(pair.sidecar), sw, cfg)
     committed = json.loads(SWEEP[0].read_text())["rows"]
     assert {tuple(r) for r in res["rows"]} == {tuple(r) for r in committed}  # keys, order
     assert [r["mode"] for r in res["rows"]] == ["off", "synthetic"]
     assert json.loads(json.dumps(res["rows"])) == res["rows"]
-    assert S.sweep_summary(res["rows"]) == res["summary"]
+    assert sweep_summary(res["rows"]) == res["summary"]
     assert res["summary"][0]["acceptance"] == 1.0  # rate 1: every draft accepted
 
 
@@ -162,11 +165,11 @@ def test_a_sweep_run_takes_its_numbers_from_the_metrics():
         "ttft_s": 0.1, "decode_s": 0.4, "decode_tok_s": 10.0,
         "time_s": {"prefill": 0.1, "decode": 0.0, "draft": 0.1, "verify": 0.2,
                    "feed": 0.0, "rollback": 0.0, "other": 0.0}})))
-    r = S.SweepRun.of(g, k=1, rate=0.5, sweep_k=1, rep=0, warmup=False, mode="synthetic",
-                      quality_valid=False)
+    r = SweepRun.of(g, k=1, rate=0.5, sweep_k=1, rep=0, warmup=False, mode="synthetic",
+                    quality_valid=False)
     assert (r.decode_tok_s, r.drafted, r.accepted, r.accepted_per_position) == \
         (10.0, 4, 2, [0.5])
-    assert len(r.loadavg) == 3 and S.SweepRun.from_dict(r.to_dict()) == r
+    assert len(r.loadavg) == 3 and SweepRun.from_dict(r.to_dict()) == r
 
 
 def test_a_tls_overhead_run_is_typed_until_it_is_written():

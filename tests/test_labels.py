@@ -21,7 +21,9 @@ from mtplib.contract.labels import (
     StepKind,
 )
 from mtplib.errors import InputError
-from mtplib.lab import projection as P
+from mtplib.lab.projection.constants import STEP_KINDS as PROJECTED_KINDS
+from mtplib.lab.projection.structure import MessageStructure
+from mtplib.lab.projection.traffic import step_traffic
 from mtplib.ownership.derivation import inventory_from_paths
 from mtplib.ownership.plan import parse_plan
 
@@ -63,11 +65,11 @@ def test_no_module_lists_the_labels_again():
 def test_projection_says_decode_and_still_takes_plain(pair):
     cfg = inventory_from_paths(pair.trunk, pair.sidecar).config
     plan = parse_plan("0-1,2-3", cfg.n_layer)
-    a = P.step_traffic(cfg, plan, "plain")
-    b = P.step_traffic(cfg, plan, StepKind.DECODE)
+    a = step_traffic(cfg, plan, "plain")
+    b = step_traffic(cfg, plan, StepKind.DECODE)
     assert a == b and a.kind == StepKind.DECODE
-    assert StepKind.DECODE in P.STEP_KINDS and "plain" not in P.STEP_KINDS
+    assert StepKind.DECODE in PROJECTED_KINDS and "plain" not in PROJECTED_KINDS
     with pytest.raises(InputError, match="decode, verify, draft, feed"):
-        P.step_traffic(cfg, plan, "prefill")
-    s = P.MessageStructure.from_run({"n_shards": 2, "waits": {"decode": [2, 1]}})
-    assert s == P.MessageStructure.from_run({"n_shards": 2, "waits": {"plain": [2, 1]}})
+        step_traffic(cfg, plan, "prefill")
+    s = MessageStructure.from_run({"n_shards": 2, "waits": {"decode": [2, 1]}})
+    assert s == MessageStructure.from_run({"n_shards": 2, "waits": {"plain": [2, 1]}})

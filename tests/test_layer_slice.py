@@ -12,7 +12,15 @@ import pytest
 
 from mtplib.errors import InputError
 from mtplib.lab import layer_cost as LC
-from mtplib.lab import projection as P
+from mtplib.lab.projection.compute import compute_model
+from mtplib.lab.projection.compute_inputs import (
+    ASSUMED_COMPUTE,
+    LAYER_COST_SCHEMA,
+    ComputeInputs,
+    load_compute,
+)
+from mtplib.lab.projection.params import ProjectionParams
+from mtplib.lab.projection.sweep import project
 from mtplib.model.arch import CONVERTER_DTYPES, block_tensors, root_tensors, trunk_tensors
 from mtplib.model.presets import (
     TINY,
@@ -181,36 +189,36 @@ def test_derive_recovers_known_costs():
 def _result(**derived) -> dict:
     base = {"layer_s": 0.004, "verify_token_cost": 0.05, "draft_cost": 0.06,
             "layer_ms": 3.0, "layer_ms_p10_p90": [2.9, 3.1], "v4_flash_decode_ms": 172.0}
-    return {"schema": P.LAYER_COST_SCHEMA, "command": "mtplib layer-cost ...",
+    return {"schema": LAYER_COST_SCHEMA, "command": "mtplib layer-cost ...",
             "config": {"steps": 30, "threads": 2},
             "hardware": {"label": "Some CPU, 2 logical cores", "gpus": []},
             "backend": {"gpu_devices": []}, "derived": {**base, **derived}}
 
 
 def test_projection_uses_measured_compute_with_source_and_hardware(tmp_path):
-    c = P.ComputeInputs.from_layer_cost(_result())
+    c = ComputeInputs.from_layer_cost(_result())
     assert c.name == "measured-cpu" and c.hardware == "Some CPU, 2 logical cores"
     assert "mtplib layer-cost" in c.source and c.steps == 30
     prm = c.params()
     assert (prm.layer_s, prm.verify_token_cost, prm.draft_cost) == (0.004, 0.05, 0.06)
-    assert P.ASSUMED_COMPUTE.layer_s == P.ProjectionParams().layer_s == \
+    assert ASSUMED_COMPUTE.layer_s == ProjectionParams().layer_s == \
         pytest.approx(1 / (16.4 * 43))
-    assert P.ASSUMED_COMPUTE.params() == P.ProjectionParams()
-    g = P.ComputeInputs.from_layer_cost({**_result(), "hardware": {
+    assert ASSUMED_COMPUTE.params() == ProjectionParams()
+    g = ComputeInputs.from_layer_cost({**_result(), "hardware": {
         "label": "NVIDIA H200", "gpus": [{"name": "NVIDIA H200"}]},
         "backend": {"gpu_devices": ["CUDA0"]}})
     assert g.name == "measured-gpu"
     for bad in ({"schema": "x"}, {**_result(), "derived": {}}, [1]):
         with pytest.raises(InputError):
-            P.ComputeInputs.from_layer_cost(bad)
+            ComputeInputs.from_layer_cost(bad)
     with pytest.raises(InputError, match="layer_s"):
-        P.ComputeInputs.from_layer_cost(_result(layer_s=-1))
+        ComputeInputs.from_layer_cost(_result(layer_s=-1))
     f = tmp_path / "lc.json"
     f.write_text(json.dumps(_result()))
-    got = P.load_compute(f)
+    got = load_compute(f)
     assert replace(got, source=c.source) == c and got.source.endswith("lc.json)")
     with pytest.raises(InputError, match="cannot read"):
-        P.load_compute(tmp_path / "none.json")
+        load_compute(tmp_path / "none.json")
 
 
 def test_measured_compute_changes_the_projection(tmp_path):
@@ -219,13 +227,13 @@ def test_measured_compute_changes_the_projection(tmp_path):
 
     pair = write_fixture(tmp_path, preset="v4-flash")
     inv = inventory_from_paths(pair.trunk, pair.sidecar)
-    slow = P.ComputeInputs.from_layer_cost(_result(layer_s=0.1))
-    a = P.compute_model(inv, P.ASSUMED_COMPUTE.params())
-    b = P.compute_model(inv, slow.params())
+    slow = ComputeInputs.from_layer_cost(_result(layer_s=0.1))
+    a = compute_model(inv, ASSUMED_COMPUTE.params())
+    b = compute_model(inv, slow.params())
     assert b.decode_s == pytest.approx(43 * 0.1) and a.decode_s == pytest.approx(61.0e-3,
                                                                                rel=1e-3)
     assert (b.verify_token_cost, b.draft_cost) == (0.05, 0.06)
-    r = P.project(inv, plans=["0-42"], ks=(0, 2), rtts_ms=(0,), params=slow.params())
+    r = project(inv, plans=["0-42"], ks=(0, 2), rtts_ms=(0,), params=slow.params())
     # compute is the whole step but for the bytes on the one shard's link (1 Gbit/s)
     assert r[0]["compute_s_per_token"] == pytest.approx(43 * 0.1)
     assert r[0]["tok_s"] == pytest.approx(1 / (43 * 0.1), rel=0.01)
@@ -237,7 +245,7 @@ def test_committed_cpu_measurement_is_read_by_the_report():
     if not files:
         pytest.skip("no committed layer-cost result")
     for f in files:
-        c = P.load_compute(f)
+        c = load_compute(f)
         d = json.loads(f.read_text())
         assert c.steps >= LC.MIN_STEPS
         assert len(d["raw"]["slice"]["plain"]) == len(d["raw"]["partner"]["plain"]) == c.steps

@@ -1,18 +1,21 @@
 """The package layers point one way, and no import cycle exists (function-level imports
-count: a lazy import is still a dependency). The notebooks' jupytext sources and the
-evidence scripts sit on top of every layer and are checked like the package.
+count: a lazy import is still a dependency). The notebooks' jupytext sources sit on top of
+every layer and are checked like the package; evidence/ holds no code (its reports are
+`mtplib.reports`, with the commands, imported by nothing else in the package).
 
-    pins, errors, stamps, paths, host, files    foundation
+    pins, errors, stamps, paths, host, files,   foundation (envs: every environment
+    envs, logs                                 variable; logs: logging)
     contract, model, ownership           pure Python: never ctypes or llama_cpp
     runtime                              the native room (ctypes, llama_cpp, raw bindings)
     distributed, llama                   shard processes, worker, ranged runtime, relays;
                                          the adapter for llama-cpp-python's Llama
     lab                                  experiments
     records                              lanes, run records, evidence writers
-    commands, cli, train                 entry points
-    notebooks, evidence                  notebooks/*.py, evidence/**/*.py: scripts
+    commands, cli, train, serve, reports entry points; the HTTP service (serve); the
+                                         evidence's reports (python -m mtplib.reports...)
+    notebooks                            notebooks/*.py: scripts
 
-Native code (`NATIVE`) is imported only where `NATIVE_ROOMS` and `NATIVE_SCRIPTS` say, each
+Native code (`NATIVE`) is imported only where `NATIVE_ROOMS` and `NATIVE_REPORTS` say, each
 with its reason; every other module reaches upstream through the runtime's objects.
 """
 
@@ -27,11 +30,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "mtplib"
 RANK = {"pins": 0, "errors": 0, "stamps": 0, "paths": 0, "host": 0, "files": 0,
-        "__init__": 0,
+        "envs": 0, "logs": 0, "__init__": 0,
         "contract": 1, "model": 1, "ownership": 1,
         "runtime": 2, "distributed": 3, "llama": 3, "lab": 4, "records": 5,
-        "commands": 6, "cli": 6, "train": 6,
-        "notebooks": 7, "evidence": 7}
+        "commands": 6, "cli": 6, "train": 6, "serve": 6, "reports": 6,
+        "notebooks": 7}
 PURE = {"contract", "model", "ownership"}
 #: what reaches native code: imports of ctypes, llama-cpp-python and the runtime's raw
 #: bindings (ggml's structs; `lib.load`, which hands out the loaded C libraries, and so the
@@ -48,19 +51,19 @@ NATIVE_ROOMS = {
               "the adapter for llama-cpp-python's Llama: subclasses llama_cpp's classes and "
               "swaps the Llama's context through the runtime's bindings (no ctypes itself)"),
 }
-#: evidence scripts that call upstream's C API themselves, on purpose, and why
-NATIVE_SCRIPTS = {
-    "evidence/upstream-bugs/repro_hidden_rows.py":
+#: reports (`mtplib.reports`) that call upstream's C API themselves, on purpose, and why
+NATIVE_REPORTS = {
+    "mtplib.reports.upstream_bugs.repro_hidden_rows":
         ({"ctypes", "llama_cpp"}, "an upstream bug report's repro: llama_cpp's bindings only"),
-    "evidence/upstream-bugs/repro_crashes.py":
+    "mtplib.reports.upstream_bugs.repro_crashes":
         ({"ctypes", "llama_cpp"}, "crashes upstream on purpose (in children), raw C API"),
-    "evidence/upstream-bugs/overlap_probe.py":
+    "mtplib.reports.upstream_bugs.overlap_probe":
         ({"ctypes", "mtplib.runtime.ggml_tensor", "mtplib.runtime.lib"},
          "reads the graph's node addresses through ggml's structs in cb_eval"),
-    "evidence/upstream-patches/rpc_llama_split.py":
+    "mtplib.reports.upstream_patches.rpc_llama_split":
         ({"ctypes", "mtplib.runtime.lib.load"},
          "a generic (non-V4) llama split over RPC, driven through the raw C API"),
-    "evidence/side-by-side/profile/overhead.py":
+    "mtplib.reports.side_by_side.overhead":
         ({"ctypes", C_CALL},
          "times the runtime's old C calls and ctypes row copies against its current ones"),
 }
@@ -77,9 +80,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _scripts() -> dict[str, Path]:
-    """notebooks/*.py (the notebooks' jupytext sources) and evidence/**/*.py, by path."""
-    found = [*ROOT.glob("notebooks/*.py"), *ROOT.glob("evidence/**/*.py")]
-    return {p.relative_to(ROOT).as_posix(): p for p in sorted(found)}
+    """notebooks/*.py (the notebooks' jupytext sources), by path."""
+    return {p.relative_to(ROOT).as_posix(): p for p in sorted(ROOT.glob("notebooks/*.py"))}
 
 
 MODS = _modules()
@@ -164,7 +166,22 @@ def _room(mod: str) -> str:
 
 def test_every_module_has_a_room():
     assert {_room(m) for m in MODS} <= set(RANK), {_room(m) for m in MODS} - set(RANK)
-    assert {"notebooks", "evidence"} <= {_room(s) for s in SCRIPTS}
+    assert {_room(s) for s in SCRIPTS} == {"notebooks"}
+    assert "reports" in {_room(m) for m in MODS}
+
+
+def test_evidence_holds_no_code():
+    """The evidence folders keep data, READMEs and run records; what made them is
+    `mtplib.reports` (python -m mtplib.reports.<topic>.<name>)."""
+    assert not sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("evidence/**/*.py"))
+
+
+def test_nothing_imports_the_reports():
+    """The reports sit on top: no module outside `mtplib.reports` (commands, service and
+    CLI included, which share its rank) imports one."""
+    bad = [f"{a} -> {b}" for a, deps in GRAPH.items() for b in deps
+           if b.startswith("mtplib.reports") and not a.startswith("mtplib.reports")]
+    assert not bad, "imports of mtplib.reports from outside it:\n" + "\n".join(sorted(bad))
 
 
 def test_no_import_points_up_a_layer():
@@ -288,11 +305,11 @@ def test_every_mtplib_import_resolves():
 
 
 def _native_offences(name: str, source: str, is_package: bool = False) -> list[str]:
-    """The `NATIVE` imports of ``name`` that its room (or its `NATIVE_SCRIPTS` entry)
+    """The `NATIVE` imports of ``name`` that its room (or its `NATIVE_REPORTS` entry)
     does not allow."""
     allowed: set[str] = set()
-    if name in NATIVE_SCRIPTS:
-        allowed = NATIVE_SCRIPTS[name][0]
+    if name in NATIVE_REPORTS:
+        allowed = NATIVE_REPORTS[name][0]
     elif _room(name) in NATIVE_ROOMS:
         allowed = NATIVE_ROOMS[_room(name)][0]
     return sorted(f"{name} uses {n}" for n in _native(name, source, is_package) - allowed)
@@ -301,16 +318,16 @@ def _native_offences(name: str, source: str, is_package: bool = False) -> list[s
 def test_only_the_native_rooms_import_native_code():
     bad = [b for n, p in (MODS | SCRIPTS).items()
            for b in _native_offences(n, p.read_text(), p.name == "__init__.py")]
-    assert not bad, ("native code used outside runtime, the llama adapter and NATIVE_SCRIPTS "
-                     "(go through mtplib.runtime, or list the script with a reason):\n"
+    assert not bad, ("native code used outside runtime, the llama adapter and NATIVE_REPORTS "
+                     "(go through mtplib.runtime, or list the report with a reason):\n"
                      + "\n".join(bad))
 
 
 def test_native_allowances_are_used():
     """A listed allowance that nothing needs any more is dropped, not kept as a hole."""
-    for s, (allowed, _) in NATIVE_SCRIPTS.items():
-        assert s in SCRIPTS, f"NATIVE_SCRIPTS names a missing script {s}"
-        assert _native(s, SCRIPTS[s].read_text()) == allowed, s
+    for s, (allowed, _) in NATIVE_REPORTS.items():
+        assert s in MODS, f"NATIVE_REPORTS names a missing module {s}"
+        assert _native(s, MODS[s].read_text()) == allowed, s
     for room, (allowed, _) in NATIVE_ROOMS.items():
         used = set().union(*(_native(m, p.read_text(), p.name == "__init__.py")
                              for m, p in MODS.items() if _room(m) == room))

@@ -242,7 +242,7 @@ def test_llama_speed_compares_plain_and_mtp_on_the_same_prompts():
     each prompt through plain `Llama` and `mtp_llama`, times decoding apart from TTFT, and
     checks the text is the same."""
     from mtplib.lab.llama_speed import compare
-    from mtplib.lab.wan import trained_prompts
+    from mtplib.lab.wan.inputs import trained_prompts
 
     r = compare(PAIR.trunk, PAIR.sidecar, trained_prompts(2, 32), draft=2, n_new=12, reps=1)
     assert r["same_text"] and r["config"]["n_prompts"] == 2 and len(r["rows"]) == 2

@@ -16,7 +16,8 @@ import jupytext
 import nbformat
 import pytest
 
-from mtplib.records.lanes import KERNEL, LaneError, kernel_env
+from mtplib.records.jupyter import KERNEL
+from mtplib.records.lanes import LaneError, kernel_env
 
 REPO = Path(__file__).resolve().parent.parent
 NB = REPO / "notebooks"

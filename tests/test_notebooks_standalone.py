@@ -15,11 +15,12 @@ import pytest
 
 from mtplib import paths
 from mtplib.errors import InputError
-from mtplib.lab import bench as B
-from mtplib.lab import bench_config as BC
 from mtplib.lab import correctness as C
+from mtplib.lab.bench import config as BC
+from mtplib.lab.bench import measure as B
 from mtplib.records import scratch as S
-from mtplib.records.lanes import KERNEL, kernel_env
+from mtplib.records.jupyter import KERNEL
+from mtplib.records.lanes import kernel_env
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9]*.ipynb"))

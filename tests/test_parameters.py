@@ -14,12 +14,13 @@ import pytest
 from papermill.translators import PythonTranslator
 
 from mtplib.errors import InputError
+from mtplib.lab.common.checks import STRICT, Context, ParameterError
 from mtplib.records import parameters as NP
 
 REPO = Path(__file__).resolve().parent.parent
 NB = REPO / "notebooks"
 PAIRS = sorted(NB.glob("[0-9]*.py"))
-LENIENT = NP.Context(lenient=True)
+LENIENT = Context(lenient=True)
 
 
 def _cells(src: Path) -> tuple[str, str]:
@@ -103,7 +104,7 @@ def test_plans_from_papermill_p(value, want):
 ])
 def test_bad_papermill_values_are_named_in_one_line(name, value, pattern):
     ns = _namespace(NB / "03_correctness.py", {name: value})
-    with pytest.raises(NP.ParameterError, match=pattern) as e:
+    with pytest.raises(ParameterError, match=pattern) as e:
         NP.checked(ns)
     assert "\n" not in str(e.value)
 
@@ -112,7 +113,7 @@ def test_sections_from_papermill_p_are_yaml():
     ns = _namespace(NB / "04_benchmark.py", {"bench": "{ks: 2, n_new: 8}"})
     assert NP.checked(ns)["bench"] == {"ks": [2], "n_new": 8}
     ns = _namespace(NB / "04_benchmark.py", {"bench": "{ks: [1], kz: 3}"})
-    with pytest.raises(NP.ParameterError, match=r"^bench: unknown keys \['kz'\]"):
+    with pytest.raises(ParameterError, match=r"^bench: unknown keys \['kz'\]"):
         NP.checked(ns)
     ns = _namespace(NB / "05_wan.py", {"builds": "patched", "target": "", "run_dir": ""})
     got = NP.checked(ns)
@@ -121,17 +122,17 @@ def test_sections_from_papermill_p_are_yaml():
 
 def test_strict_context_refuses_what_lenient_parses():
     """Lanes are YAML with real lists: no guessing there."""
-    with pytest.raises(NP.ParameterError, match=r"^x\.ks: expected a list of draft"):
+    with pytest.raises(ParameterError, match=r"^x\.ks: expected a list of draft"):
         NP.check_value("ks", 3, where="x.ks")
-    with pytest.raises(NP.ParameterError, match=r"^plans: expected a list of plans"):
+    with pytest.raises(ParameterError, match=r"^plans: expected a list of plans"):
         NP.check_value("plans", "0-1,2-3")
     assert NP.check_value("ks", 3, ctx=LENIENT) == [3]
 
 
 def test_plans_against_a_known_model():
-    ctx = NP.Context(n_layer=4)
+    ctx = Context(n_layer=4)
     assert NP.check_value("plan", "0-1,2-3", ctx=ctx) == "0-1,2-3"
-    with pytest.raises(NP.ParameterError, match="layers 2-3 belong to no shard"):
+    with pytest.raises(ParameterError, match="layers 2-3 belong to no shard"):
         NP.check_value("plan", "0-1", ctx=ctx)
     assert NP.check_value("plan", "0-1") == "0-1"  # model unknown: 2 layers, fine
 
@@ -171,12 +172,12 @@ def _papermill_namespace(src: Path, injected: dict) -> dict:
 
 def test_an_unknown_papermill_name_is_refused_in_one_line():
     ns = _papermill_namespace(NB / "00_fixture_smoke.py", {"thread": 2, "n_tokens": 4})
-    with pytest.raises(NP.ParameterError, match=r"^unknown parameter 'thread': this "
+    with pytest.raises(ParameterError, match=r"^unknown parameter 'thread': this "
                        r"notebook's are trunk, sidecar, .*threads, run_dir$") as e:
         NP.checked(ns)
     assert "\n" not in str(e.value)
     ns = _papermill_namespace(NB / "00_fixture_smoke.py", {"a": 1, "b": 2})
-    with pytest.raises(NP.ParameterError, match=r"^unknown parameters 'a', 'b'"):
+    with pytest.raises(ParameterError, match=r"^unknown parameters 'a', 'b'"):
         NP.checked(ns)
     ok = _papermill_namespace(NB / "00_fixture_smoke.py", {"n_tokens": 4, "threads": 1})
     assert NP.checked(ok)["n_tokens"] == 4
@@ -185,7 +186,7 @@ def test_an_unknown_papermill_name_is_refused_in_one_line():
 
 def test_a_fixture_preset_is_one_of_the_presets():
     ns = _namespace(NB / "00_fixture_smoke.py", {"preset": "tinyy"})
-    with pytest.raises(NP.ParameterError, match=r"^preset: expected one of tiny, .*got 'tinyy'$"):
+    with pytest.raises(ParameterError, match=r"^preset: expected one of tiny, .*got 'tinyy'$"):
         NP.checked(ns)
     ok = _namespace(NB / "00_fixture_smoke.py", {"preset": "tiny"})
     assert NP.checked(ok)["preset"] == "tiny"
@@ -200,18 +201,18 @@ def test_threads_are_bounded_by_this_machines_cpus(monkeypatch):
     for name, inj in (("00_fixture_smoke", {"threads": 99}),
                       ("04_benchmark", {"bench": "{threads: 3}"}),
                       ("05_wan", {"wan": "{shard_threads: 3}"})):
-        with pytest.raises(NP.ParameterError, match=r"threads: expected an int 1\.\.2 "
+        with pytest.raises(ParameterError, match=r"threads: expected an int 1\.\.2 "
                            r"\(this machine's CPUs\), got (99|3)$"):
             NP.checked(_namespace(NB / f"{name}.py", inj))
     assert NP.checked(_namespace(NB / "00_fixture_smoke.py", {"threads": 2}))["threads"] == 2
     assert NP.check_value("threads", 99) == 99  # a lane's value: MAX_THREADS
-    with pytest.raises(NP.ParameterError, match=r"1\.\.1024"):
+    with pytest.raises(ParameterError, match=r"1\.\.1024"):
         NP.check_value("threads", 2000)
 
 
 def test_a_parameter_error_shows_as_one_line_in_a_kernel():
     """IPython renders `_render_traceback_` in place of the traceback."""
-    e = NP.ParameterError("threads: expected an int 1..2, got 99")
+    e = ParameterError("threads: expected an int 1..2, got 99")
     assert e._render_traceback_() == ["ParameterError: threads: expected an int 1..2, got 99"]
 
 
@@ -276,14 +277,15 @@ def test_wan_bandwidths_and_cold_shards():
                          ({"mbits": []}, r"^wan\.mbits: expected a list .* at least 1"),
                          ({"cold_shards": "remote"},
                           r"^wan\.cold_shards: expected one of local, endpoints")]:
-        with pytest.raises(NP.ParameterError, match=pattern):
+        with pytest.raises(ParameterError, match=pattern):
             NP.check_value("wan", bad)
 
 
 # -- each rule lives once: the lab configs' tables are what the parameters check with ------
 def _tables():
-    from mtplib.lab import bench_config as BC
-    from mtplib.lab import sweep, wan_config
+    from mtplib.lab.bench import config as BC
+    from mtplib.lab.common import acceptance_sweep as sweep
+    from mtplib.lab.wan import config as wan_config
 
     return {wan_config.WanConfig: wan_config.WAN_RULES, BC.BenchConfig: BC.BENCH_RULES,
             sweep.SweepConfig: sweep.SWEEP_RULES, BC.SamplingConfig: BC.SAMPLING_RULES}
@@ -292,8 +294,8 @@ def _tables():
 def test_every_config_field_has_one_rule_and_the_parameters_use_that_object():
     import dataclasses
 
-    from mtplib.lab.bench_config import BenchConfig
-    from mtplib.lab.wan_config import WanConfig
+    from mtplib.lab.bench.config import BenchConfig
+    from mtplib.lab.wan.config import WanConfig
 
     for cls, rules in _tables().items():
         assert list(rules) == [f.name for f in dataclasses.fields(cls)], cls.__name__
@@ -316,9 +318,10 @@ def test_one_rule_changed_changes_the_config_and_the_parameters_alike(
     """A rule changed in its one table is what the config refuses with (strict, its own
     message) and what the lane/notebook check refuses with (the parameter's message):
     neither path keeps a copy of it."""
-    from mtplib.lab import bench_config as BC
-    from mtplib.lab import checks as C
-    from mtplib.lab import sweep, wan_config
+    from mtplib.lab.bench import config as BC
+    from mtplib.lab.common import acceptance_sweep as sweep
+    from mtplib.lab.common import checks as C
+    from mtplib.lab.wan import config as wan_config
 
     tables = {"wan": wan_config.WAN_RULES, "bench": BC.BENCH_RULES,
               "sweep": sweep.SWEEP_RULES, "sampling": BC.SAMPLING_RULES}
@@ -336,7 +339,7 @@ def test_one_rule_changed_changes_the_config_and_the_parameters_alike(
     monkeypatch.setitem(tables[table], key, stricter)
     with pytest.raises(InputError, match=config_error):
         build()
-    with pytest.raises(NP.ParameterError, match=rf"^{section}\.(\w+\.)?{key}"):
+    with pytest.raises(ParameterError, match=rf"^{section}\.(\w+\.)?{key}"):
         NP.check_value(section, d)
 
 
@@ -344,8 +347,8 @@ def test_every_numeric_value_has_a_stated_range():
     """Issue 39 item 8: `n_tokens: 100000000000` passed the lane check (and failed in the
     notebook), `bench.reps: 1000000000` ran on. Every rule that takes a number (or a list
     of numbers) refuses one far beyond any use, and a negative one, naming the key."""
-    from mtplib.lab.bench_config import SAMPLING_RULES
-    from mtplib.lab.sweep import SWEEP_RULES
+    from mtplib.lab.bench.config import SAMPLING_RULES
+    from mtplib.lab.common.acceptance_sweep import SWEEP_RULES
 
     tables = {"": {n: p.check for n, p in NP.PARAMETERS.items()},
               "bench.": NP.bench_rules(), "bench.sweep.": SWEEP_RULES,
@@ -356,18 +359,18 @@ def test_every_numeric_value_has_a_stated_range():
         for name, rule in rules.items():
             for shape, small in shapes:
                 try:
-                    rule(shape(small), prefix + name, NP.STRICT)
-                except NP.ParameterError:
+                    rule(shape(small), prefix + name, STRICT)
+                except ParameterError:
                     continue
                 numeric.append(prefix + name)
                 for bad in (10**12, -(10**12)):
-                    with pytest.raises(NP.ParameterError,
+                    with pytest.raises(ParameterError,
                                        match=rf"^{prefix + name}(\[0\])?: expected "):
-                        rule(shape(type(small)(bad)), prefix + name, NP.STRICT)
+                        rule(shape(type(small)(bad)), prefix + name, STRICT)
                 break
     assert len(numeric) >= 30, numeric
     for bad in ({"seed": 0, "len": 10**12}, {"seed": 10**12}, {"seed": -1}):
-        with pytest.raises(NP.ParameterError, match=r"^bench\.prompts\[0\]\.(len|seed): "):
+        with pytest.raises(ParameterError, match=r"^bench\.prompts\[0\]\.(len|seed): "):
             NP.check_value("bench", {"prompts": [bad]})
 
 
@@ -375,7 +378,7 @@ def test_the_stated_ranges_are_the_runtimes_own():
     """The ranges quote what they stand for: the default context, V4-Flash's context,
     upstream's most sequences."""
     from mtplib.commands.serve import PARALLEL_MAX
-    from mtplib.lab import checks as C
+    from mtplib.lab.common import checks as C
     from mtplib.model.presets import PRESETS
     from mtplib.runtime.request import DEFAULT_CTX
     from mtplib.runtime.settings import DecodeSettings

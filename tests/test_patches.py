@@ -137,7 +137,7 @@ def test_patched_waits_once_per_shard_and_sends_no_constants(plan, n_shards):
 
 def _llama_split(build: str, shards: int) -> dict:
     env = dict(os.environ, MTPLIB_UPSTREAM=build)
-    r = subprocess.run([sys.executable, str(REPO / "evidence/upstream-patches/rpc_llama_split.py"),
+    r = subprocess.run([sys.executable, "-m", "mtplib.reports.upstream_patches.rpc_llama_split",
                         "--shards", str(shards), "--layers", str(2 * shards)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -25,12 +25,13 @@ import pytest
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.model.arch import sidecar_tensors, trunk_tensors
-from mtplib.model.fixture import _write, write_fixture
+from mtplib.model.fixture import write_fixture, write_gguf
 from mtplib.model.presets import TINY
 from mtplib.model.trained import trained_paths
 from mtplib.runtime import PATCHED_DIR, build_info
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import MTPRuntime
 
 REPO = Path(__file__).resolve().parent.parent
 needs_patched = pytest.mark.skipif(
@@ -119,8 +120,8 @@ def _unchecked_pair(cfg, out: Path, name: str) -> tuple[Path, Path]:
     build): written with the generator's own writer."""
     out.mkdir(parents=True, exist_ok=True)
     trunk, side = out / f"{name}.gguf", out / f"mtp-{name}.gguf"
-    _write(trunk, cfg, trunk_tensors(cfg), 0, False, name)
-    _write(side, cfg, sidecar_tensors(cfg), 0, True, "mtp-" + name)
+    write_gguf(trunk, cfg, trunk_tensors(cfg), 0, False, name)
+    write_gguf(side, cfg, sidecar_tensors(cfg), 0, True, "mtp-" + name)
     return trunk, side
 
 
@@ -181,8 +182,10 @@ MB_PROBE = """
 import ctypes, json, sys
 from pathlib import Path
 from mtplib.runtime import build_info
+from mtplib.runtime.lib import load
 from mtplib.runtime.model import Context, ContextConfig, Model
-import llama_cpp  # after mtplib.runtime, which chooses the build
+load()  # chooses the build (MTPLIB_UPSTREAM), then imports it
+import llama_cpp
 lib_dir = Path(llama_cpp.__file__).parent / "lib"
 sym = "_Z26llama_get_memory_breakdownPK13llama_context"
 f = getattr(ctypes.CDLL(str(lib_dir / "libllama.so")), sym)

@@ -9,6 +9,7 @@ from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.errors import InputError
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.model.trained import trained_paths
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.placement import (
     DRAFT_WAITS_PER_TOKEN,
     PlacementInputs,
@@ -17,7 +18,6 @@ from mtplib.runtime.placement import (
     choose_placement,
 )
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions
 
 MS = 1e-3
 

@@ -18,12 +18,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
 from mtplib.contract.labels import STEP_KINDS
-from mtplib.lab import bench_plots as BP
 from mtplib.lab import correctness_plots as CP
-from mtplib.lab import display as D
-from mtplib.lab import sidebyside as SBS
-from mtplib.lab import wan as W
+from mtplib.lab.bench import plots as BP
+from mtplib.lab.common import display as D
 from mtplib.lab.quality import NOISE_BOUND
+from mtplib.lab.sidebyside import sweep_plots as SBS
+from mtplib.lab.wan import plots as W
 
 matplotlib.use("Agg")
 REPO = Path(__file__).resolve().parents[1]

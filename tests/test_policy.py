@@ -19,13 +19,15 @@ from mtplib.contract.capabilities import (
     Status,
     negotiate,
 )
+from mtplib.contract.types import DSPARK_RECIPES, MTP_RECIPES
 from mtplib.errors import InputError
-from mtplib.lab import bench_config as BC
+from mtplib.lab.bench import config as BC
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.records.lanes import LaneError, load_lane, run_lane
 from mtplib.runtime.capability import advertise
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.routing import POLICY_ENV, local_advert, resolve_policy, route
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import MTPRuntime
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = seeded_prompt(3, 8)
@@ -62,9 +64,11 @@ def test_local_advert_disables_mtp_under_alpha():
     beta = local_advert(has_sidecar=True, policy=BETA_POLICY)
     alpha = local_advert(has_sidecar=True, policy=ALPHA_POLICY)
     assert beta.has_mtp_sidecar and alpha.has_mtp_sidecar
-    assert set(beta.recipes.values()) == {Status.IMPLEMENTED}
+    assert {beta.recipes[r] for r in ("mtp.off", *MTP_RECIPES)} == {Status.IMPLEMENTED}
     assert alpha.recipes["mtp.off"] == Status.IMPLEMENTED
-    assert {s for r, s in alpha.recipes.items() if r != "mtp.off"} == {Status.DISABLED}
+    assert {alpha.recipes[r] for r in MTP_RECIPES} == {Status.DISABLED}
+    # no DSpark draft in an MTP run: its recipes cannot run (unsupported says more)
+    assert {alpha.recipes[r] for r in DSPARK_RECIPES} == {Status.UNSUPPORTED}
     # even a policy allowing MTP does not route a recipe an advert says is disabled
     assert not negotiate("mtp.v4.draft1", [alpha], BETA_POLICY).mtp
 
@@ -89,7 +93,7 @@ def test_advertise_reports_disabled_under_alpha(pair, tmp_path):
     d = negotiate("mtp.v4.draft1", [cap.advert], BETA_POLICY)
     assert d.reason == "shard 0: recipe 'mtp.v4.draft1' is disabled, need implemented"
     beta = advertise(pair.trunk, pair.sidecar, cert_dir=tmp_path, policy="beta", probe=False)
-    assert set(beta.advert.recipes.values()) == {Status.IMPLEMENTED}
+    assert {beta.advert.recipes[r] for r in ("mtp.off", *MTP_RECIPES)} == {Status.IMPLEMENTED}
     # what cannot run at all stays unsupported (that says more than disabled)
     none = advertise(pair.trunk, None, cert_dir=tmp_path, policy="alpha")
     assert none.advert.recipes["mtp.v4.draft1"] == Status.UNSUPPORTED

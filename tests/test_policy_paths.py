@@ -64,29 +64,32 @@ def test_require_mtp_names_the_path_and_the_policy(monkeypatch):
 
 # -- each path under alpha ------------------------------------------------------------------
 def test_side_by_side_paths_refuse_under_alpha(pair, no_models):
-    from mtplib.lab import sidebyside as S
-    from mtplib.lab.sweep import SweepConfig
+    from mtplib.lab.common.acceptance_sweep import SweepConfig
+    from mtplib.lab.sidebyside.cases import Case, SideBySideConfig
+    from mtplib.lab.sidebyside.cost import cost_ratio
+    from mtplib.lab.sidebyside.measure import _MtplibSide, _UpstreamSide, run_side_by_side
+    from mtplib.lab.sidebyside.sweep import acceptance_sweep
 
     t, s = str(pair.trunk), str(pair.sidecar)
     with pytest.raises(RouteRefused, match=refused("cost ratio")):
-        S.cost_ratio(t, s, policy="alpha")
-    cfg = S.SideBySideConfig(ks=(2, 3), rate_sets=((1.0,),))
+        cost_ratio(t, s, policy="alpha")
+    cfg = SideBySideConfig(ks=(2, 3), rate_sets=((1.0,),))
     with pytest.raises(RouteRefused, match=refused("side-by-side", 2)):
-        S.run_side_by_side(t, s, cfg, policy="alpha")
+        run_side_by_side(t, s, cfg, policy="alpha")
     with pytest.raises(RouteRefused, match=refused("upstream's MTP loop \\(llama-server\\)")):
-        S._UpstreamSide(t, s, S.Case(1), cfg, None, policy="alpha")
+        _UpstreamSide(t, s, Case(1), cfg, None, policy="alpha")
     with pytest.raises(RouteRefused, match="^mtp.v4.draft1 " + ALPHA):
-        S._MtplibSide(t, s, S.Case(1), cfg, policy="alpha")  # MTPRuntime's own gate
+        _MtplibSide(t, s, Case(1), cfg, policy="alpha")  # MTPRuntime's own gate
     with pytest.raises(RouteRefused, match=refused("acceptance sweep")):
-        S.acceptance_sweep(t, s, SweepConfig(ks=[1], rates=[0.5]), cfg, policy="alpha")
+        acceptance_sweep(t, s, SweepConfig(ks=[1], rates=[0.5]), cfg, policy="alpha")
 
 
 def test_side_by_side_follows_the_environment(pair, no_models, monkeypatch):
-    from mtplib.lab import sidebyside as S
+    from mtplib.lab.sidebyside.cost import cost_ratio
 
     monkeypatch.setenv(POLICY_ENV, "alpha")  # a lane's notebooks name no policy
     with pytest.raises(RouteRefused, match=refused("cost ratio")):
-        S.cost_ratio(str(pair.trunk), str(pair.sidecar))
+        cost_ratio(str(pair.trunk), str(pair.sidecar))
 
 
 def test_trained_eval_paths_refuse_under_alpha(pair, no_models):
@@ -188,7 +191,7 @@ def test_advertise_under_alpha_never_probes_an_mtp_context(pair, tmp_path, monke
 def test_compare_upstream_cli_refuses_under_alpha_before_the_build(pair, tmp_path):
     """Exit 2 with one line naming the policy, for every mode that runs MTP, before the
     9-minute build of upstream's tools (an empty cache would start it)."""
-    env = {**os.environ, "MTPLIB_CACHE": str(tmp_path / "cache"), POLICY_ENV: "alpha"}
+    env = {**os.environ, "MTPLIB_CACHE_DIR": str(tmp_path / "cache"), POLICY_ENV: "alpha"}
     base = [sys.executable, "-m", "mtplib.cli", "compare-upstream", "--model",
             str(pair.trunk), "--mtp", str(pair.sidecar), "--quiet"]
     for extra in ([], ["--cost-ratio-only"], ["--sweep", "0.5", "--k", "2"],
@@ -212,9 +215,9 @@ ALLOWED = {
     ("distributed/worker.py", "_handle"):
         "the worker process executes its client's requests: the client asked the policy "
         "(RangedRuntime.context, RangedMTP.generate before build_engine runs there)",
-    ("commands/generate.py", "resolve_llama_args"):
-        "checks llama.cpp's --spec-type spelling ('draft-mtp' needs -md): it builds no "
-        "context; the request it checks is routed by open_backend like any other",
+    ("reports/side_by_side/c_decode.py", "python_one"):
+        "a plain decode benchmark: its config is `setup()`'s dict of literals, which holds "
+        "no mtp key",
     ("runtime/generate.py", "run_greedy"):
         "loads the trunk without load_mtp, and Context refuses an MTP config on such a "
         "model (mtplib.runtime.model.Context): it cannot build an MTP context",
@@ -347,7 +350,7 @@ def test_the_scan_sees_every_known_mtp_site():
     """Not vacuous: the scan finds the MTP sites this repository has, and every allowed
     entry is still one (a stale entry must go)."""
     found = {(f["file"], f["short"]) for f in _functions(PKG) if f["sites"]}
-    for want in [("lab/sidebyside_cost.py", "cost_ratio"),
+    for want in [("lab/sidebyside/cost.py", "cost_ratio"),
                  ("lab/trained_eval.py", "upstream_mtp"),
                  ("lab/trained_eval.py", "next_token_accuracy"),
                  ("runtime/graph_reads.py", "observe"), ("runtime/speculative.py",

@@ -1,4 +1,4 @@
-"""The lab's progress bars (`mtplib.lab.progress`): a text bar on a terminal's stderr, and in
+"""The lab's progress bars (`mtplib.lab.common.progress`): a text bar on a terminal's stderr, and in
 a Jupyter kernel without ipywidgets one display output updated in place, so that a plain
 ``papermill IN OUT`` stores one output per bar instead of one per refresh (issue 23, item 6;
 the papermill runs themselves are in test_jupyter.py)."""
@@ -14,7 +14,7 @@ import pytest
 from tqdm import notebook
 from tqdm.std import tqdm as TextBar
 
-from mtplib.lab import progress as P
+from mtplib.lab.common import progress as P
 
 
 @pytest.fixture

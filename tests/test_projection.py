@@ -2,25 +2,48 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from mtplib.contract.labels import StepKind
 from mtplib.errors import InputError
-from mtplib.lab import projection as P
+from mtplib.lab.projection.compute import active_bytes, compute_model
+from mtplib.lab.projection.constants import ANCHOR_SPEEDUP_K2, VLLM_ACCEPTANCE
+from mtplib.lab.projection.fit import fit_rows
+from mtplib.lab.projection.graph_inputs import (
+    hadamard_side,
+    n_kv_comp,
+    n_kv_raw,
+    rotation_constants,
+)
+from mtplib.lab.projection.params import DEFAULT_SCENARIOS, ProjectionParams, Scenario
+from mtplib.lab.projection.plots import plot_projection
+from mtplib.lab.projection.structure import (
+    GRAPH_SLOTS,
+    MEASURED,
+    SEAM_ONCE,
+    STRUCTURES,
+    WHOLE_GRAPH,
+    MessageStructure,
+    StepWaits,
+)
+from mtplib.lab.projection.sweep import project
+from mtplib.lab.projection.traffic import CLASSES, step_traffic
 from mtplib.model.fixture import write_fixture
 from mtplib.model.trained import trained_paths
 from mtplib.ownership.derivation import inventory_from_paths
 from mtplib.ownership.plan import ShardPlan, even_plan, parse_plan
 from mtplib.records.lanes import LaneError, check_gpus, load_lane
+from mtplib.reports.upstream_patches import ring_projection
+from mtplib.reports.wan import projection as projection_page
 
 REPO = Path(__file__).resolve().parent.parent
 H = 4 * 4096  # hc * n_embd of V4-Flash
 VOCAB = 129280
-TAIL_TAIL = P.Scenario(placement="tail", head="tail")
-CLIENT_CLIENT = P.Scenario(placement="client", head="client")
+TAIL_TAIL = Scenario(placement="tail", head="tail")
+CLIENT_CLIENT = Scenario(placement="client", head="client")
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +65,23 @@ def test_hadamard_side_follows_upstreams_loop():
     # build_input_k_rot: nrot = 64; do nrot *= 2 while n % nrot == 0; nrot /= 2
     for n, side in [(128, 128), (512, 512), (1024, 1024), (384, 128), (64, 64), (96, 64),
                     (192, 64), (100, 64), (1, 64)]:
-        assert P.hadamard_side(n) == side, n
+        assert hadamard_side(n) == side, n
     for bad in (0, -128, 128.0, True, "128"):
         with pytest.raises(InputError, match="head size"):
-            P.hadamard_side(bad)
+            hadamard_side(bad)
 
 
 def test_rotation_constants_at_v4_flash_size(flash):
     cfg = flash.config
-    assert P.rotation_constants(cfg) == {"lid": 128 * 128 * 4}  # 65,536 B, F16 K cache
-    q = P.rotation_constants(cfg, "q8_0")  # a quantized K cache rotates raw/CSA/HCA too
+    assert rotation_constants(cfg) == {"lid": 128 * 128 * 4}  # 65,536 B, F16 K cache
+    q = rotation_constants(cfg, "q8_0")  # a quantized K cache rotates raw/CSA/HCA too
     assert q == {"lid": 65536, "raw": 512 * 512 * 4, "csa": 512 * 512 * 4,
                  "hca": 512 * 512 * 4}
     with pytest.raises(InputError, match="type_k"):
-        P.rotation_constants(cfg, "q4_x")
+        rotation_constants(cfg, "q4_x")
     # only a shard holding a ratio-4 (CSA) layer gets the indexer's matrix: layers 0-1
     # are SWA only on V4-Flash
-    st = P.step_traffic(cfg, parse_plan("0-1,2-42", 43), "plain")
+    st = step_traffic(cfg, parse_plan("0-1,2-42", 43), "plain")
     assert [b["constants"] for b in st.bytes] == [0, 65536]
     assert "attn_inp_k_rot(lid)" in st.detail[1] and "attn_inp_k_rot(lid)" not in st.detail[0]
 
@@ -71,9 +94,9 @@ def test_round_trips_and_bytes_add_up_per_class(flash, n, dtype):
     plan = even_plan(43, n)
     isz = {"bf16": 2, "f32": 4}[dtype]
     for head in ("tail", "client"):
-        sc = P.Scenario(placement="tail", head=head, boundary_dtype=dtype)
+        sc = Scenario(placement="tail", head=head, boundary_dtype=dtype)
         for kind, k in (("plain", 0), ("verify", 1), ("verify", 3)):
-            st = P.step_traffic(cfg, plan, kind, k=k, scenario=sc)
+            st = step_traffic(cfg, plan, kind, k=k, scenario=sc)
             n_tok = 1 if kind == "plain" else k + 1
             tot = st.total()
             assert sum(tot.values()) == sum(sum(b.values()) for b in st.bytes)
@@ -94,17 +117,17 @@ def test_round_trips_and_bytes_add_up_per_class(flash, n, dtype):
             extra = 1 if kind == "verify" and head == "tail" else 0
             assert st.waits == [2.0] * (n - 1) + [1.0 + extra]
     for placement, draft_b in (("tail", True), ("client", False)):
-        sc = P.Scenario(placement=placement, head="tail")
-        d = P.step_traffic(cfg, plan, "draft", k=2, scenario=sc)
+        sc = Scenario(placement=placement, head="tail")
+        d = step_traffic(cfg, plan, "draft", k=2, scenario=sc)
         assert (sum(d.total().values()) > VOCAB * 4) is draft_b
         assert sum(d.waits) == (2 if draft_b else 0)
 
 
 def test_project_rows_add_up(flash):
-    rows = P.project(flash, n_shards=(2, 4), rtts_ms=(0, 100))
-    assert len(rows) == 2 * 2 * len(P.DEFAULT_SCENARIOS) * 4 * 2  # plan kinds x n x ...
+    rows = project(flash, n_shards=(2, 4), rtts_ms=(0, 100))
+    assert len(rows) == 2 * 2 * len(DEFAULT_SCENARIOS) * 4 * 2  # plan kinds x n x ...
     for r in rows:
-        classes = sum(r[f"bytes_{c}_per_token"] for c in P.CLASSES)
+        classes = sum(r[f"bytes_{c}_per_token"] for c in CLASSES)
         assert r["bytes_per_token"] == pytest.approx(classes)
         assert r["t_token_s"] == pytest.approx(
             r["compute_s_per_token"] + r["rtt_ms"] / 1e3 * r["waits_per_token"]
@@ -112,16 +135,16 @@ def test_project_rows_add_up(flash):
         if r["k"] == 0:
             assert r["waits_per_token"] == 2 * (r["n_shards"] - 1) + 1
             assert r["speedup"] == 1.0 and r["tokens_per_verify"] == 1.0
-    tail_local = P.project(flash, plans=["0-21,22-42"], ks=(0,), rtts_ms=(100,),
-                           scenarios=(replace(CLIENT_CLIENT, tail_local=True),))[0]
+    tail_local = project(flash, plans=["0-21,22-42"], ks=(0,), rtts_ms=(100,),
+                         scenarios=(replace(CLIENT_CLIENT, tail_local=True),))[0]
     assert tail_local["waits_per_token"] == 2  # the tail's wait is local
 
 
 def test_trained_pair_message_counts_match_the_issue(trained):
     """Issue 14: per MTP-off token on plan 0-1,2-3, 20 SET + 2 GET on shard 0 (71.8 KB, of
     which 65,536 B attn_inp_k_rot) and 13 SET + 1 GET on shard 1."""
-    st = P.step_traffic(trained.config, parse_plan("0-1,2-3", 4), "plain", scenario=TAIL_TAIL,
-                        params=P.ProjectionParams(context=200, n_ctx=2048))
+    st = step_traffic(trained.config, parse_plan("0-1,2-3", 4), "plain", scenario=TAIL_TAIL,
+                      params=ProjectionParams(context=200, n_ctx=2048))
     assert st.sets == [20, 13] and st.waits == [2.0, 1.0]
     assert sum(st.bytes[0].values()) == 71808 and st.bytes[0]["constants"] == 65536
 
@@ -134,9 +157,9 @@ def test_seam_once_structure_waits_once_per_shard(trained, flash, n):
         plan = even_plan(inv.config.n_layer, n) if n <= inv.config.n_layer else None
         if plan is None:
             continue
-        once = P.step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT,
-                              structure=P.SEAM_ONCE)
-        stock = P.step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT)
+        once = step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT,
+                            structure=SEAM_ONCE)
+        stock = step_traffic(inv.config, plan, "plain", scenario=CLIENT_CLIENT)
         assert sum(once.waits) == n and sum(stock.waits) == 2 * (n - 1) + 1
         assert once.total()["constants"] == 0 < stock.total()["constants"]
         assert 2 * once.total()["seam"] == stock.total()["seam"]
@@ -144,42 +167,42 @@ def test_seam_once_structure_waits_once_per_shard(trained, flash, n):
 
 def test_masks_follow_context_and_swa_full(flash):
     cfg = flash.config
-    prm = P.ProjectionParams()
-    assert P.n_kv_raw(cfg, prm, 100) == 256
-    assert P.n_kv_raw(cfg, prm, 32768) == 32768
-    assert P.n_kv_raw(cfg, prm, 40000) == 40192  # PAD(40000, 256)
+    prm = ProjectionParams()
+    assert n_kv_raw(cfg, prm, 100) == 256
+    assert n_kv_raw(cfg, prm, 32768) == 32768
+    assert n_kv_raw(cfg, prm, 40000) == 40192  # PAD(40000, 256)
     # without swa_full the raw cache is PAD(min(n_ctx, 128 + 512), 256) = 768 cells
-    assert P.n_kv_raw(cfg, replace(prm, swa_full=False), 131072) == 768
-    assert P.n_kv_comp(4, 1000) == 256 and P.n_kv_comp(4, 131072) == 32768
-    assert P.n_kv_comp(128, 131072) == 1024
-    one = P.step_traffic(cfg, even_plan(43, 2), "plain", params=replace(prm, context=131072))
+    assert n_kv_raw(cfg, replace(prm, swa_full=False), 131072) == 768
+    assert n_kv_comp(4, 1000) == 256 and n_kv_comp(4, 131072) == 32768
+    assert n_kv_comp(128, 131072) == 1024
+    one = step_traffic(cfg, even_plan(43, 2), "plain", params=replace(prm, context=131072))
     assert one.detail[0]["attn_inp_kq_mask"] == 131072 * 2  # F16 with flash attention
-    f32 = P.step_traffic(cfg, even_plan(43, 2), "plain",
-                         params=replace(prm, context=131072, flash_attn=False))
+    f32 = step_traffic(cfg, even_plan(43, 2), "plain",
+                       params=replace(prm, context=131072, flash_attn=False))
     assert f32.detail[0]["attn_inp_kq_mask"] == 131072 * 4
 
 
 # -- fit ----------------------------------------------------------------------------------
 def test_a_plan_that_fits_and_one_that_does_not(flash):
-    whole, two = P.fit_rows(flash, ["0-42", "0-21,22-42"], contexts=(32768,))
+    whole, two = fit_rows(flash, ["0-42", "0-21,22-42"], contexts=(32768,))
     # DGR-065: trunk 156,373,008,732 B + sidecar 5,722,316,268 B
     assert whole["weights_bytes"] == 156_373_008_732 + 5_722_316_268
     assert not whole["fits"] and whole["headroom_bytes"] < 0
     assert two["fits"] and two["largest_shard"] == 1
     assert two["weights_bytes"] == 82_135_416_504
     assert two["need_bytes"] == two["weights_bytes"] + two["cache_bytes"] + 8 * 2**30
-    tight = P.fit_rows(flash, ["0-21,22-42"], contexts=(32768,), capacity=80 * 10**9)[0]
+    tight = fit_rows(flash, ["0-21,22-42"], contexts=(32768,), capacity=80 * 10**9)[0]
     assert not tight["fits"]
     with pytest.raises(InputError, match="capacity"):
-        P.fit_rows(flash, ["0-42"], capacity=0)
+        fit_rows(flash, ["0-42"], capacity=0)
 
 
 def test_lane_numbers_and_placement(flash):
     """The v4-flash-h200 lane's comment quotes these; upstream's default split over two
     equal GPUs gives the ranges of plan 0-21,22-42 (the output layer on the second)."""
     text = (REPO / "params" / "v4-flash-h200.yaml").read_text()
-    r4k = P.fit_rows(flash, ["0-21,22-42"], contexts=(4096,))[0]
-    r128k = P.fit_rows(flash, ["0-21,22-42"], contexts=(131072,))[0]
+    r4k = fit_rows(flash, ["0-21,22-42"], contexts=(4096,))[0]
+    r128k = fit_rows(flash, ["0-21,22-42"], contexts=(131072,))[0]
     assert f"{r4k['need_bytes'] / 1e9:.1f} GB" in text and "82,135,416,504" in text
     assert f"{r128k['need_bytes'] / 1e9:.1f} GB" in text
     assign = ShardPlan.parse("0-21,22-42", 43).upstream_assignment()
@@ -218,33 +241,33 @@ def test_lane_stops_without_gpus(tmp_path):
 
 # -- speed ----------------------------------------------------------------------------------
 def test_speedup_approaches_tokens_per_verify_as_rtt_grows(flash):
-    prm = P.ProjectionParams()
+    prm = ProjectionParams()
     for n in (2, 4, 8):
-        rows = P.project(flash, plans=[even_plan(43, n)], rtts_ms=(0, 100, 1e4, 1e7),
-                         scenarios=(CLIENT_CLIENT,))
+        rows = project(flash, plans=[even_plan(43, n)], rtts_ms=(0, 100, 1e4, 1e7),
+                       scenarios=(CLIENT_CLIENT,))
         for k in (1, 2, 3):
             sp = [r["speedup"] for r in rows if r["k"] == k]
             t = prm.tokens_per_verify(k)
             assert sp == sorted(sp)  # grows with RTT
             assert sp[-1] == pytest.approx(t, rel=1e-4) and sp[0] < t
     # head on the tail: the h_nextn fetch caps 2 shards at 3/4 of the ideal (issue 14)
-    far = P.project(flash, plans=["0-21,22-42"], ks=(2,), rtts_ms=(1e7,),
-                    scenarios=(P.Scenario(placement="client", head="tail"),))[0]
+    far = project(flash, plans=["0-21,22-42"], ks=(2,), rtts_ms=(1e7,),
+                  scenarios=(Scenario(placement="client", head="tail"),))[0]
     assert far["speedup_over_ideal"] == pytest.approx(0.75, rel=1e-4)
 
 
 def test_compute_model_reproduces_its_calibration(flash):
     """Whole model, RTT 0, no bandwidth cost, vLLM acceptance, k=2: the PR's 1.5x."""
-    prm = P.ProjectionParams(bandwidth_bps=1e30, acceptance=P.VLLM_ACCEPTANCE)
-    r = P.project(flash, plans=["0-42"], ks=(2,), rtts_ms=(0,), scenarios=(TAIL_TAIL,),
-                  params=prm)[0]
-    assert r["speedup"] == pytest.approx(P.ANCHOR_SPEEDUP_K2)
-    cm = P.compute_model(flash, prm)
+    prm = ProjectionParams(bandwidth_bps=1e30, acceptance=VLLM_ACCEPTANCE)
+    r = project(flash, plans=["0-42"], ks=(2,), rtts_ms=(0,), scenarios=(TAIL_TAIL,),
+                params=prm)[0]
+    assert r["speedup"] == pytest.approx(ANCHOR_SPEEDUP_K2)
+    cm = compute_model(flash, prm)
     assert cm.decode_s == pytest.approx(1 / 16.4)
-    ab = P.active_bytes(flash)
+    ab = active_bytes(flash)
     assert cm.draft_cost == pytest.approx(ab["mtp"] / ab["trunk"])
     assert 0 < ab["head"] < ab["mtp"] < ab["trunk"]
-    fixed = P.compute_model(flash, replace(prm, verify_token_cost=0.0, draft_cost=0.5))
+    fixed = compute_model(flash, replace(prm, verify_token_cost=0.0, draft_cost=0.5))
     assert fixed.verify_token_cost == 0.0 and fixed.draft_tail_s == pytest.approx(0.5 / 16.4)
 
 
@@ -264,7 +287,7 @@ def test_compute_model_reproduces_its_calibration(flash):
 ])
 def test_params_validation(kw, msg):
     with pytest.raises(InputError, match=msg):
-        P.ProjectionParams(**kw)
+        ProjectionParams(**kw)
 
 
 def test_other_validation(flash):
@@ -272,23 +295,23 @@ def test_other_validation(flash):
                     ({"boundary_dtype": "int8"}, "boundary dtype"),
                     ({"tail_local": "yes"}, "tail_local")]:
         with pytest.raises(InputError, match=msg):
-            P.Scenario(**kw)
+            Scenario(**kw)
     with pytest.raises(InputError, match="StepWaits.tail"):
-        P.StepWaits(tail=-1)
+        StepWaits(tail=-1)
     with pytest.raises(InputError, match="seam_tensors"):
-        P.MessageStructure(seam_tensors=0)
+        MessageStructure(seam_tensors=0)
     with pytest.raises(InputError, match="k=4 needs 4 acceptance"):
-        P.project(flash, plans=["0-42"], ks=(4,))
+        project(flash, plans=["0-42"], ks=(4,))
     with pytest.raises(InputError, match="ks must"):
-        P.project(flash, plans=["0-42"], ks=(-1,))
+        project(flash, plans=["0-42"], ks=(-1,))
     with pytest.raises(InputError, match="rtts_ms"):
-        P.project(flash, plans=["0-42"], rtts_ms=(-5,))
+        project(flash, plans=["0-42"], rtts_ms=(-5,))
     with pytest.raises(InputError, match="plan kind"):
-        P.project(flash, n_shards=(2,), plan_kinds=("random",))
+        project(flash, n_shards=(2,), plan_kinds=("random",))
     with pytest.raises(InputError, match="step kind"):
-        P.step_traffic(flash.config, even_plan(43, 2), "prefill")
+        step_traffic(flash.config, even_plan(43, 2), "prefill")
     with pytest.raises(InputError, match="draft length"):
-        P.step_traffic(flash.config, even_plan(43, 2), "verify", k=0)
+        step_traffic(flash.config, even_plan(43, 2), "verify", k=0)
 
 
 def test_graph_and_control_bytes_reproduce_their_measurements(trained):
@@ -296,20 +319,20 @@ def test_graph_and_control_bytes_reproduce_their_measurements(trained):
     figures it was built from; the 6-layer point follows from the per-layer estimate; the
     structures of sections 1-4 count no graph or control bytes."""
     plan = parse_plan("0-1,2-3", trained.config.n_layer)
-    sc = P.Scenario(placement="client", head="client")
+    sc = Scenario(placement="client", head="client")
 
     def tot(st, kind):
-        return P.step_traffic(trained.config, plan, kind, k=2, structure=st,
-                              scenario=sc).total()
+        return step_traffic(trained.config, plan, kind, k=2, structure=st,
+                            scenario=sc).total()
 
-    assert tot(P.WHOLE_GRAPH, "verify")["graph"] == 329_064
-    assert tot(P.GRAPH_SLOTS, "verify")["graph"] == 16
-    assert tot(P.WHOLE_GRAPH, "plain")["graph"] == tot(P.GRAPH_SLOTS, "plain")["graph"] == 16
-    assert tot(P.GRAPH_SLOTS, "verify")["control"] == 13_864
-    assert tot(P.GRAPH_SLOTS, "plain")["control"] == 10_410
+    assert tot(WHOLE_GRAPH, "verify")["graph"] == 329_064
+    assert tot(GRAPH_SLOTS, "verify")["graph"] == 16
+    assert tot(WHOLE_GRAPH, "plain")["graph"] == tot(GRAPH_SLOTS, "plain")["graph"] == 16
+    assert tot(GRAPH_SLOTS, "verify")["control"] == 13_864
+    assert tot(GRAPH_SLOTS, "plain")["control"] == 10_410
     # the fixture's 6 layers on 2 shards (plan 0-2,3-5): 3 layers per shard pass
-    assert 2 * P.GRAPH_SLOTS.control_bytes(P.StepKind.VERIFY, 3) == 20_772
-    for st in P.STRUCTURES.values():
+    assert 2 * GRAPH_SLOTS.control_bytes(StepKind.VERIFY, 3) == 20_772
+    for st in STRUCTURES.values():
         assert tot(st, "verify")["graph"] == tot(st, "verify")["control"] == 0
 
 
@@ -318,9 +341,9 @@ def test_transfer_time_is_bytes_over_the_link_bandwidth(flash):
     (1/b1 - 1/b2); a lower bandwidth is never faster."""
     rows = {}
     for mbit in (20, 1000):
-        prm = P.ProjectionParams(bandwidth_bps=mbit * 1e6)
-        for r in P.project(flash, plans=["0-21,22-42"], ks=(0, 2), rtts_ms=(100,),
-                           scenarios=(P.Scenario(),), structure=P.WHOLE_GRAPH, params=prm):
+        prm = ProjectionParams(bandwidth_bps=mbit * 1e6)
+        for r in project(flash, plans=["0-21,22-42"], ks=(0, 2), rtts_ms=(100,),
+                         scenarios=(Scenario(),), structure=WHOLE_GRAPH, params=prm):
             rows[(mbit, r["k"])] = r
             assert r["structure"] == "whole_graph"
     for k in (0, 2):
@@ -341,18 +364,18 @@ def test_transfer_time_is_bytes_over_the_link_bandwidth(flash):
 def test_graph_and_control_inputs_are_checked(kw):
     name = next(iter(kw))
     with pytest.raises(InputError, match=f"MessageStructure.{name} must be a finite number"):
-        P.MessageStructure(**kw)
+        MessageStructure(**kw)
 
 
 def test_structure_from_a_wan_run():
     run = {"n_shards": 2, "head": "tail",
            "waits": {"plain": [2, 1], "verify": [2, 2], "draft": [0, 2]}}
-    assert P.MessageStructure.from_run(run) == replace(P.MEASURED,
-                                                       source="a WAN run (from_run)")
-    three = P.MessageStructure.from_run({"n_shards": 3, "head": "client",
-                                         "waits": {"plain": [3, 2, 1], "verify": [3, 2, 1]},
-                                         "source": "run-x"})
-    assert three.plain == P.StepWaits(per_seam=2, fixed=1, tail=1)
+    assert MessageStructure.from_run(run) == replace(MEASURED,
+                                                     source="a WAN run (from_run)")
+    three = MessageStructure.from_run({"n_shards": 3, "head": "client",
+                                       "waits": {"plain": [3, 2, 1], "verify": [3, 2, 1]},
+                                       "source": "run-x"})
+    assert three.plain == StepWaits(per_seam=2, fixed=1, tail=1)
     assert three.verify_head_client == three.plain and three.source == "run-x"
     assert three.plain.on_shards(3) == [3.0, 2.0, 1.0]
     for bad, msg in [({"n_shards": 2, "waits": {"plain": [2]}}, "must list 2"),
@@ -362,7 +385,7 @@ def test_structure_from_a_wan_run():
                      ({"n_shards": 2, "waits": {"plain": [1, 1]}}, "fewer waits"),
                      ({"n_shards": 2, "head": "gpu", "waits": {"plain": [2, 1]}}, "head")]:
         with pytest.raises(InputError, match=msg):
-            P.MessageStructure.from_run(bad)
+            MessageStructure.from_run(bad)
 
 
 # -- plot and the evidence page ------------------------------------------------------------
@@ -372,9 +395,9 @@ def test_plot_projection(flash):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = P.project(flash, plans=["0-21,22-42"], scenarios=(CLIENT_CLIENT,))
+    rows = project(flash, plans=["0-21,22-42"], scenarios=(CLIENT_CLIENT,))
     for metric in ("tok_s", "speedup"):
-        ax = P.plot_projection(rows, metric=metric)
+        ax = plot_projection(rows, metric=metric)
         assert "0-21,22-42" in ax.get_title() and "(ms)" in ax.get_xlabel()
         assert ("tokens/s" if metric == "tok_s" else "(x)") in ax.get_ylabel()
         lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
@@ -383,18 +406,9 @@ def test_plot_projection(flash):
         assert leg is not None and leg.get_bbox_to_anchor().x0 > ax.bbox.x1 - 1
         plt.close(ax.figure)
     with pytest.raises(InputError, match="no rows for plan"):
-        P.plot_projection(rows, plan="0-42")
+        plot_projection(rows, plan="0-42")
     with pytest.raises(InputError, match="metric"):
-        P.plot_projection(rows, metric="waits")
-
-
-def _script(rel: str):
-    """An evidence script as a module (its main() not run)."""
-    path = REPO / rel
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+        plot_projection(rows, metric="waits")
 
 
 def _png_software(data: bytes) -> str | None:
@@ -409,8 +423,8 @@ def _png_software(data: bytes) -> str | None:
 
 
 def test_committed_projection_page_is_current(flash, trained):
-    """evidence/wan/PROJECTION.md is what evidence/wan/projection_report.py renders now."""
-    mod = _script("evidence/wan/projection_report.py")
+    """evidence/wan/PROJECTION.md is what `mtplib.reports.wan.projection` renders now."""
+    mod = projection_page
     from mtplib.model.fixture import sha256_header
 
     paths = flash.paths
@@ -421,7 +435,7 @@ def test_committed_projection_page_is_current(flash, trained):
 
 
 def test_committed_projection_plot_is_current(flash, tmp_path):
-    """evidence/wan/projection.png is, byte for byte, what projection_report.py plots now
+    """evidence/wan/projection.png is, byte for byte, what `mtplib.reports.wan.projection` plots now
     (with the matplotlib version that wrote it: another one renders other bytes)."""
     import matplotlib
 
@@ -430,15 +444,15 @@ def test_committed_projection_plot_is_current(flash, tmp_path):
     if wrote != f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/":
         pytest.skip(f"projection.png was written by {wrote!r}, this is matplotlib "
                     f"{matplotlib.__version__}")
-    mod = _script("evidence/wan/projection_report.py")
+    mod = projection_page
     mod.plot(flash, tmp_path / "projection.png", mod.main_compute(mod.computes()).params())
     assert (tmp_path / "projection.png").read_bytes() == want
 
 
 def test_committed_ring_projection_table_is_current(capsys):
-    """The table of evidence/upstream-patches/shard-to-shard.md is what ring_projection.py
-    prints now."""
-    _script("evidence/upstream-patches/ring_projection.py").main()
+    """The table of evidence/upstream-patches/shard-to-shard.md is what
+    `mtplib.reports.upstream_patches.ring_projection` prints now."""
+    assert ring_projection.main([]) == 0
     table = capsys.readouterr().out.strip()
     assert table.count("\n") == 16  # header, rule, 3 shard counts x 5 RTTs
     assert table in (REPO / "evidence" / "upstream-patches" / "shard-to-shard.md").read_text()

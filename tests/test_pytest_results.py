@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtplib.errors import InputError
-from mtplib.records import dgr065, dgr066, evidence, readme
+from mtplib.records import benchmark_report, evidence, ownership_report, readme
 from mtplib.records import pytest_results as pr
 from mtplib.records.readme import Links, numbers_trace
 
@@ -71,19 +71,19 @@ def test_story_results_keep_only_the_story_and_never_invent():
     assert res["files"]["tests/test_policy.py"] == row
     assert res["files"]["tests/test_bench.py"] is None  # not reported: not a zero
     assert res["totals"] == {"passed": 7, "failed": 1, "errors": 0, "skipped": 2, "tests": 10}
-    assert [c for c, _ in res["criteria"]] == [c for c, _ in dgr066.TESTS]
+    assert [c for c, _ in res["criteria"]] == [c for c, _ in benchmark_report.TESTS]
     with pytest.raises(InputError, match="no criterion tests"):
         pr.story_tests("DGR-999")
 
 
 def test_tests_section_prints_results_or_says_not_run(tmp_path):
     link = Links(tmp_path, tmp_path / "README.md")
-    absent = "\n".join(readme.tests_section("DGR-066", dgr066.TESTS, None, link))
+    absent = "\n".join(readme.tests_section("DGR-066", benchmark_report.TESTS, None, link))
     assert "Test results: **not run**" in absent and "`tests-DGR-066.json`" in absent
     row = {"passed": 7, "failed": 1, "errors": 0, "skipped": 2, "tests": 10,
            "duration_s": 3.25, "not_passed": ["tests/test_policy.py::test_z"]}
     res = pr.story_results(_fake_run({"tests/test_policy.py": row}), "DGR-066")
-    text = "\n".join(readme.tests_section("DGR-066", dgr066.TESTS, res, link))
+    text = "\n".join(readme.tests_section("DGR-066", benchmark_report.TESTS, res, link))
     assert "| The deployment policy on every MTP path | `tests/test_policy.py` | 7 | **1** | " \
            "0 | 2 | 3.2 |" in text
     assert "| `tests/test_bench.py` | not reported |" in text
@@ -112,9 +112,9 @@ def test_record_tests_writes_each_story_and_the_readme_reads_it(tmp_path, monkey
     assert len(calls) == 1 and "tests/test_policy.py" in calls[0]
     assert json.loads(pa.read_text())["story"] == "DGR-065" and pb.name == "tests-DGR-066.json"
     assert evidence.load_raw(a, "DGR-065")["tests"]["totals"]["passed"] == len(
-        {f for _, fs in dgr065.TESTS for f in fs})
+        {f for _, fs in ownership_report.TESTS for f in fs})
     assert "tests" not in evidence.load_raw(tmp_path / "a", "DGR-066")
-    assert Path("tests-DGR-065.json") in dgr065.story_files(a)
+    assert Path("tests-DGR-065.json") in ownership_report.story_files(a)
     with pytest.raises(InputError, match="not a run directory"):
         pr.record_tests([(tmp_path, "DGR-065")])
 
@@ -122,7 +122,7 @@ def test_record_tests_writes_each_story_and_the_readme_reads_it(tmp_path, monkey
 def test_committed_readmes_print_their_recorded_results(tmp_path):
     """A committed evidence folder with its results file renders the results; without it,
     "not run" (a copy of the folder with the file removed)."""
-    for story, mod in (("DGR-065", dgr065), ("DGR-066", dgr066)):
+    for story, mod in (("DGR-065", ownership_report), ("DGR-066", benchmark_report)):
         folder = REPO / "evidence" / story
         if not (folder / "run_record.json").exists():
             pytest.skip(f"evidence/{story} not committed")

@@ -17,8 +17,10 @@ from mtplib.contract.session import ForeignSessionError, IllegalTransition, Stal
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime import build_info
+from mtplib.runtime.engine_options import EngineOptions
+from mtplib.runtime.generation import expected_verify_steps
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime, expected_verify_steps
+from mtplib.runtime.speculative import MTPRuntime
 
 PROMPT = seeded_prompt(7, 10)
 N_NEW = 16

@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtplib.lab import bench_summary as BS
+from mtplib.lab.bench import summary as BS
 from mtplib.lab.contract_checks import golden_check, policy_check
 from mtplib.model.fixture import write_fixture
 from mtplib.ownership import report as rep
 from mtplib.ownership.derivation import CacheParams, derive, inventory_from_paths
-from mtplib.records import dgr065
+from mtplib.records import ownership_report
 from mtplib.records import raw_metrics as RM
 from mtplib.records.readme import Links, numbers_trace
 
@@ -127,8 +127,27 @@ def _caches(p: CacheParams) -> dict:
                        for g in ("main", "mtp")]}
 
 
-def test_builders_write_what_the_dgr065_readme_reads(pair, combined, flash, tmp_path):
+def _dspark_check() -> dict:
+    return {"reads": [{"graph": g, "derived": 1, "observed": 1, "missing_in_upstream": [],
+                       "unexpected_in_upstream": [], "equal": True}
+                      for g in ("inject", "block")],
+            "reads_equal": True, "parts_consistent": True, "part_contradictions": []}
+
+
+def _dspark_caches(p: CacheParams) -> dict:
+    c = _caches(p)
+    return {**c, "caches": {**c["caches"][0], "graph": "dspark"}}
+
+
+def test_builders_write_what_the_dgr065_readme_reads(pair, combined, flash, dspark,
+                                                     tmp_path):
+    from mtplib.model.dspark.spec import dspark_config_for
+    from mtplib.ownership.dspark import crossing_table, derive_dspark_from_paths, tail_features
+    from mtplib.ownership.plan import even_plan
+
     fpair, owns, secs = flash
+    dpair, dpath = dspark
+    dsp = derive_dspark_from_paths(str(dpath), str(dpair.trunk), "0-1,2-3")
     inv = inventory_from_paths(pair.trunk, pair.sidecar)
     own = derive(inv, "0-1,2-3", CacheParams(n_ctx=4096))
     finv = next(iter(owns.values())).inventory
@@ -141,12 +160,17 @@ def test_builders_write_what_the_dgr065_readme_reads(pair, combined, flash, tmp_
         fixture=own, combined=combined, ctx=4096, reads={"pair": _reads(own),
                                                          "combined": _reads(own)},
         flash=owns, flash_files=fpair.summary(), flash_ctx=131072, flash_shards=[2, 4],
-        seconds=secs, limit_s=5, table_check=tc, plans=plans)
+        seconds=secs, limit_s=5, table_check=tc, plans=plans, dspark=dsp,
+        dspark_check=_dspark_check())
     variants = [CacheParams(n_ctx=4096), CacheParams(n_ctx=1024, type_k="f32")]
+    fcfg = dspark_config_for(finv.config)
     st_rec = RM.state_record(
         checks=[_caches(p) for p in variants], variants=variants, flash=owns, seconds=secs,
         limit_s=5, flash_shards=[2, 4], flash_ctxs=[8192, 131072],
-        golden=golden_check(), policies=policy_check())
+        golden=golden_check(), policies=policy_check(),
+        dspark=RM.dspark_state(checks=[_dspark_caches(p) for p in variants],
+                               variants=variants, crossings=crossing_table(fcfg),
+                               feature_plans=tail_features(fcfg, [even_plan(43, 2)])))
     RM.write_ownership(tmp_path, own_rec)
     RM.write_state(tmp_path, st_rec)
     # the same layout as the committed files, and JSON round trip
@@ -156,6 +180,8 @@ def test_builders_write_what_the_dgr065_readme_reads(pair, combined, flash, tmp_
         assert set(own_rec) == set(RM.read_ownership(DGR065))
         assert set(own_rec["fixture"]) == set(RM.read_ownership(DGR065)["fixture"])
         assert set(st_rec) == set(RM.read_state(DGR065))
+        assert set(own_rec["dspark"]) == set(RM.read_ownership(DGR065)["dspark"])
+        assert set(st_rec["dspark"]) == set(RM.read_state(DGR065)["dspark"])
     assert own_rec["mtp_block_bytes"] == owns[(2, 131072, True)].mtp_block_bytes > 0
     assert sorted(own_rec["flash_shards"]) == ["2", "4"]
     assert st_rec["seam_bytes_per_token"]["n_seams"] == 3  # 4 shards
@@ -165,5 +191,6 @@ def test_builders_write_what_the_dgr065_readme_reads(pair, combined, flash, tmp_
         {"run_dir": str(tmp_path), "command": "test", "models": {}}))
     raw = {"run_record": json.loads((tmp_path / "run_record.json").read_text()),
            "ownership": RM.read_ownership(tmp_path), "state": RM.read_state(tmp_path)}
-    text = dgr065.render(tmp_path, raw, Links(tmp_path, tmp_path / "README.md"))
+    text = ownership_report.render(tmp_path, raw, Links(tmp_path, tmp_path / "README.md"))
     assert "2/4 shards" in text and numbers_trace(text, raw) == []
+    assert "## DSpark beside MTP" in text and "| inject | 1 | 1 | none | none | yes |" in text

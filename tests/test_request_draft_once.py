@@ -19,7 +19,7 @@ from mtplib.contract.types import (
     checked_draft,
     draft_with,
 )
-from mtplib.runtime.speculative import EngineOptions
+from mtplib.runtime.engine_options import EngineOptions
 
 
 @pytest.fixture

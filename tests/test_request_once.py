@@ -12,8 +12,9 @@ import mtplib.runtime.model as model
 import mtplib.runtime.routing as routing
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.lab.correctness import seeded_prompt
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import MTPRuntime
 
 PROMPT = seeded_prompt(7, 10)
 SETTINGS = DecodeSettings(n_ctx=256, n_threads=1)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from mtplib.contract.labels import TIME_PARTS
-from mtplib.lab import bench as B
-from mtplib.lab import bench_config as BC
-from mtplib.lab import bench_rows as BR
-from mtplib.lab import bench_summary as BS
+from mtplib.lab.bench import config as BC
+from mtplib.lab.bench import measure as B
+from mtplib.lab.bench import runs as BR
+from mtplib.lab.bench import summary as BS
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.speculative import MTPRuntime
@@ -82,33 +82,35 @@ WAN = sorted((BENCH.parents[2] / "wan").glob("wan*/*/wan.json"))
 
 @pytest.mark.parametrize("path", WAN, ids=lambda p: "/".join(p.parts[-3:-1]))
 def test_committed_wan_rows_round_trip_and_recompute(path):
-    from mtplib.lab import wan as W
+    from mtplib.lab.wan.runs import WanRun
+    from mtplib.lab.wan.summary import bytes_by_class, summarize
 
     d = json.loads(path.read_text())
-    typed = [W.WanRun.from_dict(r) for r in d["rows"]]
+    typed = [WanRun.from_dict(r) for r in d["rows"]]
     assert [t.to_dict() for t in typed] == d["rows"]
-    assert W.summarize(typed) == W.summarize(d["rows"]) == d["summary"]
-    assert W.bytes_by_class(d["rows"]) == d["bytes_by_class"]
+    assert summarize(typed) == summarize(d["rows"]) == d["summary"]
+    assert bytes_by_class(d["rows"]) == d["bytes_by_class"]
 
 
 def test_the_oldest_wan_rows_still_read():
     """Rows written before runs recorded their mode and build read as warm, build unknown."""
-    from mtplib.lab import wan as W
+    from mtplib.lab.wan.runs import WanRun
+    from mtplib.lab.wan.summary import summarize
 
     old = BENCH.parents[2] / "upstream-patches" / "wan" / "stock" / "wan.json"
     rows = json.loads(old.read_text())["rows"]
     assert "mode" not in rows[0]
-    typed = [W.WanRun.from_dict(r) for r in rows]
+    typed = [WanRun.from_dict(r) for r in rows]
     assert {t.mode for t in typed} == {"warm"} and {t.build for t in typed} == {None}
-    assert len(W.summarize(rows)) > 0
+    assert len(summarize(rows)) > 0
 
 
 def test_a_wan_row_missing_a_field_is_named():
     from mtplib.errors import InputError
-    from mtplib.lab import wan as W
+    from mtplib.lab.wan.runs import WanRun
 
     with pytest.raises(InputError, match="lacks .*decode_tok_s"):
-        W.WanRun.from_dict({"plan": "0-1,2-3", "k": 0})
+        WanRun.from_dict({"plan": "0-1,2-3", "k": 0})
 
 
 #: the keys `mtplib generate --plan ... --json` printed before its metrics were typed
@@ -127,7 +129,7 @@ RANGED_KEYS = {
 def test_a_ranged_generation_is_typed_with_the_keys_it_always_had(pair, k):
     from mtplib.distributed.ranged_mtp import RangedMTP
     from mtplib.distributed.results import RangedMetrics
-    from mtplib.runtime.speculative import EngineOptions
+    from mtplib.runtime.engine_options import EngineOptions
 
     with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
                    opts=EngineOptions(k=k)) as r:

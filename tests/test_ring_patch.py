@@ -44,6 +44,7 @@ from mtplib.distributed.relay import WanLink
 from mtplib.distributed.shard_report import ProbedShard
 from mtplib.errors import InputError
 from mtplib.model.trained import trained_paths
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.rpc import (
     RPC_ALLOC_BUFFER,
     RPC_BUFFER_GET_BASE,
@@ -60,7 +61,7 @@ from mtplib.runtime.rpc import (
     seam_links,
 )
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import MTPRuntime
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = sorted((REPO / "patches").glob("*.patch"))
@@ -74,9 +75,9 @@ N_NEW = 12
 
 # -- the patch itself -----------------------------------------------------------------------
 def _sdist() -> Path | None:
-    from mtplib.lab.upstream_tools import SDIST_CANDIDATES
+    from mtplib.lab.upstream_tools import sdist_candidates
 
-    return next((p for p in SDIST_CANDIDATES if p.is_file()), None)
+    return next((p for p in sdist_candidates() if p.is_file()), None)
 
 
 def test_ring_patch_applies_and_reverses_after_the_set(tmp_path):
@@ -766,7 +767,7 @@ def test_a_generation_whose_peer_drops_syns_runs_that_pair_on_the_star(monkeypat
     opts = EngineOptions(k=0, settings=DecodeSettings(n_ctx=256, n_threads=1))
     env = dict(os.environ, MTPLIB_UPSTREAM="patched",
                GGML_RPC_PEER_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT_S))
-    real_spawn = client_mod._spawn
+    real_spawn = client_mod.spawn_child
     real_start = client_mod.RangedRuntime._start_worker
     with _blackhole() as hole, _VerboseShards(2, env=env, cwd=REPO, start_timeout_s=60) as sh:
 
@@ -776,11 +777,11 @@ def test_a_generation_whose_peer_drops_syns_runs_that_pair_on_the_star(monkeypat
                                  GGML_RPC_PEER_ENDPOINTS=f"{rt.client_endpoints[1]}={hole}")
                 return real_spawn(argv, **kw)
 
-            monkeypatch.setattr(client_mod, "_spawn", spawn)
+            monkeypatch.setattr(client_mod, "spawn_child", spawn)
             try:
                 real_start(rt)
             finally:
-                monkeypatch.setattr(client_mod, "_spawn", real_spawn)
+                monkeypatch.setattr(client_mod, "spawn_child", real_spawn)
 
         out = {}
         for seam in ("star", "ring"):

@@ -13,7 +13,8 @@ import pytest
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.correctness import seeded_prompt
 from mtplib.runtime.drafters import OracleDrafter
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.engine_options import EngineOptions
+from mtplib.runtime.speculative import MTPRuntime
 
 PROMPT = seeded_prompt(3, 8)
 N_NEW = 12

@@ -18,19 +18,21 @@ import pytest
 import mtplib.commands.serve as serve
 import mtplib.distributed.client  # noqa: F401 - imported before the counters wrap names
 import mtplib.distributed.ranged_mtp as ranged_mtp
-import mtplib.lab.bench as bench
-import mtplib.lab.wan as wan
 from mtplib.cli import build_parser, main
 from mtplib.contract.capabilities import RouteRefused
 from mtplib.contract.types import NO_DRAFT, DraftLength
 from mtplib.errors import InputError
+from mtplib.lab.bench import measure as bench
 from mtplib.lab.correctness import seeded_prompt
+from mtplib.lab.wan import config as wan_config
+from mtplib.lab.wan import measure as wan_measure
 from mtplib.ownership.plan import PlanError, ShardPlan
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.links import WanLink
 from mtplib.runtime.request import DraftRefused, RunRequest, build_request
 from mtplib.runtime.routing import POLICY_ENV
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions, MTPRuntime
+from mtplib.runtime.speculative import MTPRuntime
 
 PROMPT = seeded_prompt(7, 10)
 SETTINGS = DecodeSettings(n_ctx=256, n_threads=1)
@@ -175,13 +177,13 @@ def test_a_generation_under_a_refusing_policy_is_refused_by_the_stored_verdict(p
 def test_a_wan_run_builds_one_request_per_loaded_backend(pair, counts):
     """A warm WAN run: one RangedMTP (one request) for the plan, every cell and prompt on
     it; each draft length's options are checked once for the run, not per generation."""
-    cfg = wan.WanConfig(rtts_ms=[0, 1], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
-                        placements=["client"], n_prompts=2, prompt_len=6, n_new=3,
-                        fit_rtts_ms=[0], n_ctx=64)
-    cfg = wan.with_upstream(cfg)  # as `main` does: the config is checked before the run
+    cfg = wan_config.WanConfig(rtts_ms=[0, 1], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
+                               placements=["client"], n_prompts=2, prompt_len=6, n_new=3,
+                               fit_rtts_ms=[0], n_ctx=64)
+    cfg = wan_config.with_upstream(cfg)  # as `main` does: the config is checked before the run
     prompts = [seeded_prompt(i, 6) for i in range(2)]
     counts.reset()
-    res = wan.run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts)
+    res = wan_measure.run_wan(str(pair.trunk), str(pair.sidecar), cfg, prompts)
     assert len(res["rows"]) == 2 * 2 * 2  # cells (RTT x k) x prompts
     assert counts["policy_gate"] == 1 and counts["parse_plan"] == 1
     assert counts["check_endpoints"] == 1
@@ -190,7 +192,7 @@ def test_a_wan_run_builds_one_request_per_loaded_backend(pair, counts):
 
 
 def test_a_bench_run_asks_the_policy_once_per_backend(pair, counts, monkeypatch):
-    from mtplib.lab import bench_config as BC
+    from mtplib.lab.bench import config as BC
 
     built = {"n": 0}
     for cls in (MTPRuntime, ranged_mtp.RangedMTP):

@@ -157,12 +157,13 @@ def test_process_still_alive_after_bad_calls(trunk):
 def test_plain_decoding_is_the_engine_loop(pair, trunk, monkeypatch):
     """greedy() runs the engine's loop with k = 0 (plain decoding is written once): the same
     tokens as the old one-decode-per-token loop (spelled out here) and as MTPRuntime k=0."""
-    import mtplib.runtime.speculative as S
+    from mtplib.runtime import generation
     from mtplib.runtime.generate import prefill
+    from mtplib.runtime.speculative import MTPRuntime
 
     calls = []
-    real = S.run_generation
-    monkeypatch.setattr(S, "run_generation",
+    real = generation.run_generation
+    monkeypatch.setattr(generation, "run_generation",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     cfg = ContextConfig(n_ctx=256, n_batch=16, n_ubatch=16, n_threads=1)
     for prompt, n in ((PROMPT, 12), (list(range(40)), 9)):
@@ -183,6 +184,6 @@ def test_plain_decoding_is_the_engine_loop(pair, trunk, monkeypatch):
         assert set(g.summary()) == {"n_prompt", "n_generated", "ttft_s", "decode_s",
                                     "decode_tok_s", "target_decodes"}
     assert calls == [1, 1]
-    with S.MTPRuntime(str(pair.trunk), None, k=0, n_ctx=256, n_threads=1) as rt, \
+    with MTPRuntime(str(pair.trunk), None, k=0, n_ctx=256, n_threads=1) as rt, \
             Context(trunk, cfg) as c:
         assert rt.generate(PROMPT, 12)[0] == greedy(c, PROMPT, 12).tokens

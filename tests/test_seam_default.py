@@ -22,13 +22,13 @@ from mtplib.distributed.processes import LocalShards
 from mtplib.distributed.ranged_mtp import RangedMTP, generate_ranged
 from mtplib.distributed.shard_report import ProbedShard
 from mtplib.errors import InputError
-from mtplib.lab.bench_config import BenchConfig
-from mtplib.lab.wan_cold import cli_generate
-from mtplib.lab.wan_config import WanConfig
+from mtplib.lab.bench.config import BenchConfig
+from mtplib.lab.wan.cold import cli_generate
+from mtplib.lab.wan.config import WanConfig
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
 from mtplib.runtime.rpc import client_proto_minor
 from mtplib.runtime.settings import DecodeSettings
-from mtplib.runtime.speculative import EngineOptions
 
 REPO = Path(__file__).resolve().parent.parent
 needs_ring = pytest.mark.skipif(

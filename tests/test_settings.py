@@ -81,8 +81,8 @@ def test_round_trip_and_unknown_keys():
 
 
 def test_engine_options_embed_the_settings_and_pickle():
+    from mtplib.runtime.engine_options import EngineOptions
     from mtplib.runtime.sampling import Sampler
-    from mtplib.runtime.speculative import EngineOptions
 
     o = EngineOptions(k=2, settings=DecodeSettings(n_ctx=256, hidden_rows="api"),
                       sampler=Sampler(0.8, 0.9, 3), trace=True)

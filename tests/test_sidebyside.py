@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from mtplib.lab import sidebyside as S
 from mtplib.lab import upstream_tools as U
+from mtplib.lab.sidebyside.cases import (
+    SideBySideConfig,
+    ab_order,
+    make_cases,
+    parse_rates,
+    rates_for_k,
+)
+from mtplib.lab.sidebyside.cost import cost_ratio_table
+from mtplib.lab.sidebyside.measure import EVIDENCE_DIR, evidence_dir, save
+from mtplib.lab.sidebyside.runs import SideRun, summarize, table
+from mtplib.lab.sidebyside.sweep import break_even
 from mtplib.model.arch import sidecar_tensors, trunk_tensors
 from mtplib.model.presets import V4_FLASH, V4_FLASH_RATIOS, get_preset
 from mtplib.runtime.drafters import SyntheticDrafter
@@ -138,7 +148,7 @@ def test_upstream_flags_and_sidecar_as_draft_model():
 
 
 def test_ab_order_interleaves_and_warms_up_first():
-    order = S.ab_order(5, warmup=1)
+    order = ab_order(5, warmup=1)
     assert order[:2] == [(None, "upstream"), (None, "mtplib")]
     measured = order[2:]
     assert Counter(e for _, e in measured) == {"upstream": 5, "mtplib": 5}
@@ -147,17 +157,17 @@ def test_ab_order_interleaves_and_warms_up_first():
     for i in range(5):  # each repetition is one pair, back to back
         assert {measured[2 * i][0], measured[2 * i + 1][0]} == {i}
     with pytest.raises(ValueError):
-        S.ab_order(0)
+        ab_order(0)
 
 
 def test_cases_and_rates():
-    assert S.parse_rates("0.77, 0.37") == [0.77, 0.37]
+    assert parse_rates("0.77, 0.37") == [0.77, 0.37]
     for bad in ("1.5", "0.3,0.5", "x", ""):
         with pytest.raises(ValueError):
-            S.parse_rates(bad)
-    assert S.rates_for_k([0.77, 0.37], 1) == [0.77]
-    assert S.rates_for_k([0.77, 0.37], 3) == [0.77, 0.37, 0.37]
-    cases = S.make_cases([1, 2], [(0.0,), (0.77, 0.37)])
+            parse_rates(bad)
+    assert rates_for_k([0.77, 0.37], 1) == [0.77]
+    assert rates_for_k([0.77, 0.37], 3) == [0.77, 0.37, 0.37]
+    cases = make_cases([1, 2], [(0.0,), (0.77, 0.37)])
     assert [c.label for c in cases] == ["plain", "k=1 mtp", "k=1 synth 0", "k=1 synth 0.77",
                                         "k=2 mtp", "k=2 synth 0,0", "k=2 synth 0.77,0.37"]
     assert not cases[1].synthetic and cases[2].synthetic
@@ -229,15 +239,15 @@ def test_synthetic_proposals_and_accept_len():
 
 
 # -- summaries and tables ----------------------------------------------------------------
-def _rows() -> list[S.SideRun]:
+def _rows() -> list[SideRun]:
     rows = []
     for case, k, synth in (("plain", 0, False), ("k=2 synth 1,1", 2, True)):
-        for rep, engine in S.ab_order(3):
+        for rep, engine in ab_order(3):
             tps = (100.0 if engine == "upstream" else 90.0) + (rep or 0)
             own = ({"decode_ms": 20.0, "prompt_n": 3, "prompt_tok_s": 50.0, "argv": ["x"]}
                    if engine == "upstream" else {"time_s": {"decode": 0.1},
                                                  "hidden_rows": "all"})
-            rows.append(S.SideRun(
+            rows.append(SideRun(
                 case=case, k=k, rates=[1.0, 1.0] if synth else None, synthetic=synth,
                 engine=engine, rep=rep, warmup=rep is None,
                 decode_tok_s=tps if rep is not None else 1.0, n_generated=3,
@@ -249,25 +259,25 @@ def _rows() -> list[S.SideRun]:
 
 
 def test_summarize_ratio_excludes_warmup(tmp_path):
-    s = S.summarize(_rows())
-    assert S.summarize([r.to_dict() for r in _rows()]) == s  # rows read back from a file
+    s = summarize(_rows())
+    assert summarize([r.to_dict() for r in _rows()]) == s  # rows read back from a file
     assert [r["case"] for r in s] == ["plain", "k=2 synth 1,1"]
     assert s[0]["upstream_tok_s"] == 101.0 and s[0]["mtplib_tok_s"] == 91.0
     assert s[0]["ratio"] == pytest.approx(91 / 101) and s[0]["runs"] == 3
     assert s[0]["tokens_equal"] is True and s[1]["mtplib_acceptance"] == 1.0
     assert s[0]["loadavg_1m_min_max"] == [2.0, 2.5]
-    p = S.save({"summary": s, "rows": [r.to_dict() for r in _rows()]}, tmp_path / "r.json")
-    df = S.table(p)
+    p = save({"summary": s, "rows": [r.to_dict() for r in _rows()]}, tmp_path / "r.json")
+    df = table(p)
     assert list(df["case"]) == ["plain", "k=2 synth 1,1"] and "ratio" in df
 
 
 def test_break_even_interpolates():
     summ = [{"k": 1, "rate": r, "speedup": sp} for r, sp in
             ((0.0, 0.8), (0.5, 0.9), (1.0, 1.3))]
-    be = S.break_even(summ)[0]
+    be = break_even(summ)[0]
     assert be["break_even_rate"] == pytest.approx(0.5 + 0.1 / 0.4 * 0.5)
     assert be["max_speedup"] == 1.3
-    never = S.break_even([{"k": 2, "rate": r, "speedup": 0.5} for r in (0.0, 1.0)])[0]
+    never = break_even([{"k": 2, "rate": r, "speedup": 0.5} for r in (0.0, 1.0)])[0]
     assert never["break_even_rate"] is None and "not reached" in never["note"]
 
 
@@ -299,16 +309,16 @@ def test_v4_ratio_cpu_measured_ratio_recorded():
 # -- the committed results, as notebook 04 shows them ---------------------------------------
 def test_evidence_dir_resolves_from_repo_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a notebook's working directory is not the repo root
-    assert S.evidence_dir("evidence/side-by-side") == S.EVIDENCE_DIR
-    assert S.evidence_dir(tmp_path) == tmp_path
-    assert (S.EVIDENCE_DIR / "README.md").is_file()
+    assert evidence_dir("evidence/side-by-side") == EVIDENCE_DIR
+    assert evidence_dir(tmp_path) == tmp_path
+    assert (EVIDENCE_DIR / "README.md").is_file()
 
 
 def test_cost_ratio_table_matches_the_preset_record():
     from mtplib.model.presets import V4_RATIO_CPU_MEASURED as m
 
-    t = S.cost_ratio_table([S.EVIDENCE_DIR / "cost-ratio-v4-ratio-cpu-t2.json",
-                            S.EVIDENCE_DIR / "cost-ratio-tiny-t2.json"])
+    t = cost_ratio_table([EVIDENCE_DIR / "cost-ratio-v4-ratio-cpu-t2.json",
+                          EVIDENCE_DIR / "cost-ratio-tiny-t2.json"])
     ratio = t.set_index("file")["ratio_mtp_over_trunk"]
     assert ratio["cost-ratio-v4-ratio-cpu-t2.json"] == pytest.approx(
         m["ratio_mtp_over_trunk"], abs=1e-4)
@@ -317,16 +327,16 @@ def test_cost_ratio_table_matches_the_preset_record():
 
 
 def test_committed_side_by_side_tables_load():
-    files = sorted(S.EVIDENCE_DIR.glob("sbs-*.json"))
+    files = sorted(EVIDENCE_DIR.glob("sbs-*.json"))
     assert files
     for p in files:
-        t = S.table(p)
+        t = table(p)
         assert "plain" in set(t["case"])
         assert t["ratio"].notna().all()
 
 
 def test_swa_full_is_the_same_on_both_sides():
-    cfg = S.SideBySideConfig()
+    cfg = SideBySideConfig()
     assert cfg.settings.swa_full is False and cfg.to_dict()["swa_full"] is False  # server's
     assert U.ServerConfig(model="m.gguf").settings.swa_full is False
     off = U.ServerConfig(model="m.gguf").argv(Path("llama-server"), 1)
@@ -340,14 +350,14 @@ def test_config_records_the_committed_keys_and_one_settings_reach_both_sides():
     one DecodeSettings is what llama-server's argv is built from."""
     import json
 
-    committed = json.loads((S.EVIDENCE_DIR / "sbs-v4-ratio-cpu-t2-run4-swaoff.json")
+    committed = json.loads((EVIDENCE_DIR / "sbs-v4-ratio-cpu-t2-run4-swaoff.json")
                            .read_text())["config"]
-    cfg = S.SideBySideConfig(ks=(1, 2, 3), runs=7)
+    cfg = SideBySideConfig(ks=(1, 2, 3), runs=7)
     assert cfg.to_dict() == committed
     assert list(cfg.to_dict()) == list(committed)
     s = DecodeSettings(n_ctx=512, n_batch=64, n_ubatch=32, n_threads=3, kv_type="q8_0",
                        flash_attn="on", swa_full=True)
-    d = S.SideBySideConfig(settings=s).to_dict()
+    d = SideBySideConfig(settings=s).to_dict()
     assert (d["threads"], d["n_ctx"], d["n_batch"], d["n_ubatch"], d["kv_type"],
             d["flash_attn"], d["swa_full"]) == (3, 512, 64, 32, "q8_0", "on", True)
     argv = U.ServerConfig(model="m.gguf", settings=s).argv(Path("llama-server"), 1)

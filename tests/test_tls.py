@@ -338,7 +338,7 @@ def test_generate_connects_to_running_tls_shards(pair, pki):
 
 
 def test_a_lanes_bench_tls_is_checked_before_anything_runs(tmp_path, pki):
-    from mtplib.lab.bench_config import BenchConfig, BenchConfigError
+    from mtplib.lab.bench.config import BenchConfig, BenchConfigError
 
     cfg = BenchConfig.from_dict({"plans": ["0-1,2-3"], "tls": str(pki.dir)}, threads=1)
     assert cfg.tls_config().dir == pki.dir

@@ -12,7 +12,16 @@ import pytest
 
 from mtplib.distributed.relay import WanLink
 from mtplib.errors import InputError
-from mtplib.lab import wan as W
+from mtplib.lab.wan import measure as wan_measure
+from mtplib.lab.wan.cells import cell_of, cells
+from mtplib.lab.wan.cold import cli_generate
+from mtplib.lab.wan.config import WanConfig, with_upstream
+from mtplib.lab.wan.files import PARTIAL_JSON, WAN_JSON, finish, save
+from mtplib.lab.wan.inputs import links_for, trained_prompts, wan_arg
+from mtplib.lab.wan.measure import run_wan
+from mtplib.lab.wan.resume import RunProgress
+from mtplib.lab.wan.runs import WanRun
+from mtplib.lab.wan.summary import bytes_by_class, fit_cost_model, has_bandwidth, summarize, targets
 from mtplib.model.trained import trained_paths
 
 PAIR = trained_paths()
@@ -29,30 +38,30 @@ def test_config_validation():
                      ({"cold_shards": "moon"}, "cold_shards"),
                      ({"seam": "mesh"}, "^wan: seam must be one of auto, star, ring")]:
         with pytest.raises(InputError, match=msg):
-            W.WanConfig.from_dict(bad)
-    assert W.WanConfig.from_dict({"mbits": [20, 100, None]}).mbits == [20, 100, None]
+            WanConfig.from_dict(bad)
+    assert WanConfig.from_dict({"mbits": [20, 100, None]}).mbits == [20, 100, None]
 
 
 def test_links_per_topology():
-    assert W.links_for("remote", 3, 50) == [WanLink(50)] * 3
-    assert W.links_for("tail_local", 3, 50) == [WanLink(50), WanLink(50), WanLink()]
+    assert links_for("remote", 3, 50) == [WanLink(50)] * 3
+    assert links_for("tail_local", 3, 50) == [WanLink(50), WanLink(50), WanLink()]
     # a bandwidth caps every WAN link, never the co-located tail's loopback
-    assert W.links_for("tail_local", 2, 100, 20) == [WanLink(100, 20), WanLink()]
-    assert W.wan_arg("remote", 2, 100, 20) == "100:20,100:20"
-    assert W.wan_arg("tail_local", 2, 100) == "100,0"  # the value it always had
+    assert links_for("tail_local", 2, 100, 20) == [WanLink(100, 20), WanLink()]
+    assert wan_arg("remote", 2, 100, 20) == "100:20,100:20"
+    assert wan_arg("tail_local", 2, 100) == "100,0"  # the value it always had
 
 
 def test_cli_generate_with_endpoints_gives_them_and_nothing_else():
-    cmd = W.cli_generate("t.gguf", "m.gguf", plan="0-1,2-3", k=2, tokens=[1, 2], n_new=4,
+    cmd = cli_generate("t.gguf", "m.gguf", plan="0-1,2-3", k=2, tokens=[1, 2], n_new=4,
                          wan="100:20,100:20", endpoints=["127.0.0.1:5", "127.0.0.1:6"])
     assert cmd[cmd.index("--endpoints") + 1] == "127.0.0.1:5,127.0.0.1:6"
     assert cmd[cmd.index("--wan") + 1] == "100:20,100:20"
     assert "--threads" not in cmd and "--shard-threads" not in cmd  # the CLI's defaults
-    assert "--endpoints" not in W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1],
+    assert "--endpoints" not in cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1],
                                                n_new=4, wan="0")
     assert "--seam" not in cmd  # the CLI's default (auto) is left to it
     for seam in ("ring", "star"):
-        given = W.cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1], n_new=4, wan="0",
+        given = cli_generate("t", None, plan="0-1,2-3", k=0, tokens=[1], n_new=4, wan="0",
                                seam=seam)
         assert given[given.index("--seam") + 1] == seam
 
@@ -60,7 +69,7 @@ def test_cli_generate_with_endpoints_gives_them_and_nothing_else():
 def test_seam_run_names_the_command_and_the_error_when_the_cli_fails(monkeypatch):
     """A failed CLI generation (ring_tokens.py, ring_rtt.py) is an InputError naming the
     command, the seam and the CLI's own message, not a KeyError on missing metrics."""
-    from mtplib.lab import wan_cold
+    from mtplib.lab.wan import cold as wan_cold
 
     seen = []
 
@@ -95,16 +104,16 @@ def test_summary_cost_model_and_targets():
     for rtt in (0, 10, 25, 50, 100):
         rows.append(_row(0, rtt, 1 / (0.01 + rtt / 1000 * 3), 1.0, 3.0))
         rows.append(_row(2, rtt, 1 / (0.01 + rtt / 1000 * 3 / 1.8), 1.8, 3.0))
-    s = W.summarize(rows)
+    s = summarize(rows)
     on = {r["rtt_ms"]: r for r in s if r["k"] == 2}
     assert on[100]["speedup"] == pytest.approx((0.01 + 0.3) / (0.01 + 0.3 / 1.8))
     assert on[100]["identical_to_off"] is True
-    fit = W.fit_cost_model(s, [0, 10, 25, 50])
+    fit = fit_cost_model(s, [0, 10, 25, 50])
     assert {f["rtt_ms"] for f in fit} == {100}
     assert all(f["rel_error"] < 1e-9 for f in fit)
     off_fit = next(f for f in fit if f["k"] == 0)
     assert off_fit["fitted_waits_per_token"] == pytest.approx(3.0)
-    t = W.targets(s)
+    t = targets(s)
     assert len(t) == 1 and t[0]["goal"] == 0.70 and t[0]["met"] is True
     assert t[0]["extra_waits_per_verify"] == 0.0
 
@@ -119,19 +128,19 @@ def test_summary_cost_model_and_targets_per_bandwidth():
                              mbit=mbit))
             rows.append(_row(2, rtt, 1 / (0.01 + extra / 1.8 + rtt / 1000 * 3 / 1.8), 1.8,
                              3.0, mbit=mbit))
-    s = W.summarize(rows)
+    s = summarize(rows)
     assert [list(r)[5:7] for r in s[:1]] == [["rtt_ms", "mbit"]]
     assert [r["mbit"] for r in s if r["k"] == 2 and r["rtt_ms"] == 100] == [20, None]
     on = {r["mbit"]: r for r in s if r["k"] == 2 and r["rtt_ms"] == 100}
     assert on[20]["speedup"] == pytest.approx((0.06 + 0.3) / (0.01 + 0.05 / 1.8 + 0.3 / 1.8))
     assert on[None]["speedup"] == pytest.approx((0.01 + 0.3) / (0.01 + 0.3 / 1.8))
-    fit = W.fit_cost_model(s, [0, 10, 25, 50])
+    fit = fit_cost_model(s, [0, 10, 25, 50])
     assert sorted((f["mbit"] or 0, f["k"]) for f in fit) == [(0, 0), (0, 2), (20, 0), (20, 2)]
     assert all(f["rel_error"] < 1e-9 for f in fit)
-    t = W.targets(s)
+    t = targets(s)
     assert [x["mbit"] for x in t] == [20, None] and all(x["met"] for x in t)
     # rows older than the field: no bandwidth column anywhere
-    old = W.summarize([{k: v for k, v in r.items() if k != "mbit"} for r in rows
+    old = summarize([{k: v for k, v in r.items() if k != "mbit"} for r in rows
                        if r["mbit"] is None])
     assert all("mbit" not in r for r in old)
     assert [{k: v for k, v in r.items() if k != "mbit"} for r in s if r["mbit"] is None] == old
@@ -148,24 +157,24 @@ def test_committed_rows_summarize_to_the_committed_summary(path):
     """Rows without ``mbit`` summarize, fit and target to exactly what the files hold (no
     bandwidth column appears in an old results file)."""
     d = json.loads(path.read_text())
-    s = W.summarize(d["rows"])
+    s = summarize(d["rows"])
     assert s == d["summary"]
-    if not W.has_bandwidth(d["rows"]):  # a file from before the bandwidth axis
+    if not has_bandwidth(d["rows"]):  # a file from before the bandwidth axis
         assert not any("mbit" in r for r in s)
-    assert W.bytes_by_class(d["rows"]) == d["bytes_by_class"]
-    assert W.targets(s) == d["targets"]
-    assert W.fit_cost_model(s, d["config"]["fit_rtts_ms"]) == d["cost_model"]
+    assert bytes_by_class(d["rows"]) == d["bytes_by_class"]
+    assert targets(s) == d["targets"]
+    assert fit_cost_model(s, d["config"]["fit_rtts_ms"]) == d["cost_model"]
 
 
 def test_cells_cross_rtts_bandwidths_and_ks_in_both_modes():
-    cfg = W.WanConfig(modes=["warm", "cold"], rtts_ms=[0, 100], cold_rtts_ms=[100],
+    cfg = WanConfig(modes=["warm", "cold"], rtts_ms=[0, 100], cold_rtts_ms=[100],
                       mbits=[20, None], ks=[0, 2], cold_ks=[0, 2], plans=["0-1,2-3"],
                       topologies=["remote"], placements=["client", "tail"], upstream="patched")
-    c = W.cells(cfg)
+    c = cells(cfg)
     assert len(c) == len(set(c)) == 2 * 2 * (1 + 2) + 2 * 2
     assert ("warm", "0-1,2-3", "remote", "-", 100.0, 20.0, 0) in c
     assert ("cold", "0-1,2-3", "remote", "*", 100.0, None, 2) in c
-    stock = W.cells(replace(cfg, upstream="stock"))  # the CLI refuses MTP there by default
+    stock = cells(replace(cfg, upstream="stock"))  # the CLI refuses MTP there by default
     assert not any(x[0] == "cold" and x[6] for x in stock)
 
 
@@ -191,7 +200,7 @@ class _FakeRanged:
 
 
 def _fake_row(m, toks, **kw):
-    return W.WanRun(**kw, build="patched", patches=["p"], setup_s=None,
+    return WanRun(**kw, build="patched", patches=["p"], setup_s=None,
                     decode_tok_s=10.0 + m.t, ttft_s=None, n_generated=len(toks), drafted=0,
                     accepted=0, steps=1, tokens_per_step=1.0, hidden_rows=None,
                     waits_per_step={}, steps_by_label={}, wire_bytes_by_class={},
@@ -210,9 +219,9 @@ def test_a_stopped_run_resumes_keeping_its_finished_cells(tmp_path, monkeypatch)
     import mtplib.distributed.ranged_mtp as R
 
     monkeypatch.setattr(R, "RangedMTP", _FakeRanged)
-    monkeypatch.setattr(W, "_row", _fake_row)
+    monkeypatch.setattr(wan_measure, "run_row", _fake_row)
     _FakeRanged.calls = []
-    cfg = W.WanConfig(rtts_ms=[0], mbits=[None, 20], ks=[0, 2], plans=["0-1,2-3"],
+    cfg = WanConfig(rtts_ms=[0], mbits=[None, 20], ks=[0, 2], plans=["0-1,2-3"],
                       topologies=["remote"], placements=["client"], n_prompts=2,
                       prompt_len=8, n_new=4, fit_rtts_ms=[0])
     prompts = [[1, 2], [3, 4]]
@@ -220,52 +229,52 @@ def test_a_stopped_run_resumes_keeping_its_finished_cells(tmp_path, monkeypatch)
 
     def stop_after_first_cell(done, total):
         if done == 2:  # both prompts of the first cell: its checkpoint is written next
-            monkeypatch.setattr(W._Progress, "tick", _raise)
+            monkeypatch.setattr(RunProgress, "tick", _raise)
 
     def _raise(self):
         raise _Stop
 
     with pytest.raises(_Stop):
-        W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up,
+        run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up,
                   progress=stop_after_first_cell)
     monkeypatch.undo()
     monkeypatch.setattr(R, "RangedMTP", _FakeRanged)
-    monkeypatch.setattr(W, "_row", _fake_row)
-    part = json.loads((tmp_path / W.PARTIAL_JSON).read_text())
-    first = W.cells(W.with_upstream(cfg))[0]
-    assert {W.cell_of(r) for r in part["rows"]} == {first} and len(part["rows"]) == 2
+    monkeypatch.setattr(wan_measure, "run_row", _fake_row)
+    part = json.loads((tmp_path / PARTIAL_JSON).read_text())
+    first = cells(with_upstream(cfg))[0]
+    assert {cell_of(r) for r in part["rows"]} == {first} and len(part["rows"]) == 2
     assert len(_FakeRanged.calls) == 3  # the interrupted generation of the second cell
     _FakeRanged.calls = []
-    res = W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
+    res = run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
     assert len(_FakeRanged.calls) == 3 * 2  # the three cells left, 2 prompts each
     assert json.dumps(res["rows"][:2]) == json.dumps(part["rows"])  # kept byte for byte
-    assert len(res["rows"]) == 2 * 4 and {W.cell_of(r) for r in res["rows"]} == set(
-        W.cells(W.with_upstream(cfg)))
+    assert len(res["rows"]) == 2 * 4 and {cell_of(r) for r in res["rows"]} == set(
+        cells(with_upstream(cfg)))
     assert [s["cells_kept"] for s in res["sessions"]] == [0, 1]
-    W.finish(res, tmp_path)
-    assert not (tmp_path / W.PARTIAL_JSON).exists()
+    finish(res, tmp_path)
+    assert not (tmp_path / PARTIAL_JSON).exists()
     # a finished folder resumes too (nothing left to measure); a changed config is refused
     _FakeRanged.calls = []
-    again = W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
+    again = run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
     assert _FakeRanged.calls == [] and again["rows"] == res["rows"]
     for bad, msg in [({"n_new": 5}, "n_new: 4 there, 5 now"),
                      ({"seam": "ring"}, "seam: 'auto' there, 'ring' now"),
                      ({"rtts_ms": [25]}, "holds cells this config does not list")]:
         with pytest.raises(InputError, match=msg):
-            W.run_wan(str(PAIR.trunk), None, replace(cfg, **bad), prompts, out_dir=tmp_path,
+            run_wan(str(PAIR.trunk), None, replace(cfg, **bad), prompts, out_dir=tmp_path,
                       upstream=up)
     with pytest.raises(InputError, match="upstream patches"):
-        W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path,
+        run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path,
                   upstream={"build": "patched", "patches": ["p", "q"]})
     assert _FakeRanged.calls == []
     # a folder whose config names no seam predates the choice: it ran the star, so the
     # default (auto) does not resume into it and an asked star does
-    done = json.loads((tmp_path / W.WAN_JSON).read_text())
+    done = json.loads((tmp_path / WAN_JSON).read_text())
     del done["config"]["seam"]
-    (tmp_path / W.WAN_JSON).write_text(json.dumps(done))
+    (tmp_path / WAN_JSON).write_text(json.dumps(done))
     with pytest.raises(InputError, match="seam: 'star' there, 'auto' now"):
-        W.run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
-    star = W.run_wan(str(PAIR.trunk), None, replace(cfg, seam="star"), prompts,
+        run_wan(str(PAIR.trunk), None, cfg, prompts, out_dir=tmp_path, upstream=up)
+    star = run_wan(str(PAIR.trunk), None, replace(cfg, seam="star"), prompts,
                      out_dir=tmp_path, upstream=up)
     assert _FakeRanged.calls == [] and star["rows"] == res["rows"]
 
@@ -278,10 +287,10 @@ def test_a_real_stopped_run_resumes_without_measuring_its_first_cell_again(tmp_p
     cell's row byte for byte."""
     from mtplib.runtime.lib import upstream_info
 
-    cfg = W.WanConfig(rtts_ms=[0], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
+    cfg = WanConfig(rtts_ms=[0], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
                       placements=["client"], n_prompts=1, prompt_len=8, n_new=4,
                       fit_rtts_ms=[0])
-    prompts = W.trained_prompts(1, 8)
+    prompts = trained_prompts(1, 8)
     up = upstream_info()
 
     def stop(done, total):
@@ -289,17 +298,17 @@ def test_a_real_stopped_run_resumes_without_measuring_its_first_cell_again(tmp_p
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, out_dir=tmp_path,
+        run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, out_dir=tmp_path,
                   upstream=up, progress=stop)
-    part = json.loads((tmp_path / W.PARTIAL_JSON).read_text())
+    part = json.loads((tmp_path / PARTIAL_JSON).read_text())
     assert [r["k"] for r in part["rows"]] == [0]
     seen = []
-    res = W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, out_dir=tmp_path,
+    res = run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, out_dir=tmp_path,
                     upstream=up, progress=lambda d, t: seen.append((d, t)))
     assert seen == [(1, 1)]  # one generation: the k=2 cell's
     assert json.dumps(res["rows"][0]) == json.dumps(part["rows"][0])
     assert [r["k"] for r in res["rows"]] == [0, 2]
-    assert W.summarize(res["rows"])[1]["identical_to_off"] is True
+    assert summarize(res["rows"])[1]["identical_to_off"] is True
 
 
 @needs_pair
@@ -318,13 +327,13 @@ def test_cold_cells_on_external_shards_stop_them_also_on_ctrl_c(tmp_path, monkey
             made.append(self)
 
     monkeypatch.setattr(processes, "LocalShards", Recorded)
-    cfg = W.WanConfig(modes=["cold"], cold_rtts_ms=[0], mbits=[20], cold_ks=[0, 2],
+    cfg = WanConfig(modes=["cold"], cold_rtts_ms=[0], mbits=[20], cold_ks=[0, 2],
                       cold_shards="endpoints", plans=["0-1,2-3"], topologies=["remote"],
                       n_prompts=1, prompt_len=8, n_new=4, fit_rtts_ms=[0])
-    prompts = W.trained_prompts(1, 8)
-    res = W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts)
+    prompts = trained_prompts(1, 8)
+    res = run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts)
     assert len(made) == 1 and not any(made[0].alive())
-    ks = [0, 2] if W.with_upstream(cfg).upstream != "stock" else [0]
+    ks = [0, 2] if with_upstream(cfg).upstream != "stock" else [0]
     assert [(r["k"], r["shards"], r["mbit"]) for r in res["rows"]] == [(k, "endpoints", 20)
                                                                         for k in ks]
 
@@ -332,7 +341,7 @@ def test_cold_cells_on_external_shards_stop_them_also_on_ctrl_c(tmp_path, monkey
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, progress=stop)
+        run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, prompts, progress=stop)
     assert len(made) == 2 and not any(made[1].alive())
 
 
@@ -346,11 +355,11 @@ def test_short_wan_run_over_the_relays():
     the RTT shows up in the time per token."""
     from conftest import decode_waits
 
-    cfg = W.WanConfig(rtts_ms=[0, 40], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
+    cfg = WanConfig(rtts_ms=[0, 40], ks=[0, 2], plans=["0-1,2-3"], topologies=["remote"],
                       placements=["client"], n_prompts=1, prompt_len=32, n_new=10,
                       fit_rtts_ms=[0])
-    res = W.run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, W.trained_prompts(1, 32))
-    s = {(r["k"], r["rtt_ms"]): r for r in W.summarize(res["rows"])}
+    res = run_wan(str(PAIR.trunk), str(PAIR.sidecar), cfg, trained_prompts(1, 32))
+    s = {(r["k"], r["rtt_ms"]): r for r in summarize(res["rows"])}
     assert s[(2, 0)]["identical_to_off"] and s[(2, 40)]["identical_to_off"]
     waits = decode_waits(2)
     assert s[(0, 40)]["waits_per_plain"] == waits
@@ -380,11 +389,11 @@ def test_wan_readme_renders_from_saved_results_and_every_number_traces(tmp_path)
             r["wire_bytes_by_class"] = {"verify" if k else "decode": {
                 "seam": 8192, "outputs": 2048, "inputs": 3748, "constants": 65536, "cache": 0}}
             rows.append(r)
-    cfg = W.WanConfig(rtts_ms=[0, 10, 25, 50, 100], ks=[0, 2], plans=["0-1,2-3"],
+    cfg = WanConfig(rtts_ms=[0, 10, 25, 50, 100], ks=[0, 2], plans=["0-1,2-3"],
                       topologies=["remote"], placements=["client"], fit_rtts_ms=[0, 10, 25, 50])
     from dataclasses import asdict
 
-    W.save({"config": asdict(cfg), "rows": rows, "wall_s": 12.5,
+    save({"config": asdict(cfg), "rows": rows, "wall_s": 12.5,
             "upstream": {"build": "patched", "patches": ["patches/0001.patch"]}},
            tmp_path / "wan" / "patched")
     (tmp_path / "run_record.json").write_text(json.dumps({

@@ -1,17 +1,16 @@
-"""The windows-in-flight projection (evidence/upstream-patches/windows_projection.py): its
-chain formula on known inputs, and the committed JSON and note against the script."""
+"""The windows-in-flight projection (`mtplib.reports.upstream_patches.windows_projection`):
+its chain formula on known inputs, and the committed JSON and note against the module."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from mtplib.errors import InputError
+from mtplib.reports.upstream_patches import windows_projection
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "evidence" / "upstream-patches"
@@ -20,12 +19,7 @@ A3 = (0.73, 0.48, 0.31)
 
 @pytest.fixture(scope="module")
 def wp():
-    spec = importlib.util.spec_from_file_location("windows_projection",
-                                                  HERE / "windows_projection.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+    return windows_projection
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
@@ -91,9 +85,12 @@ def test_bad_input_is_one_clear_error(wp, bad):
         wp.depth_profile((0.3, 0.5))
 
 
-def test_committed_json_and_note_are_what_the_script_gives(wp):
+def test_committed_json_and_note_are_what_the_module_gives(wp, tmp_path):
     d = wp.project()
     assert json.loads((HERE / "windows_projection.json").read_text()) == d
     note = (HERE / "windows-in-flight.md").read_text()
     assert wp.render(d) in note
     assert "not built" in note.lower()
+    # and its command writes those bytes, wherever it runs from
+    assert wp.main(["--out", str(tmp_path)]) == 0
+    assert (tmp_path / wp.OUT_NAME).read_bytes() == (HERE / "windows_projection.json").read_bytes()

@@ -19,8 +19,8 @@ def run(a: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    from mtplib.lab import bench as B
-    from mtplib.lab import bench_summary as BS
+    from mtplib.lab.bench import measure as B
+    from mtplib.lab.bench import summary as BS
     from mtplib.records.lanes import (
         LaneError,
         check_lane_requirements,

@@ -33,8 +33,10 @@ def _ks(s: str) -> tuple[int, ...]:
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.lab import sidebyside as S
     from mtplib.lab import upstream_tools as U
+    from mtplib.lab.sidebyside.cases import SIDE_BY_SIDE_SETTINGS, SideBySideConfig, parse_rates
+    from mtplib.lab.sidebyside.cost import cost_ratio
+    from mtplib.lab.sidebyside.measure import run_side_by_side, save
     from mtplib.runtime.routing import require_mtp
 
     def log(s: str) -> None:
@@ -63,25 +65,25 @@ def run(a: argparse.Namespace) -> int:
                           "flags": U.check_flags(bindir / "llama-server")},
                          indent=None if a.json else 2))
         return 0
-    rate_sets = tuple(tuple(S.parse_rates(r)) for r in a.rates.split(";") if r.strip())
-    settings = replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx,
+    rate_sets = tuple(tuple(parse_rates(r)) for r in a.rates.split(";") if r.strip())
+    settings = replace(SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx,
                        swa_full=a.swa_full == "on")
-    cfg = S.SideBySideConfig(ks=a.k, rate_sets=rate_sets, real_mtp=not a.no_real_mtp,
-                             runs=a.runs, warmup=a.warmup, settings=settings,
-                             n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
+    cfg = SideBySideConfig(ks=a.k, rate_sets=rate_sets, real_mtp=not a.no_real_mtp,
+                           runs=a.runs, warmup=a.warmup, settings=settings,
+                           n_new=a.n, n_prompt=a.prompt_len, synth_seed=a.seed)
     out = Path(a.out) if a.out else None
     log_dir = (out.parent / (out.stem + "-logs")) if out else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
-    result = S.run_side_by_side(a.model, a.mtp, cfg, log=log, log_dir=log_dir,
-                                policy=a.policy)
+    result = run_side_by_side(a.model, a.mtp, cfg, log=log, log_dir=log_dir,
+                              policy=a.policy)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:
         log("cost ratio (MTP step / trunk step)")
-        result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
-                                            threads=a.threads, policy=a.policy)
+        result["cost_ratio"] = cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
+                                          threads=a.threads, policy=a.policy)
     if out:
-        S.save(result, out)
+        save(result, out)
         log(f"results: {out}")
     if a.json:
         print(json.dumps({"out": str(out) if out else None, "summary": result["summary"],
@@ -98,16 +100,18 @@ def run(a: argparse.Namespace) -> int:
 
 def _cost_ratio(a: argparse.Namespace, log) -> int:
     """mtplib only: one MTP step / one trunk step, one-token decode time medians."""
-    from mtplib.lab import sidebyside as S
+    from mtplib.lab.sidebyside.cost import cost_ratio
+    from mtplib.lab.sidebyside.machine import host_info
+    from mtplib.lab.sidebyside.measure import save
     if not a.model or not a.mtp:
         raise InputError("--cost-ratio-only needs --model and --mtp")
     log(f"cost ratio, {a.threads} thread(s), {a.cost_tokens} tokens")
-    r = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx,
-                     policy=a.policy)
+    r = cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens, threads=a.threads, n_ctx=a.ctx,
+                   policy=a.policy)
     result = {"kind": "cost-ratio", "argv": ["mtplib", *sys.argv[1:]], "trunk": a.model,
-              "sidecar": a.mtp, "cost_ratio": r, "host": S.host_info()}
+              "sidecar": a.mtp, "cost_ratio": r, "host": host_info()}
     if a.out:
-        S.save(result, a.out)
+        save(result, a.out)
     print(json.dumps({k: v for k, v in r.items() if k != "method"},
                      indent=None if a.json else 1, default=float))
     return 0
@@ -115,7 +119,11 @@ def _cost_ratio(a: argparse.Namespace, log) -> int:
 
 def _sweep(a: argparse.Namespace, log) -> int:
     """mtplib only: MTP off and k drafts at synthetic rates, speed-up and break-even."""
-    from mtplib.lab import sidebyside as S
+    from mtplib.lab.common.acceptance_sweep import SweepConfig
+    from mtplib.lab.sidebyside.cases import SIDE_BY_SIDE_SETTINGS, SideBySideConfig
+    from mtplib.lab.sidebyside.cost import cost_ratio
+    from mtplib.lab.sidebyside.measure import save
+    from mtplib.lab.sidebyside.sweep import acceptance_sweep
     if not a.model or not a.mtp:
         raise InputError("--sweep needs --model and --mtp")
     parts = comma_list(a.sweep, "--sweep", "rates in [0, 1], e.g. 0.8,0.5")
@@ -125,19 +133,19 @@ def _sweep(a: argparse.Namespace, log) -> int:
         raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}") from None
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
         raise InputError(f"--sweep takes rates in [0, 1], got {a.sweep!r}")
-    sw = S.SweepConfig(ks=list(a.k), rates=list(rates), reps=a.runs, warmup=a.warmup,
-                       synth_seed=a.seed)
-    cfg = S.SideBySideConfig(
-        settings=replace(S.SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx),
+    sw = SweepConfig(ks=list(a.k), rates=list(rates), reps=a.runs, warmup=a.warmup,
+                     synth_seed=a.seed)
+    cfg = SideBySideConfig(
+        settings=replace(SIDE_BY_SIDE_SETTINGS, n_threads=a.threads, n_ctx=a.ctx),
         n_new=a.n, n_prompt=a.prompt_len)
-    result = S.acceptance_sweep(a.model, a.mtp, sw, cfg, log=log, policy=a.policy)
+    result = acceptance_sweep(a.model, a.mtp, sw, cfg, log=log, policy=a.policy)
     result["argv"] = ["mtplib", *sys.argv[1:]]
     if a.cost_ratio:
         log("cost ratio (MTP step / trunk step)")
-        result["cost_ratio"] = S.cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
-                                            threads=a.threads, policy=a.policy)
+        result["cost_ratio"] = cost_ratio(a.model, a.mtp, n_tokens=a.cost_tokens,
+                                          threads=a.threads, policy=a.policy)
     if a.out:
-        S.save(result, a.out)
+        save(result, a.out)
         log(f"results: {a.out}")
     if a.json:
         print(json.dumps({"out": a.out, "summary": result["summary"],

@@ -10,7 +10,8 @@ from mtplib.commands.common import add_json_arg
 
 
 def run(a: argparse.Namespace) -> int:
-    from mtplib.records.evidence import copy_run, load_raw, numbers_trace
+    from mtplib.records.evidence import copy_run, load_raw
+    from mtplib.records.readme import numbers_trace
 
     tests = None
     if a.tests:  # before the copy: the results file is part of the run's raw metrics

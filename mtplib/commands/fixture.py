@@ -1,4 +1,5 @@
-"""`mtplib fixture`: write a tiny DeepSeek-V4 trunk and its mtp- sidecar."""
+"""`mtplib fixture`: write a tiny DeepSeek-V4 trunk and its mtp- sidecar (and, with
+--dspark, a DSpark draft of the trunk)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ def run(a: argparse.Namespace) -> int:
     from mtplib.model.fixture import write_fixture
 
     pair = write_fixture(a.out, seed=a.seed, preset=a.preset, force=a.force)
-    print(json.dumps(pair.summary(), indent=None if a.json else 2))
+    summary = pair.summary()
+    if a.dspark:
+        from mtplib.model.dspark.fixture import write_dspark_fixture
+        from mtplib.stamps import sha256_file
+
+        path = write_dspark_fixture(a.out, seed=a.seed, preset=a.preset, force=a.force)
+        summary["dspark"] = {"path": str(path), "sha256": sha256_file(path),
+                             "bytes": path.stat().st_size}
+    print(json.dumps(summary, indent=None if a.json else 2))
     return 0
 
 
@@ -27,6 +36,10 @@ def register(sub) -> None:
     f.add_argument("--seed", type=int, default=0, help="weights seed")
     f.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
                    help="configuration preset")
+    f.add_argument("--dspark", action="store_true",
+                   help="also write a random-weight DSpark draft of the trunk, "
+                   "dspark-<trunk name>.gguf (arch dflash, 3 stages, block size 5; "
+                   "`mtplib generate -m TRUNK -md DSPARK`)")
     f.add_argument("--force", action="store_true",
                    help="overwrite existing files with the same names but other contents")
     add_json_arg(f, "the summary on one line")

@@ -111,6 +111,7 @@ def _check_args(a: argparse.Namespace) -> None:
             raise InputError(f"--prompt is not valid UTF-8 text (undecodable byte at "
                              f"character {e.start}); pass UTF-8, or token ids with --tokens"
                              ) from None
+    a.grammar_spec = grammar_from_args(a)  # parsed now, before any model loads
     check_engine_args(a)
 
 
@@ -155,9 +156,13 @@ def check_engine_args(a: argparse.Namespace) -> None:
                        or getattr(a, "peer_wan", None)):
         raise InputError("--wan, --peer-wan, --mtp-placement, --allow-cache-crossing, --tls, "
                          "--insecure-plaintext and --seam need --plan (they describe shards)")
+    if getattr(a, "draft_p_min", None) is not None and a.mtp is None:
+        raise InputError("--draft-p-min needs -md/--mtp DSPARK (a DSpark draft's confidence "
+                         "head)")
     resolve_llama_args(a)
     resolve_ctx(a, DEFAULT_CTX, a.model, a.mtp)
     a.request = request_from_args(a)
+    check_spec_type(a)
     note_draft_min(a)
 
 
@@ -181,14 +186,16 @@ def request_from_args(a: argparse.Namespace):
     try:
         return build_request(
             a.model, sidecar=a.mtp, draft=a.draft, settings=settings(a),
-            sampler=Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed),
+            sampler=Sampler(temperature=a.temp, top_p=a.top_p, seed=a.seed,
+                            grammar=getattr(a, "grammar_spec", None)),
             trace=bool(getattr(a, "trace", False)), head=a.head,
             n_seq_max=int(getattr(a, "parallel", 1)),  # serve's slots
             plan=a.plan, endpoints=endpoints(a), wan=a.wan,
             mtp_placement=a.mtp_placement, shard_threads=a.shard_threads,
             tls=tls_from_args(a), insecure_plaintext=a.insecure_plaintext,
             allow_cache_crossing=a.allow_cache_crossing, seam=getattr(a, "seam", DEFAULT_SEAM),
-            peer_wan=getattr(a, "peer_wan", None), policy=a.policy, names=CLI_NAMES)
+            peer_wan=getattr(a, "peer_wan", None), policy=a.policy, names=CLI_NAMES,
+            p_min=getattr(a, "draft_p_min", None) or 0.0)
     except DraftRefused:  # --mtp is given: 0 is no choice here (leave --mtp out)
         raise InputError(f"--draft must be in {DRAFT_BOUNDS}, got {a.draft}") from None
 
@@ -210,14 +217,69 @@ def add_sampling_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
 
 
+#: generate's structured-output options (llama.cpp's spellings), by dest
+GRAMMAR_OPTIONS = {"grammar": "--grammar", "grammar_file": "--grammar-file",
+                   "json_schema": "--json-schema", "json_schema_file": "--json-schema-file"}
+
+
+def add_grammar_args(g: argparse.ArgumentParser) -> None:
+    """Structured output, as llama.cpp's common arguments spell it: the target's sampling
+    is constrained to a GBNF grammar or a JSON schema's language (MTP drafts the grammar
+    forbids end the draft; greedy output equals MTP off's under the same grammar)."""
+    h = g.add_argument_group("structured output (llama.cpp's options; one of them)")
+    h.add_argument("--grammar", metavar="GBNF", default=None,
+                   help="constrain the output to this GBNF grammar (root rule: root)")
+    h.add_argument("--grammar-file", metavar="FILE", default=None,
+                   help="read the GBNF grammar from FILE")
+    h.add_argument("-j", "--json-schema", metavar="SCHEMA", default=None,
+                   help='constrain the output to a JSON schema\'s language, e.g. '
+                   '\'{"type": "object"}\' for any JSON object (converted to GBNF by '
+                   "llama-cpp-python's port of upstream's json-schema-to-grammar)")
+    h.add_argument("-jf", "--json-schema-file", metavar="FILE", default=None,
+                   help="read the JSON schema from FILE")
+
+
+def grammar_from_args(a: argparse.Namespace):
+    """The `GrammarSpec` the structured-output options ask for (None: none), parsed by
+    upstream's grammar parser now: a bad grammar or schema is one line before any model
+    loads."""
+    from mtplib.runtime.grammar import check_grammar
+    from mtplib.runtime.structured import grammar_spec, read_text, schema_spec
+
+    given = [opt for dest, opt in GRAMMAR_OPTIONS.items()
+             if getattr(a, dest, None) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InputError(f"give one of {', '.join(GRAMMAR_OPTIONS.values())}, not "
+                         f"{' and '.join(given)}")
+    if a.grammar is not None:
+        spec = grammar_spec(a.grammar, what="--grammar")
+    elif a.grammar_file is not None:
+        spec = grammar_spec(read_text(a.grammar_file, "--grammar-file"),
+                            what="--grammar-file")
+    elif a.json_schema is not None:
+        spec = schema_spec(a.json_schema, what="--json-schema")
+    else:
+        spec = schema_spec(read_text(a.json_schema_file, "--json-schema-file"),
+                           what="--json-schema-file")
+    check_grammar(spec)
+    return spec
+
+
 def add_engine_args(g: argparse.ArgumentParser) -> None:
     """The model, context, MTP and ranged options (one definition for generate and serve);
     `check_engine_args` checks them and `open_backend` loads what they describe."""
     add_option(g, "--model", required=True, metavar="TRUNK", help="trunk GGUF")
     add_option(g, "--mtp", metavar="SIDECAR",
-               help="the trunk's mtp- sidecar GGUF: turns MTP on")
+               help="the drafter GGUF, recognised from the file: the trunk's mtp- sidecar "
+               "(MTP) or a DSpark draft (arch dflash + markov_w1, whole model only)")
     add_option(g, "--draft", type=int, metavar="K",
-               help=f"draft length with --mtp (default {DEFAULT_DRAFT})")
+               help=f"draft length with --mtp (default {DEFAULT_DRAFT}; a DSpark draft: its "
+               "block size, and a longer K is clamped to it as upstream does)")
+    add_option(g, "--draft-p-min", type=float, default=None, metavar="P",
+               help="DSpark only: stop a draft at the first block slot whose confidence is "
+               "below P, in [0, 1] (default 0: the confidence head is unused)")
     add_option(g, "--ctx", type=int, default=None, metavar="N",
                help=f"context size (default: min({DEFAULT_CTX}, the model's "
                "context_length)); a value above context_length is refused")
@@ -231,8 +293,9 @@ def add_engine_args(g: argparse.ArgumentParser) -> None:
                    help="K/V cache type")
     add_option(g, "--flash-attn", default="auto", choices=list(FLASH_ATTN_MODES),
                    help="flash attention (auto: upstream decides)")
-    g.add_argument("--swa-full", default="on", choices=["on", "off"],
-                   help="full-size SWA cache (on: the C API's default; llama-server uses off)")
+    g.add_argument("--swa-full", default="on", choices=["on", "off"], nargs="?", const="on",
+                   help="full-size SWA cache (on: the C API's default; llama-server uses off); "
+                   "bare --swa-full is on, as llama.cpp spells it")
     g.add_argument("--hidden-rows", default="auto", choices=list(ROW_SOURCES),
                    help="source of the trunk's h_nextn rows for MTP: auto checks "
                    "this configuration once and takes upstream's API rows if right, else "
@@ -312,7 +375,8 @@ def add_llama_args(g: argparse.ArgumentParser) -> None:
                    dest="draft_min", metavar="N", help="with --mtp, up to --draft: accepted "
                    "with a one-line note (MTP drafts --draft K tokens every step)")
     h.add_argument("--spec-type", dest="spec_type", metavar="TYPE",
-                   help="draft-mtp (what --mtp/-md SIDECAR does) or none (plain decoding); "
+                   help="draft-mtp or draft-dspark (what -md/--mtp FILE does, recognised "
+                   "from the file; a mismatch is refused) or none (plain decoding); "
                    "llama.cpp's other types are refused")
 
 
@@ -324,15 +388,20 @@ def resolve_llama_args(a: argparse.Namespace) -> None:
               file=sys.stderr)
 
     if a.spec_type is not None:
-        types = comma_list(a.spec_type, "--spec-type", "draft-mtp or none")
-        if not types or any(t not in ("draft-mtp", "none") for t in types):
+        types = comma_list(a.spec_type, "--spec-type", "draft-mtp, draft-dspark or none")
+        if not types or any(t not in (*SPEC_TYPES, "none") for t in types):
             raise InputError(f"--spec-type {a.spec_type}: mtplib drafts only with the model's "
-                             "MTP block: give --spec-type draft-mtp with -md/--mtp SIDECAR, "
-                             "or none")
-        if "draft-mtp" in types and a.mtp is None:
-            raise InputError("--spec-type draft-mtp needs -md/--mtp SIDECAR: mtplib loads the "
-                             "MTP block from the trunk's mtp- sidecar GGUF")
-        if "draft-mtp" not in types and a.mtp is not None:
+                             "MTP block or a DSpark draft: give --spec-type draft-mtp or "
+                             "draft-dspark with -md/--mtp FILE, or none")
+        drafting = [t for t in types if t in SPEC_TYPES]
+        if len(set(drafting)) > 1:
+            raise InputError(f"--spec-type {a.spec_type}: give one of draft-mtp and "
+                             "draft-dspark (the -md/--mtp file is one drafter)")
+        if drafting and a.mtp is None:
+            raise InputError(f"--spec-type {drafting[0]} needs -md/--mtp SIDECAR: the "
+                             "trunk's mtp- sidecar GGUF (draft-mtp) or a DSpark draft GGUF "
+                             "(draft-dspark)")
+        if not drafting and a.mtp is not None:
             raise InputError(f"--spec-type {a.spec_type} contradicts -md/--mtp (which turns "
                              "MTP on): give one of them")
     if a.cache_type_k is not None or a.cache_type_v is not None:
@@ -355,6 +424,25 @@ def resolve_llama_args(a: argparse.Namespace) -> None:
             raise InputError(f"-ngl/--n-gpu-layers takes a number >= -1, auto or all, got "
                              f"{v!r}")
         note(f"-ngl {v} changes nothing: " + _placement(a))
+
+
+#: --spec-type's drafting types, by the `RunRequest.sidecar_kind` each names
+SPEC_TYPES = {"draft-mtp": "mtp", "draft-dspark": "dspark"}
+
+
+def check_spec_type(a: argparse.Namespace) -> None:
+    """--spec-type against the drafter the -md/--mtp file turned out to be (the request
+    recognised it: deepseek4 sidecar -> MTP, dflash + markov_w1 -> DSpark)."""
+    if a.spec_type is None or a.mtp is None:
+        return
+    kind = a.request.sidecar_kind
+    asked = [t for t in comma_list(a.spec_type, "--spec-type", "") if t in SPEC_TYPES]
+    if asked and SPEC_TYPES[asked[0]] != kind:
+        right = next(t for t, k in SPEC_TYPES.items() if k == kind)
+        what = "a DSpark draft (arch dflash + markov_w1)" if kind == "dspark" else \
+            "an MTP sidecar (deepseek4)"
+        raise InputError(f"--spec-type {asked[0]} but {a.mtp} is {what}: give --spec-type "
+                         f"{right}, or leave --spec-type out")
 
 
 def note_draft_min(a: argparse.Namespace) -> None:
@@ -405,6 +493,7 @@ def register(sub) -> None:
     g.add_argument("--tokens", help="prompt as token ids, e.g. 1,2,3")
     add_option(g, "--prompt", help="prompt text (tokenized by the model's tokenizer)")
     add_sampling_args(g)
+    add_grammar_args(g)
     g.add_argument("--trace", action="store_true",
                    help='add "steps": [{"pos", "drafts", "accepted"}] (one per verify step)')
     add_json_arg(g, '{"tokens": [...], "metrics": {...}}')

@@ -76,10 +76,10 @@ def _worker_costs(models, key: tuple, reps: int = REPS) -> dict:
     return out
 
 
-def _worker_move_sidecar(models, placement: str) -> dict:
+def worker_move_sidecar(models, placement: str) -> dict:
     """Load the sidecar at ``placement`` instead (every engine closed first: their MTP
     contexts belong to the old one); returns its model info, as the worker's open does."""
-    from mtplib.distributed.worker import _model_info
+    from mtplib.distributed.worker import model_info
     from mtplib.runtime.rpc import load_sidecar
 
     engines = models.__dict__.pop("engines", {})
@@ -91,7 +91,7 @@ def _worker_move_sidecar(models, placement: str) -> dict:
     old.close()
     models.sidecar = load_sidecar(models.trunk, path, placement, header=header)
     s = models.sidecar
-    return _model_info(s, s.placement, s.load_buffers)
+    return model_info(s, s.placement, s.load_buffers)
 
 
 # -- the caller's side --------------------------------------------------------------------

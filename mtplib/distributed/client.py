@@ -37,16 +37,17 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from mtplib import envs
 from mtplib.contract.labels import PLACEMENTS, SEAM_CHOICES, Placement, Seam, StepKind
 from mtplib.contract.types import NO_DRAFT
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.processes import (
     LIVE,
     LocalShards,
-    _kill_group,
-    _proc_cpu_state,
-    _spawn,
-    _tail,
+    kill_group,
+    log_tail,
+    proc_cpu_state,
+    spawn_child,
 )
 from mtplib.distributed.relay import WanLink, summed
 from mtplib.distributed.shard_report import ProbedShard, answers_alloc_sizes, require_shard_mtp
@@ -87,16 +88,8 @@ SILENCE_S = 15.0
 
 def silence_default() -> float:
     """$MTPLIB_SHARD_SILENCE_S if set (seconds > 0), else SILENCE_S."""
-    raw = os.environ.get("MTPLIB_SHARD_SILENCE_S", "").strip()
-    if not raw:
-        return SILENCE_S
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not (v > 0 and v < float("inf")):
-        raise InputError(f"MTPLIB_SHARD_SILENCE_S must be a number of seconds > 0, got {raw!r}")
-    return v
+    v = envs.shard_silence_s()
+    return SILENCE_S if v is None else v
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -404,7 +397,7 @@ class RangedRuntime:
         if peer:
             env["GGML_RPC_PEER_ENDPOINTS"] = ",".join(peer)
         try:
-            self._worker = _spawn(
+            self._worker = spawn_child(
                 [sys.executable, "-c", "from mtplib.distributed.worker import main; main()",
                  str(child.fileno()), str(os.getpid())],
                 log_path=self.worker_log, env=env, pass_fds=[child.fileno()])
@@ -487,7 +480,7 @@ class RangedRuntime:
     def _shard_cpu(self) -> list[tuple[int, str] | None]:
         if self.shards is None:
             return []
-        return [None if p is None else _proc_cpu_state(p.pid) for p in self.shards.procs]
+        return [None if p is None else proc_cpu_state(p.pid) for p in self.shards.procs]
 
     def _named(self, e: BaseException) -> BaseException:
         """``e`` with each relay address the worker saw replaced by the shard it stands for
@@ -511,7 +504,7 @@ class RangedRuntime:
         return any(c is not None and c[1] in "Tt" for c in self._shard_cpu())
 
     def _worker_cpu(self) -> tuple[int, str] | None:
-        return _proc_cpu_state(self._worker.pid) if self._worker is not None else None
+        return proc_cpu_state(self._worker.pid) if self._worker is not None else None
 
     def _moved(self, seen: dict, now: float) -> bool:
         """True if shard bytes flowed, a local shard computed, or the worker computed with
@@ -565,11 +558,11 @@ class RangedRuntime:
             self._fail(f"{names}, of plan {self.plan}: hung, {limit}; the client process was "
                        "killed; session failed: restart the shard and open a new session "
                        "(re-prefill) to resume", ShardLostError, who)
-        w = _proc_cpu_state(self._worker.pid) if self._worker is not None else None
+        w = proc_cpu_state(self._worker.pid) if self._worker is not None else None
         beats = ("its process is stopped (SIGSTOP?) and stopped sending heartbeats"
                  if w and w[1] in "Tt" else "and it stopped sending heartbeats"
                  if since_beat > 1.5 * HEARTBEAT_S else "while its heartbeat went on")
-        tail = " | ".join(_tail(self.worker_log, 600).splitlines()[-4:])
+        tail = " | ".join(log_tail(self.worker_log, 600).splitlines()[-4:])
         self._fail(f"the client worker made {limit} ({beats}); no shard has a request "
                    f"pending; the client process was killed; session failed"
                    + (f"; worker log: {tail!r}" if tail else ""), SessionFault)
@@ -587,7 +580,7 @@ class RangedRuntime:
         if self._worker is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rc = self._worker.wait(timeout=5)
-        log = _tail(self.worker_log, 4000)
+        log = log_tail(self.worker_log, 4000)
         note = ""
         for line in log.splitlines():
             if any(k in line for k in ("GGML_ASSERT", "GGML_ABORT", "RPC server", "Error",
@@ -654,7 +647,7 @@ class RangedRuntime:
         now = time.monotonic()
         if self.shards is not None:
             for i, p in enumerate(self.shards.procs):
-                st = None if p is None or p.poll() is not None else _proc_cpu_state(p.pid)
+                st = None if p is None or p.poll() is not None else proc_cpu_state(p.pid)
                 if st is None or st[1] in "ZX":
                     out.append((i, "gone"))
                 elif st[1] in "Tt":
@@ -681,7 +674,7 @@ class RangedRuntime:
                 self._conn.close()
             self._conn = None
         if self._worker is not None:
-            _kill_group(self._worker, grace_s=1.0)
+            kill_group(self._worker, grace_s=1.0)
 
     # -- steps and bytes ----------------------------------------------------------------
     def _step_enter(self, label: str) -> None:
@@ -816,6 +809,10 @@ class RangedRuntime:
                    "steps": n_steps, "tokens": n_tok,
                    "bytes_per_token": c["total"] / n_tok if n_tok else None,
                    "data_bytes_per_token": c["data"] / n_tok if n_tok else None}
+            if self.request.sidecar_kind == "dspark":  # its features' bytes, by direction
+                from mtplib.distributed.dspark_ranged import feature_rows
+
+                row["features"] = feature_rows(self.relays, label)
             pc = peer_label.get(label)
             if pc is not None:
                 # peer links (the ring, patches/0007): shard -> shard, counted at the relay

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+from mtplib import envs
 from mtplib.distributed.probe import probe_shards
 from mtplib.distributed.tls import TlsConfig
 from mtplib.errors import InputError
@@ -43,10 +44,10 @@ LIVE: weakref.WeakSet = weakref.WeakSet()
 def die_with_parent(parent_pid: int) -> None:
     """In a child: exit when ``parent_pid`` is gone. PR_SET_PDEATHSIG with SIGKILL (if the
     spawner asked for it with MTPLIB_PDEATHSIG=1: it follows the spawning *thread*, so only
-    a spawn from a thread that lives as long as the parent asks; `_spawn` always does) plus
+    a spawn from a thread that lives as long as the parent asks; `spawn_child` always does) plus
     a watchdog thread polling the parent pid (which cannot act while the child is stopped:
     only the SIGKILL ends a stopped orphan)."""
-    if os.environ.get("MTPLIB_PDEATHSIG") == "1":
+    if envs.pdeathsig():
         set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before we got here
         os._exit(3)
@@ -107,19 +108,19 @@ class _Spawner:
 
 def _kill_late(fut: Future) -> None:
     if not fut.cancelled() and fut.exception() is None:
-        _kill_group(fut.result(), grace_s=1.0)
+        kill_group(fut.result(), grace_s=1.0)
 
 
 _SPAWNER = _Spawner()
 
 
-def _spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str] | None = None,
-           pass_fds: Sequence[int] = (), cwd: str | Path | None = None) -> subprocess.Popen:
+def spawn_child(argv: list[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+                pass_fds: Sequence[int] = (), cwd: str | Path | None = None) -> subprocess.Popen:
     """A child in its own process group (killable as a whole), output to a file (never a
     pipe that could fill); forked by `_SPAWNER`'s long-lived thread, whatever thread asks,
     so the child's `die_with_parent` may set PR_SET_PDEATHSIG."""
     env = dict(os.environ if env is None else env)
-    env["MTPLIB_PDEATHSIG"] = "1"
+    env[envs.PDEATHSIG] = "1"
     log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
     try:
         return _SPAWNER.call(lambda: subprocess.Popen(
@@ -130,7 +131,8 @@ def _spawn(argv: list[str], *, log_path: Path, env: Mapping[str, str] | None = N
         log.close()
 
 
-def _kill_group(p: subprocess.Popen, grace_s: float = 2.0) -> None:
+def kill_group(p: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """End ``p``'s whole process group: SIGTERM, ``grace_s`` to go, then SIGKILL."""
     if p.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGTERM)
@@ -151,7 +153,8 @@ def _close_all() -> None:
             obj.close()
 
 
-def _tail(path: Path, n: int = 2000) -> str:
+def log_tail(path: Path, n: int = 2000) -> str:
+    """The last ``n`` bytes of a child's log as text ("" where it cannot be read)."""
     try:
         data = path.read_bytes()[-n:]
     except OSError:
@@ -159,7 +162,7 @@ def _tail(path: Path, n: int = 2000) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
-def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
+def proc_cpu_state(pid: int) -> tuple[int, str] | None:
     """(utime + stime in ticks, state letter) of a local process, None if unreadable."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -169,7 +172,8 @@ def _proc_cpu_state(pid: int) -> tuple[int, str] | None:
     return int(fields[11]) + int(fields[12]), fields[0]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port free right now (the OS's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -222,8 +226,8 @@ class LocalShards:
         return self.log_dir / f"shard{i}.log"
 
     def _launch(self, i: int, endpoint: str) -> subprocess.Popen:
-        return _spawn(self._argv(endpoint), log_path=self.log_path(i), env=self.env,
-                      cwd=self.cwd)
+        return spawn_child(self._argv(endpoint), log_path=self.log_path(i), env=self.env,
+                           cwd=self.cwd)
 
     def start(self) -> LocalShards:
         if self._started:
@@ -232,7 +236,7 @@ class LocalShards:
         LIVE.add(self)
         try:
             for i in range(self.n):
-                ep = f"127.0.0.1:{_free_port()}"
+                ep = f"127.0.0.1:{free_port()}"
                 self.endpoints.append(ep)
                 self.procs.append(self._launch(i, ep))
             deadline = time.monotonic() + self.start_timeout_s
@@ -241,11 +245,11 @@ class LocalShards:
                     if self._wait_ready(i, deadline):
                         break
                     # the port was taken between choosing and binding: another one
-                    self.endpoints[i] = f"127.0.0.1:{_free_port()}"
+                    self.endpoints[i] = f"127.0.0.1:{free_port()}"
                     self.procs[i] = self._launch(i, self.endpoints[i])
                 else:
                     raise ShardError(f"shard {i} could not bind a port; log: "
-                                     f"{_tail(self.log_path(i), 500)}")
+                                     f"{log_tail(self.log_path(i), 500)}")
         except BaseException:
             self.close()
             raise
@@ -270,7 +274,7 @@ class LocalShards:
                 if rc == 4:
                     return False
                 raise ShardError(f"shard {i} ({ep}) exited with code {rc} while starting; "
-                                 f"log: {_tail(self.log_path(i), 800)}")
+                                 f"log: {log_tail(self.log_path(i), 800)}")
             try:
                 probe_shards([ep], tls=self.tls, timeout_s=1.0)
                 return True
@@ -278,7 +282,7 @@ class LocalShards:
                 if time.monotonic() > deadline:
                     raise ShardError(f"shard {i} ({ep}) did not answer within "
                                      f"{self.start_timeout_s} s; log: "
-                                     f"{_tail(self.log_path(i), 800)}") from None
+                                     f"{log_tail(self.log_path(i), 800)}") from None
                 time.sleep(0.05)
 
     def alive(self) -> list[bool]:
@@ -287,7 +291,7 @@ class LocalShards:
     def stopped(self, i: int) -> bool:
         """True when shard i's process is stopped (SIGSTOP): alive, but it answers nothing."""
         p = self.procs[i]
-        st = None if p is None or p.poll() is not None else _proc_cpu_state(p.pid)
+        st = None if p is None or p.poll() is not None else proc_cpu_state(p.pid)
         return st is not None and st[1] in "Tt"
 
     def pids(self) -> list[int]:
@@ -306,7 +310,7 @@ class LocalShards:
         """Start shard i again on the same endpoint (killing it first if it still runs)."""
         p = self.procs[i]
         if p is not None:
-            _kill_group(p, grace_s=1.0)
+            kill_group(p, grace_s=1.0)
         self.procs[i] = self._launch(i, self.endpoints[i])
         if not self._wait_ready(i, time.monotonic() + self.start_timeout_s):
             raise ShardError(f"shard {i}: endpoint {self.endpoints[i]} is taken by another "
@@ -316,7 +320,7 @@ class LocalShards:
     def close(self) -> None:
         for p in self.procs:
             if p is not None:
-                _kill_group(p)
+                kill_group(p)
         LIVE.discard(self)
         if self._tmp is not None:
             with contextlib.suppress(OSError):

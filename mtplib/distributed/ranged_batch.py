@@ -14,11 +14,11 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from mtplib.distributed.worker_engine import _engine_key, _worker_engine, _worker_memory
+from mtplib.distributed.worker_engine import engine_for, engine_key, worker_memory
+from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
-from mtplib.runtime.speculative import EngineOptions
 
 
 # -- the worker side (run through RangedRuntime.call) -----------------------------------
@@ -28,8 +28,8 @@ def _worker_batch_open(models, opts: EngineOptions, warm: bool) -> dict:
     from mtplib.runtime.batch import BatchRun
 
     _worker_batch_close(models)
-    _worker_engine(models, opts, warm)
-    engine, owned, _ = models.engines[_engine_key(opts)]
+    engine_for(models, opts, warm)
+    engine, owned, _ = models.engines[engine_key(opts)]
     engine.trace = opts.trace
     from mtplib.distributed.worker import worker_step
     from mtplib.runtime.engine import no_phase
@@ -37,7 +37,7 @@ def _worker_batch_open(models, opts: EngineOptions, warm: bool) -> dict:
     phase, engine.phase = engine.phase, no_phase  # all of the warm-up counts as setup
     try:
         with worker_step("setup"):
-            models.batch = BatchRun(engine, memory=_worker_memory(models, engine, owned),
+            models.batch = BatchRun(engine, memory=worker_memory(models, engine, owned),
                                     warm=warm)
     finally:
         engine.phase = phase

@@ -39,13 +39,15 @@ from mtplib.distributed.shard_report import advert_summary, shard_adverts
 from mtplib.distributed.tls import TlsConfig
 from mtplib.distributed.worker_engine import (  # noqa: F401 - MAX_ENGINES: its old home
     MAX_ENGINES,
-    _engine_key,
-    _worker_engine,
-    _worker_memory,
+    engine_for,
+    engine_key,
+    worker_memory,
 )
 from mtplib.errors import InputError
 from mtplib.ownership.plan import ShardPlan
 from mtplib.runtime import build_info
+from mtplib.runtime.engine_options import EngineOptions
+from mtplib.runtime.generation import Generation
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
 from mtplib.runtime.request import DEFAULT_SEAM, RunRequest, build_request
 from mtplib.runtime.routing import (
@@ -56,7 +58,6 @@ from mtplib.runtime.routing import (
     routing_metrics,
 )
 from mtplib.runtime.sampling import Sampler
-from mtplib.runtime.speculative import EngineOptions, Generation
 
 if TYPE_CHECKING:
     from mtplib.distributed.ranged_batch import RangedBatch
@@ -103,14 +104,14 @@ def _worker_begin(models, opts: EngineOptions, warm: bool, prompt: list[int], n_
                   ) -> tuple[dict | None, list[int] | None]:
     """Start a generation (the engine for ``opts``, built if needed); returns (setup report
     if the engine was built now, the prefill's tokens, or None when there are none)."""
-    from mtplib.runtime.speculative import generation_steps
+    from mtplib.runtime.generation import generation_steps
 
-    setup = _worker_engine(models, opts, warm)
-    engine, owned, _ = models.engines[_engine_key(opts)]
+    setup = engine_for(models, opts, warm)
+    engine, owned, _ = models.engines[engine_key(opts)]
     engine.sampler = opts.sampler or Sampler()
     engine.trace = opts.trace
     result: dict = {}
-    steps = generation_steps(engine, prompt, n_new, memory=_worker_memory(models, engine,
+    steps = generation_steps(engine, prompt, n_new, memory=worker_memory(models, engine,
                                                                            owned),
                              result=result)
     models.generation = (steps, result)
@@ -287,7 +288,12 @@ class RangedMTP:
         from mtplib.distributed import auto_placement as ap
         from mtplib.distributed.relay import WanLink
 
-        inp, timings = ap.measure(self.rt, _engine_key(load), load.k,
+        if self.request.sidecar_kind == "dspark":  # its own decision: nothing to move
+            from mtplib.distributed.dspark_ranged import placement_record
+
+            self.placement_record = placement_record(self.rt, load.k, requested, costs)
+            return
+        inp, timings = ap.measure(self.rt, engine_key(load), load.k,
                                   placement=self.rt.mtp_placement)
         inp = inp.forced(costs)
         pc, hc = ap.decide(inp, placement=requested if self.has_sidecar else "",
@@ -300,7 +306,7 @@ class RangedMTP:
                 r.set_link(WanLink())
             try:
                 with rt.step("load"):
-                    info = rt.call(ap._worker_move_sidecar, pc.chosen)
+                    info = rt.call(ap.worker_move_sidecar, pc.chosen)
             finally:
                 for r, link in zip(rt.relays.relays, links, strict=True):
                     r.set_link(link)
@@ -314,7 +320,7 @@ class RangedMTP:
         self.placement_record = ap.record(inp, timings, pc, hc, moved=moved, requested={
             "mtp_placement": requested, "head": self.opts.head})
         again = self._resolve(self.opts)
-        if moved or _engine_key(again) != _engine_key(load):
+        if moved or engine_key(again) != engine_key(load):
             first, self._setup = self._setup, self._build(again)
             if first and self._setup:  # both engines were set up at load
                 self._setup = {**self._setup,
@@ -426,6 +432,8 @@ class RangedMTP:
 
             opts = replace(opts, head=choose_head(with_k(self._place_inputs, opts.k),
                                                   placement=self.rt.mtp_placement).chosen)
+        if self.request.sidecar_kind == "dspark" and opts.head == "auto":
+            opts = replace(opts, head="upstream")  # DSpark reads no h_nextn rows
         opts = opts.resolved(ranged=True)
         check_cache_locality(opts, self.plan.n_shards, allow=self.allow_cache_crossing)
         return opts
@@ -437,13 +445,13 @@ class RangedMTP:
         with the shards' adverts (`shard_adverts`, from each shard's own report; the
         tail's says whether the MTP block was placed next to the sampler) against this
         process's pin, and kept in ``_routed``; RouteRefused unless routed."""
-        key = _engine_key(opts)
+        key = engine_key(opts)
         if key not in self._routed:
             adverts = shard_adverts(self.rt.shard_info, mtp_placed=self.mtp_placed,
                                     policy=self.policy, certified=self._certified)
             self._routed[key] = route(opts.draft, policy=self.policy, adverts=adverts,
                                       pin=PIN)
-        return self.rt.call(_worker_engine, opts, self.warm)
+        return self.rt.call(engine_for, opts, self.warm)
 
     @property
     def n_ctx(self) -> int:
@@ -518,7 +526,7 @@ class RangedMTP:
             rt = self.rt
             toks = rt.call(tokenize, prompt) if isinstance(prompt, str) else list(prompt)
             built = self._build(opts)  # before counting: setup is not the generation's
-            decision = self._routed[_engine_key(opts)]
+            decision = self._routed[engine_key(opts)]
             # the load-time setup is reported by the first generation; later ones report a
             # setup only when their configuration needed an engine of its own
             setup = self._setup if self._setup is not None else built

@@ -151,11 +151,15 @@ class Models:
         self._next = 1
 
 
-def _model_info(m, placement: dict, buffers: list) -> dict:
+def model_info(m, placement: dict, buffers: list) -> dict:
+    """What the client learns of a model the worker loaded (sizes, placement, buffers)."""
     from mtplib.runtime.rpc import endpoint_of_buffer
 
-    return {"n_vocab": m.n_vocab, "n_embd": m.n_embd, "n_embd_out": m.n_embd_out,
-            "n_layer": m.n_layer, "size_bytes": m.size_bytes, "placement": placement,
+    return {"n_vocab": m.n_vocab, "n_embd": m.n_embd,
+            # a DSpark draft (`DSparkModel`) has no hc rows and no trunk layers
+            "n_embd_out": getattr(m, "n_embd_out", m.n_embd),
+            "n_layer": getattr(m, "n_layer", 0), "kind": getattr(m, "kind", "mtp"),
+            "size_bytes": m.size_bytes, "placement": placement,
             "buffers": [dict(b, endpoint=endpoint_of_buffer(b["buffer"])) for b in buffers]}
 
 
@@ -178,8 +182,8 @@ def _handle(models: Models, msg: tuple):
                            allow_remote=kw["allow_remote"], mtp_placement=kw["mtp_placement"],
                            header=req.trunk_header, sidecar_header=req.sidecar_header)
         models.trunk, models.sidecar = t, s
-        side = None if s is None else _model_info(s, s.placement, s.load_buffers)
-        return {"trunk": _model_info(t, t.placement, t.load_buffers), "sidecar": side}
+        side = None if s is None else model_info(s, s.placement, s.load_buffers)
+        return {"trunk": model_info(t, t.placement, t.load_buffers), "sidecar": side}
     if op == "context":
         cfg = ContextConfig(**msg[1])
         model = models.sidecar if cfg.mtp else models.trunk

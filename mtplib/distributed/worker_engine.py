@@ -7,26 +7,28 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, replace
 
-from mtplib.runtime.speculative import EngineOptions
+from mtplib.runtime.engine_options import EngineOptions
 
 #: engines a worker keeps warm at once (one per distinct engine configuration)
 MAX_ENGINES = 4
 
 
-def _engine_key(opts: EngineOptions) -> tuple:
+def engine_key(opts: EngineOptions) -> tuple:
     """What makes two generations need different engines (sampler and trace do not)."""
     d = asdict(replace(opts, sampler=None, trace=False))
     return tuple(sorted((k, repr(v)) for k, v in d.items()))
 
 
-def _worker_engine(models, opts: EngineOptions, warm: bool) -> dict | None:
+def engine_for(models, opts: EngineOptions, warm: bool) -> dict | None:
     """The worker's engine for ``opts`` (built and warmed once; at most MAX_ENGINES kept);
     returns the setup report when it was built by this call."""
     from mtplib.distributed.worker import worker_step
-    from mtplib.runtime.speculative import build_engine, no_phase, warm_up
+    from mtplib.runtime.engine import no_phase
+    from mtplib.runtime.generation import warm_up
+    from mtplib.runtime.speculative import build_engine
 
     cache: OrderedDict = models.__dict__.setdefault("engines", OrderedDict())
-    key = _engine_key(opts)
+    key = engine_key(opts)
     if key in cache:
         cache.move_to_end(key)
         return None
@@ -48,7 +50,9 @@ def _worker_engine(models, opts: EngineOptions, warm: bool) -> dict | None:
     return report
 
 
-def _worker_memory(models, engine, owned):
+def worker_memory(models, engine, owned):
+    """``memory(seq)``: the weights and one sequence's cache state in bytes, as a
+    generation on ``engine`` records them."""
     llama = models.trunk.llama
 
     def memory(seq: int) -> dict:

@@ -7,8 +7,8 @@ runtime, the one room that imports `llama_cpp` (its subject: `Llama`, `LlamaDraf
 never imports `ctypes` itself (tests/test_layers.py).
 """
 
-# the upstream build is chosen before draft.py imports llama_cpp (mtplib.runtime docs)
-import mtplib.runtime  # noqa: F401
+# importing this package loads llama_cpp (draft.py subclasses its draft-model class):
+# draft.py chooses the upstream build first (`mtplib.runtime.choose_upstream`)
 from mtplib.llama.build import mtp_llama, plain_llama
 from mtplib.llama.draft import DraftStats, MTPDraftModel
 

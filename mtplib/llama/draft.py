@@ -23,17 +23,22 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from llama_cpp.llama_speculative import LlamaDraftModel
 
 from mtplib.contract.types import DEFAULT_DRAFT, DRAFT_BOUNDS, DRAFT_RANGE
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader
+from mtplib.runtime import choose_upstream
 from mtplib.runtime.drafters import MTPDrafter
 from mtplib.runtime.lib import UpstreamError
 from mtplib.runtime.model import Context, ContextConfig, Model
 from mtplib.runtime.row_source import RowSourceDecision
 from mtplib.runtime.rows import CapturedRows, read_rows
-from mtplib.runtime.speculative import DraftCounts
+from mtplib.runtime.spec_metrics import DraftCounts
+
+# MTPDraftModel subclasses llama_cpp's class, so this module imports llama_cpp itself: the
+# build is chosen first, explicitly (the adapter's import is the one that loads upstream)
+choose_upstream()
+from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: E402
 
 #: Draft lengths `mtp_llama` accepts: the contract's recipes (mtp.v4.draft1..8)
 K_RANGE = DRAFT_RANGE

@@ -10,8 +10,9 @@ Which upstream build it loads is chosen here, before any module imports ``llama_
 into ``.upstream/patched``: the default wherever that build exists, because only it keeps
 every V4 cache on its own shard) or ``stock`` (the pinned llama-cpp-python in the
 environment: the default where no patched build was made). ``MTPLIB_UPSTREAM=stock|patched``
-chooses explicitly. Child processes (shards, the ranged worker) inherit the choice: it is
-written back into the environment when the module is imported.
+chooses explicitly. The choice is made by `choose_upstream`, called where upstream is first
+loaded (`mtplib.runtime.lib.load`, the adapter `mtplib.llama.draft`), never by importing
+mtplib: child processes (shards, the ranged worker) inherit it from there.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from __future__ import annotations
 import os
 import sys
 
+from mtplib import envs
 from mtplib.errors import InputError
 from mtplib.paths import REPO
 
-UPSTREAM_BUILDS = ("stock", "patched")
+UPSTREAM_BUILDS = envs.UPSTREAM_BUILDS
 PATCHED_DIR = REPO / ".upstream" / "patched"
 
 
@@ -33,13 +35,7 @@ def patched_installed() -> bool:
 
 def selected_upstream() -> str:
     """$MTPLIB_UPSTREAM if set, else ``patched`` where it is installed, else ``stock``."""
-    which = os.environ.get("MTPLIB_UPSTREAM", "").strip()
-    if not which:
-        return "patched" if patched_installed() else "stock"
-    if which not in UPSTREAM_BUILDS:
-        raise InputError(f"MTPLIB_UPSTREAM must be one of {', '.join(UPSTREAM_BUILDS)}, "
-                         f"got {which!r}")
-    return which
+    return envs.upstream() or ("patched" if patched_installed() else "stock")
 
 
 def build_info() -> dict:
@@ -53,8 +49,9 @@ def build_info() -> dict:
 
 
 #: OpenMP settings for upstream's CPU threads, defaults only (a value in the environment
-#: wins). libgomp reads them once, when llama_cpp loads its libraries, so they are set here,
-#: before any import of it, and children (shards, the ranged worker, kernels) inherit them.
+#: wins). libgomp reads them once, when llama_cpp loads its libraries, so `choose_upstream`
+#: sets them before the first import of it, and children (shards, the ranged worker,
+#: kernels, upstream's own tools: `mtplib.lab.upstream_tools`) inherit them.
 #: ggml's CPU backend is built with OpenMP: every graph node ends in an ``omp barrier`` and
 #: every graph in a parallel region's end, where libgomp's default spins (GOMP_SPINCOUNT,
 #: 300,000 iterations) before it sleeps. On a host whose cores are shared (shards next to
@@ -63,28 +60,34 @@ def build_info() -> dict:
 #: (issue 29). PASSIVE sleeps at once.
 OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
+_chosen: dict[str, str] = {}
 
-def _omp_defaults() -> None:
+
+def choose_upstream() -> str:
+    """Make this process load the selected build (`selected_upstream`) and return its name;
+    the first call acts, later ones return the same name. Called right before the first
+    import of llama_cpp (`mtplib.runtime.lib.load`, `mtplib.llama.draft`), never at import
+    of mtplib, since it changes the process: `OMP_DEFAULTS` into ``os.environ`` (unless
+    set); ``MTPLIB_UPSTREAM`` into ``os.environ``, so that children load the same build;
+    for the patched build, its folder first on ``sys.path``. InputError where the patched
+    build is asked for but missing, or the stock llama_cpp is already imported."""
+    if "build" in _chosen:
+        return _chosen["build"]
+    which = selected_upstream()
+    if which == "patched":
+        if not patched_installed():
+            raise InputError(f"MTPLIB_UPSTREAM=patched but {PATCHED_DIR} holds no patched "
+                             "build; run ./dev.sh setup (or ./dev.sh patched)")
+        loaded = sys.modules.get("llama_cpp")
+        if loaded is not None and not str(loaded.__file__).startswith(str(PATCHED_DIR)):
+            raise InputError("MTPLIB_UPSTREAM=patched, but the stock llama_cpp is already "
+                             "imported in this process; set the variable before starting "
+                             "Python")
     for key, value in OMP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-
-
-def _select() -> None:
-    which = selected_upstream()
     # children (shards, the ranged worker, papermill kernels) load the same build
-    os.environ["MTPLIB_UPSTREAM"] = which
-    if which != "patched":
-        return
-    if not patched_installed():
-        raise InputError(f"MTPLIB_UPSTREAM=patched but {PATCHED_DIR} holds no patched build; "
-                         "run ./dev.sh setup (or ./dev.sh patched)")
-    loaded = sys.modules.get("llama_cpp")
-    if loaded is not None and not str(loaded.__file__).startswith(str(PATCHED_DIR)):
-        raise InputError("MTPLIB_UPSTREAM=patched, but the stock llama_cpp is already imported "
-                         "in this process; set the variable before starting Python")
-    if str(PATCHED_DIR) not in sys.path:
+    os.environ[envs.UPSTREAM] = which
+    if which == "patched" and str(PATCHED_DIR) not in sys.path:
         sys.path.insert(0, str(PATCHED_DIR))
-
-
-_omp_defaults()
-_select()
+    _chosen["build"] = which
+    return which

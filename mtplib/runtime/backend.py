@@ -49,7 +49,7 @@ class Backend(Protocol):
 @runtime_checkable
 class Recoverable(Protocol):
     """A backend whose shards can fail and be reconnected (`RangedMTP`): what serve's
-    /health and recovery use (`mtplib.commands.serve_faults`)."""
+    /health and recovery use (`mtplib.serve.faults`)."""
 
     def faults(self) -> list[dict]:
         """What is wrong now, without a round trip; empty while whole."""

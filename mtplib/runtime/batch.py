@@ -28,7 +28,13 @@ import numpy as np
 from mtplib.contract.labels import StepKind
 from mtplib.contract.session import State
 from mtplib.runtime.engine import Engine, SpecSession, api_rows, no_phase
-from mtplib.runtime.generation import check_request, empty_metrics, session_metrics
+from mtplib.runtime.generation import (
+    check_request,
+    empty_metrics,
+    session_metrics,
+    unconstrained,
+)
+from mtplib.runtime.grammar import grammar_end
 from mtplib.runtime.model import RuntimeInputError
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
@@ -38,7 +44,8 @@ def check_batchable(engine: Engine) -> None:
     """Refuse an engine whose parts read one sequence's state: captured rows (an eval
     callback sees ubatches, not the batch's order) and a drafter-decided acceptance (a
     synthetic drafter keeps one pending draw)."""
-    if engine.needs_rows and engine.rows is not api_rows:
+    if engine.needs_rows and engine.rows is not api_rows \
+            and engine.hidden_rows != "layer_inp":  # DSpark's features: in batch order
         raise RuntimeInputError(f"batched steps need the target's rows from upstream's API "
                                 f"(hidden rows {engine.hidden_rows!r} cannot be split by "
                                 "sequence); use --parallel 1")
@@ -212,8 +219,8 @@ def warm_batch(engine: Engine, n: int) -> dict:
     sessions = []
     shapes = []
     try:
-        for q in free:
-            sessions.append(e.open(prompt, seq_id=q))
+        for q in free:  # no grammar: it would cut the drafts of the shapes
+            sessions.append(e.open(prompt, seq_id=q, sampler=unconstrained(e.sampler)))
         for j in range(len(sessions), 0, -1):
             for kk in range(e.k, -1, -1):
                 if any(s.base + kk + 1 >= e.target.n_ctx for s in sessions[:j]):
@@ -356,11 +363,14 @@ class BatchRun:
 
     def _finish_if_done(self, slot: Slot) -> None:
         s = slot.session
-        if s is not None and not slot.done and s.metrics.n_generated >= slot.n_new:
+        end = None if s is None else grammar_end(s)  # a constrained response's EOG
+        if s is not None and not slot.done and (s.metrics.n_generated >= slot.n_new
+                                                or end is not None):
             # a slot drafts k to its end (every window the same length: upstream's split
             # then keeps the step in one ubatch); the tokens past n_new are dropped here
-            del slot.tokens[slot.n_new:]
-            s.metrics.n_generated = slot.n_new
+            n = slot.n_new if end is None else min(end, slot.n_new)
+            del slot.tokens[n:]
+            s.metrics.n_generated = n
             slot.metrics = session_metrics(self.engine, s, self.memory)
 
     def active(self) -> list[int]:
@@ -388,10 +398,10 @@ class BatchRun:
             out = [emitted[sl.seq] for sl in live]
         got = {}
         for sl, toks in zip(live, out, strict=True):
-            room = sl.n_new - len(sl.tokens)
+            before = len(sl.tokens)
             sl.tokens += toks
-            self._finish_if_done(sl)
-            got[sl.seq] = toks[:room]
+            self._finish_if_done(sl)  # cuts at n_new, or after a grammar's EOG
+            got[sl.seq] = toks[:max(0, len(sl.tokens) - before)]
         return got
 
     def leave(self, seq: int) -> tuple[list[int], GenerationMetrics] | None:

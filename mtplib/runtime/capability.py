@@ -1,7 +1,9 @@
 """What this runtime can honestly advertise per MTP recipe, fail-closed.
 
 `unsupported`: no sidecar, wrong upstream pin, a pair that does not belong together, a
-config upstream would crash on, or an MTP context upstream refused. `disabled`: the recipe
+config upstream would crash on, or an MTP context upstream refused; a DSpark recipe without
+a DSpark draft (a `dflash` sidecar checked against the trunk, `validate_dspark`) or past
+its block size. `disabled`: the recipe
 would run here but the policy (alpha) disables MTP. `implemented`: the recipe runs here.
 `certified`: only with a recorded, passing certification run for the exact sha256 of the
 trunk and the sidecar (see `certify`). Nothing is assumed.
@@ -32,9 +34,12 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
     """Advertise every recipe for this trunk (+ sidecar) on this build; fail closed.
 
     Under a policy that disables MTP (alpha; default: $MTPLIB_POLICY, else beta) every MTP
-    recipe that would run is DISABLED, and no MTP context is probed. The advert is built by
-    the contract's `build_advert`, as the adverts every run routes on are."""
+    and DSpark recipe that would run is DISABLED, and no MTP context is probed. A DSpark
+    sidecar is checked as the runtime checks it (header and pairing, no context probed).
+    The advert is built by the contract's `build_advert`, as the adverts every run routes
+    on are."""
     from mtplib.model.arch import config_from_keys
+    from mtplib.model.dspark.validate import is_dspark, validate_dspark
     from mtplib.model.gguf_header import read_header
     from mtplib.runtime.lib import UpstreamError, load
     from mtplib.runtime.model import check_pair
@@ -45,21 +50,30 @@ def advertise(trunk: str | Path, sidecar: str | Path | None, *, shard_index: int
     except UpstreamError as e:
         return build_advert(shard_index, pin="unknown", policy=pol, has_mtp_sidecar=False,
                             build_problem=f"wrong upstream build: {e}")
-    mtp_problem = ""
+    mtp_problem, dspark_problem, dspark_block, dspark = "", "", 0, False
     if sidecar is None:
         mtp_problem = "no MTP sidecar"
     else:
         try:
             th, sh = read_header(trunk), read_header(sidecar)
-            check_pair(th, sh)
-            config_from_keys(sh.kv, sh.n_vocab).validate()
-            if probe and pol.allow_mtp:
-                _probe_mtp_context(str(sidecar))
+            dspark = is_dspark(sh)
+            if dspark:
+                mtp_problem = "no MTP sidecar (the draft is a DSpark draft)"
+                dspark_block = min(validate_dspark(sh, th).block_size, MAX_DRAFT)
+            else:
+                check_pair(th, sh)
+                config_from_keys(sh.kv, sh.n_vocab).validate()
+                if probe and pol.allow_mtp:
+                    _probe_mtp_context(str(sidecar))
         except Exception as e:  # noqa: BLE001 - any failure means unsupported, with why
             mtp_problem = f"{type(e).__name__}: {e}"
-    return build_advert(shard_index, pin=PIN, policy=pol, has_mtp_sidecar=sidecar is not None,
+            dspark_problem = mtp_problem if dspark else ""
+    return build_advert(shard_index, pin=PIN, policy=pol,
+                        has_mtp_sidecar=sidecar is not None and not dspark,
                         mtp_problem=mtp_problem,
-                        certified=certified_recipes(trunk, sidecar, cert_dir))
+                        certified=certified_recipes(trunk, sidecar, cert_dir),
+                        has_dspark_draft=dspark, dspark_block=dspark_block,
+                        dspark_problem=dspark_problem)
 
 
 def _probe_mtp_context(sidecar: str) -> None:

@@ -10,12 +10,13 @@ The speculative loop calls, per sequence:
 and, for several sequences at once (a batch step; the default loops over the one-sequence
 calls): ``propose_many([(seq, last, base, k), ...])`` and ``commit_many([(seq, base,
 tokens, rows), ...])``.
-Only `MTPDrafter` touches a model; the others exist to prove the accounting exact.
+`MTPDrafter` and `mtplib.runtime.dspark.drafter.DSparkDrafter` touch a model; the others
+exist to prove the accounting exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +32,13 @@ class Drafter:
     #: more, while a token's floats in any decode of two or more are the same whatever its
     #: neighbours; padded, a sequence drafts the same alone as beside others
     pad_single = False
+    #: where the rows of `needs_rows` come from: None = the target's h_nextn (MTP); else a
+    #: ``rows(target_ctx, n)`` the engine reads after every target decode instead (DSpark:
+    #: the target's layer-input features, `mtplib.runtime.dspark.context.TargetFeatures.rows`)
+    target_rows: Callable[[Context, int], np.ndarray] | None = None
+    #: `propose` may return fewer than k drafts (DSpark's confidence cut); none is a plain
+    #: step. Others must return exactly k.
+    may_stop_early = False
 
     def prefill(self, seq: int, tokens: Sequence[int], rows: np.ndarray | None) -> None:
         pass

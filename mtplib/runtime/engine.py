@@ -29,6 +29,7 @@ from mtplib.contract.types import (
     plan_rollback,
 )
 from mtplib.runtime.drafters import Drafter
+from mtplib.runtime.grammar import Grammar, SessionGrammar, open_session_grammar
 from mtplib.runtime.model import Context, RuntimeInputError
 from mtplib.runtime.sampling import Sampler, TokenLogprob, token_logprob
 from mtplib.runtime.spec_metrics import Metrics
@@ -113,6 +114,9 @@ class SpecSession:
         self._picked: dict[int, np.ndarray] = {}
         #: the last tokens emitted (the prefill's first one after `prefill`)
         self.emitted = Emitted()
+        #: structured output: this sequence's grammar state (`Engine.open` builds it from
+        #: the sampler's grammar; None: unconstrained)
+        self.grammar: SessionGrammar | None = None
 
     # -- helpers ------------------------------------------------------------------------
     @property
@@ -146,14 +150,20 @@ class SpecSession:
             del self.rows[p]
 
     def _pick(self, logits: np.ndarray, position: int,
-              history: Sequence[int] | None) -> int:
+              history: Sequence[int] | None, constraint: Grammar | None = None) -> int:
         """The sampler's pick at ``position``; its logits are kept while it asks for
         log-probabilities (the last pick at a position is the emitted token's)."""
         sampler = self.sampler
-        if sampler.logprobs is not None:
-            self._picked[position] = logits
-        return sampler.pick(logits, stream=self.sample_stream, position=position,
-                            history=history)
+        if constraint is None:  # the one-keyword-less call a Sampler subclass may define
+            tok = sampler.pick(logits, stream=self.sample_stream, position=position,
+                               history=history)
+        else:
+            tok = sampler.pick(logits, stream=self.sample_stream, position=position,
+                               history=history, constraint=constraint)
+        if sampler.logprobs is not None:  # post-sampling: the distribution drawn from
+            self._picked[position] = sampler.post_logprobs(
+                logits, tok, history, constraint) if sampler.post_sampling_probs else logits
+        return tok
 
     def _emit(self, toks: Sequence[int]) -> Emitted:
         n, start = self.sampler.logprobs, len(self.tokens)
@@ -220,8 +230,11 @@ class SpecSession:
         m.t_feed += time.perf_counter() - t0
         self.session = self.session.prefill_done(len(tokens))
         first = self._pick(logits, len(tokens),
-                           tokens if self.sampler.penalized else None)
+                           tokens if self.sampler.penalized else None,
+                           None if self.grammar is None else self.grammar.committed)
         self._emit([first])
+        if self.grammar is not None:
+            self.grammar.commit([first])
         self.session = self.session.decode(1)
         return first
 
@@ -249,13 +262,21 @@ class SpecSession:
             return DraftLength(room)
         return room
 
-    def proposal(self, drafts: Sequence[int], k: int) -> DraftProposal:
-        """The contract message of ``drafts`` (drafted by the caller after draft())."""
-        if len(drafts) != k:
+    def proposal(self, drafts: Sequence[int], k: int) -> DraftProposal | None:
+        """The contract message of ``drafts`` (drafted by the caller after draft()). Under
+        a grammar the drafts end before the first one it forbids (no verify row for it);
+        none left: the drafts are abandoned and the step is a plain one (None)."""
+        if len(drafts) != k and not (self.engine.drafter.may_stop_early and len(drafts) < k):
             raise RuntimeInputError(f"drafter {self.engine.drafter.name} returned "
                                     f"{len(drafts)} of {k}")
+        if self.grammar is not None:
+            drafts = self.grammar.cut(drafts)
+        if not drafts:  # the drafter's chain is gone already: nothing to remove
+            self.session = self.session.rollback("tail")
+            return None
+        n = k if len(drafts) == k else len(drafts)  # k is checked already (DraftLength)
         return DraftProposal(self.id, self.session.epoch, self.base, tuple(drafts), 0,
-                             DraftSpec(k).recipe)
+                             DraftSpec(n).recipe)
 
     def verify(self, proposal: DraftProposal | None) -> VerifyResult | None:
         """Decode [last, drafts...] in one target batch; accept while the target agrees.
@@ -309,18 +330,25 @@ class SpecSession:
         # a penalized pick's history: the committed tokens, then the drafts before it
         # (its history exactly when this pick is the one emitted there)
         hist = self.tokens + drafts if self.sampler.penalized else None
+        # the grammar state of each pick: the committed one, then after each draft
+        states = None if self.grammar is None else self.grammar.window(drafts)
+        # synthetic acceptance (upstream's --spec-synth-rates), or the warm-up's forced one
+        decide = e.forced_accept or getattr(e.drafter, "accept_len", None)
         for i in range(k + 1):
             lg = lg_all[i]
             picks.append(self._pick(lg, base + 1 + i,
-                                    None if hist is None else hist[:base + 1 + i]))
+                                    None if hist is None else hist[:base + 1 + i],
+                                    None if states is None else states[i]))
             if self.margins is not None:
                 self.margins[base + 1 + i] = top2_margin(lg)
+            # under a grammar a pick may cost a vocabulary-wide check: none is made past
+            # the first rejected draft (those picks are never emitted)
+            if states is not None and decide is None and i < k and picks[i] != drafts[i]:
+                break
         self.n_cached, self.last_decode_len = base + k + 1, k + 1
         self._picks, self._drafts = picks, drafts
         if proposal is None:
             return None
-        # synthetic acceptance (upstream's --spec-synth-rates), or the warm-up's forced one
-        decide = e.forced_accept or getattr(e.drafter, "accept_len", None)
         if decide is not None:
             n_acc = decide(picks, drafts)
         else:
@@ -396,6 +424,8 @@ class SpecSession:
         last = self.last
         # replay after a checkpoint restore reads the accepted tokens
         out = self._emit(emitted)
+        if self.grammar is not None:  # advanced by the accepted tokens only
+            self.grammar.commit(emitted)
         keep = base + n_acc + 1
         if self.n_cached > keep:  # rejected drafts are cached: a rollback step (timed)
             t0 = time.perf_counter()
@@ -451,9 +481,12 @@ class SpecSession:
             self.metrics.rollbacks["truncate_" + self._rollback_target(keep - 1)] += 1
             self.metrics.t_rollback += time.perf_counter() - t0
         del self.tokens[keep:]
+        if self.grammar is not None:
+            self.grammar.reset(self.tokens[self.metrics.n_prompt:])
         self.session = self.session.truncate(keep)
         last_row = self.rows.get(keep - 2)
-        if e.drafter.needs_rows and keep >= 2 and last_row is None:
+        if e.drafter.needs_rows and e.drafter.target_rows is None and keep >= 2 \
+                and last_row is None:
             raise RuntimeInputError(f"no target row kept for position {keep - 2}")
         e.drafter.truncate(self.seq, keep, last_row)
 
@@ -471,7 +504,12 @@ class Engine:
             raise RuntimeInputError(str(e)) from None
         if k + 1 > target.n_batch:
             raise RuntimeInputError(f"k+1={k + 1} exceeds the target's n_batch {target.n_batch}")
-        if (drafter.needs_rows or head is not None) and target.cfg.nextn_rows != "all":
+        own_rows = drafter.target_rows if drafter.needs_rows else None
+        if own_rows is not None and head is not None:
+            raise RuntimeInputError(f"drafter {drafter.name} reads the target's own rows: "
+                                    "a client-side head (h_nextn rows) cannot run beside it")
+        if ((drafter.needs_rows and own_rows is None) or head is not None) \
+                and target.cfg.nextn_rows != "all":
             raise RuntimeInputError("MTP drafting and a client-side head need the target "
                                     "created with nextn_rows='all'")
         if checkpoints not in CHECKPOINTS:
@@ -484,11 +522,12 @@ class Engine:
         #: sequence's state (ranged: caches are shard-local), re-decode from position 0
         self.checkpoints = checkpoints
         self.sampler = sampler or Sampler()
-        self.rows = rows
+        self.rows = own_rows or rows  # a drafter's own rows (DSpark) replace h_nextn
         self.row_horizon = max(k, target.n_rs_seq) + 4
         self.trace = trace
         self.phase = phase
-        self.hidden_rows = "api" if drafter.needs_rows else "off"
+        self.hidden_rows = "off" if not drafter.needs_rows else \
+            "api" if own_rows is None else "layer_inp"
         self.sessions: dict[int, SpecSession] = {}
         #: sessions opened so far per seq id: a reused seq id gets a new session id
         self._opened: Counter = Counter()
@@ -538,6 +577,7 @@ class Engine:
         s = SpecSession(self, seq_id, session_id or (f"s{seq_id}" if n == 1 else
                                                      f"s{seq_id}.{n}"))
         s.own_sampler, s.stream = sampler, stream
+        s.grammar = open_session_grammar(s.sampler.grammar, self.target)
         self.sessions[seq_id] = s
         if prefill:
             s.prefill(prompt)
@@ -548,4 +588,6 @@ class Engine:
         self.target.seq_rm(s.seq, 0, -1)
         self.drafter.truncate(s.seq, 1, None)
         s.session = s.session.close()
+        if s.grammar is not None:
+            s.grammar.close()
         del self.sessions[s.seq]

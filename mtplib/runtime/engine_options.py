@@ -48,6 +48,9 @@ class EngineOptions:
     #: (rows.force_reserve), and decide the row source with that fix applied: the API rows
     #: are then right where the check proves them right, with no graph split for a capture
     reserve: bool = True
+    #: DSpark only (llama.cpp's --spec-draft-p-min): a draft stops at the first block slot
+    #: whose confidence is below it; 0 leaves the confidence head unused (upstream's default)
+    p_min: float = 0.0
 
     @classmethod
     def build(cls, base: EngineOptions | None = None, /, **fields_: object) -> EngineOptions:
@@ -85,6 +88,9 @@ class EngineOptions:
             object.__setattr__(self, "k", checked_draft(self.k))
         except ContractError as e:
             raise RuntimeInputError(str(e)) from None
+        p = self.p_min
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise RuntimeInputError(f"p_min (--draft-p-min) must be in [0, 1], got {p!r}")
         if self.head not in HEADS:
             raise RuntimeInputError(f"head must be one of {HEADS}, got {self.head!r}")
         if self.checkpoints not in CHECKPOINTS:

@@ -63,7 +63,8 @@ def greedy(ctx: Context, prompt: Sequence[int], n_new: int, *, seq_id: int = 0) 
     so plain decoding is written once, for this baseline and for MTP off. The sequence is
     freed afterwards (the engine closes its session)."""
     from mtplib.runtime.drafters import Drafter
-    from mtplib.runtime.speculative import Engine, run_generation
+    from mtplib.runtime.engine import Engine
+    from mtplib.runtime.generation import run_generation
 
     check_budget(ctx, len(prompt), n_new)
     # plain steps never roll back: no state checkpoints to save (a ranged context's

@@ -8,10 +8,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from mtplib.runtime.engine import Engine
+from mtplib.runtime.grammar import grammar_end
 from mtplib.runtime.model import RuntimeInputError, check_n_new, check_tokens
 from mtplib.runtime.results import GenerationMetrics
+from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.spec_metrics import Metrics
 
 
@@ -43,7 +46,8 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
     from the prefill; an `Emitted`, with log-probabilities when the sampler asks), then
     put ``"tokens"`` and ``"metrics"`` (and the trace) into ``result`` and close the
     session. Closing the iterator early closes the session too. ``n_new`` 0 generates
-    nothing (no decode at all)."""
+    nothing (no decode at all). Under a grammar the response ends with the first EOG it
+    allows (the grammar is complete): tokens after it in that step are not emitted."""
     prompt, n_new = check_request(engine, prompt, n_new)
     if n_new == 0:  # the prefill would emit a first token: decode nothing instead
         metrics = empty_metrics(engine, len(prompt), memory, 0 if seq_id is None else seq_id)
@@ -53,11 +57,17 @@ def generation_steps(engine: Engine, prompt: Sequence[int], n_new: int, *,
     s = engine.open(prompt, seq_id=seq_id)
     try:
         yield s.emitted  # the prefill's first token (an `Emitted`, as every step's)
-        while s.metrics.n_generated < n_new:
-            yield s.step(min(engine.k, n_new - s.metrics.n_generated - 1))
+        while s.metrics.n_generated < n_new and grammar_end(s) is None:
+            before = s.metrics.n_generated
+            out = s.step(min(engine.k, n_new - before - 1))
+            end = grammar_end(s)
+            yield out if end is None else out[: end - before]
+        end = grammar_end(s)
+        if end is not None:  # the response ended at its EOG: what followed is dropped
+            s.metrics.n_generated = end
         metrics = session_metrics(engine, s, memory)
         if result is not None:
-            result["tokens"] = s.tokens[s.metrics.n_prompt:]
+            result["tokens"] = s.tokens[s.metrics.n_prompt:][:s.metrics.n_generated]
             result["metrics"] = metrics
     finally:
         engine.close(s)
@@ -141,6 +151,11 @@ class Generation:
         self.close()
 
 
+def unconstrained(sampler: Sampler) -> Sampler | None:
+    """``sampler`` without its grammar (None: the engine's, when it has none)."""
+    return None if sampler.grammar is None else replace(sampler, grammar=None)
+
+
 def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
     """Run every graph shape a generation decodes once, on a throwaway sequence: the plain
     step (1 token), each verify width 2..k+1, each feed width 1..k+1, the drafts, rollbacks.
@@ -160,7 +175,8 @@ def warm_up(engine: Engine, *, n_prompt: int = 8) -> dict:
     n_prompt = max(1, min(n_prompt, target.n_ctx - (k + 2) * (k + 3)))
     prompt = [1 % target.n_vocab] * n_prompt
     widths: list[int] = []
-    s = engine.open(prompt)
+    # every shape with forced acceptance: no grammar (it would cut the forced drafts)
+    s = engine.open(prompt, sampler=unconstrained(engine.sampler))
     try:
         plan = [(k, n) for n in range(k + 1)]  # verify k+1, feed n+1 for every n accepted
         plan += [(kk, 0) for kk in range(1, k)] + [(0, 0)]  # verify widths 2..k, plain

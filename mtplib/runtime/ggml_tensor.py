@@ -50,6 +50,9 @@ _lib: dict = {}
 def ggml() -> ctypes.CDLL:
     """libggml-base from the installed llama_cpp (same process, already loaded)."""
     if "base" not in _lib:
+        from mtplib.runtime import choose_upstream
+
+        choose_upstream()  # the selected build's libggml, never the stock one by accident
         import llama_cpp
 
         base = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))

@@ -123,7 +123,8 @@ class Observation:
                 "buffer_bytes": {str(k): v for k, v in self.buffer_bytes.items()}}
 
 
-def _buffer_size(buf: int) -> int:
+def buffer_size(buf: int) -> int:
+    """Bytes of a ggml backend buffer (ggml_backend_buffer_get_size)."""
     lib = gt.ggml()
     if not getattr(lib, "_mtplib_bufsize", False):
         lib.ggml_backend_buffer_get_size.argtypes = [ctypes.c_void_p]
@@ -199,7 +200,7 @@ def observe(path: str | Path, params: CacheParams, *, graph: str = "main",
                     (n_tokens, ctx.width)).astype(np.float32)
                 ctx.decode(toks, range(1, n_tokens + 1), logits=True, rows=rows)
             for c in obs.caches.values():
-                obs.buffer_bytes.setdefault(c.buffer, _buffer_size(c.buffer))
+                obs.buffer_bytes.setdefault(c.buffer, buffer_size(c.buffer))
     return obs
 
 

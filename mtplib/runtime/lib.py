@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
 
-from mtplib import pins
+from mtplib import envs, pins
 from mtplib.errors import UpstreamFault
+from mtplib.runtime import choose_upstream
 
 
 class UpstreamError(UpstreamFault):
@@ -81,7 +81,7 @@ def _install_logger() -> None:
         if f is not None:
             f.write(s)
         # ggml's levels: 3 WARN, 4 ERROR (MTPLIB_SHOW_ERRORS=1 shows both without --verbose)
-        if _state["verbose"] or level in (3, 4) and os.environ.get("MTPLIB_SHOW_ERRORS"):
+        if _state["verbose"] or level in (3, 4) and envs.show_errors():
             sys.stderr.write(s)
 
     _state["cb"] = _log  # keep a reference: upstream holds the pointer
@@ -89,9 +89,11 @@ def _install_logger() -> None:
 
 
 def load() -> tuple[ModuleType, ModuleType]:
-    """Import llama_cpp once, check the pins, route its logs, init the backend."""
+    """Import llama_cpp once (the build `mtplib.runtime.choose_upstream` chooses, first),
+    check the pins, route its logs, init the backend."""
     with _lock:
         if _state["llama"] is None:
+            choose_upstream()
             try:
                 import llama_cpp
                 from llama_cpp import llama_cpp as llama
@@ -106,7 +108,7 @@ def load() -> tuple[ModuleType, ModuleType]:
 
 
 #: set to 1 to keep upstream's extra CPU buffer types on a host where mtplib turns them off
-EXTRA_BUFTS_ENV = "MTPLIB_EXTRA_BUFTS"
+EXTRA_BUFTS_ENV = envs.EXTRA_BUFTS
 
 
 def has_amx(system_info: str) -> bool:
@@ -122,7 +124,7 @@ def extra_bufts_ok() -> bool:
     process (GGML_ASSERT(*cur_backend_id != -1) in ggml_backend_sched_split_graph, at the
     pin, stock and patched alike: tests/test_layer_slice.py's typed files). Off there
     (CPU_REPACK goes with it), unless $MTPLIB_EXTRA_BUFTS=1."""
-    if os.environ.get(EXTRA_BUFTS_ENV) == "1":
+    if envs.extra_bufts():
         return True
     llama, _ = load()
     info = llama.llama_print_system_info()

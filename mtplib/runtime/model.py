@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplib import envs
 from mtplib.errors import InputError
 from mtplib.model.gguf_header import GGUFHeader, ModelFileError, read_header, require_deepseek4
 from mtplib.model.validate import validate_header
@@ -180,7 +181,7 @@ def check_pair(trunk: GGUFHeader, sidecar: GGUFHeader) -> None:
 
 #: "1": let llama.cpp enable pipeline parallelism on a model split over several devices
 #: (its default). mtplib turns it off there (`_never_matching_override`).
-PIPELINE_ENV = "MTPLIB_PIPELINE_PARALLEL"
+PIPELINE_ENV = envs.PIPELINE_PARALLEL
 
 
 class _BuftOverride(ctypes.Structure):
@@ -247,7 +248,7 @@ class Model:
             mp.n_gpu_layers = 0x7FFFFFFF
             mp.split_mode = 1  # LLAMA_SPLIT_MODE_LAYER
             self._keep.append(arr)
-            if len(devices) > 1 and os.environ.get(PIPELINE_ENV) != "1":
+            if len(devices) > 1 and not envs.pipeline_parallel():
                 ov = _never_matching_override()
                 mp.tensor_buft_overrides = ctypes.cast(ov, ctypes.c_void_p)
                 self._keep.append(ov)

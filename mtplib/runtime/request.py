@@ -23,20 +23,32 @@ keeps what was asked.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mtplib.contract.capabilities import Policy
 from mtplib.contract.labels import PLACEMENT_CHOICES, SEAM_CHOICES
-from mtplib.contract.types import DEFAULT_DRAFT, ContractError, DraftRule, DraftSpec
+from mtplib.contract.types import (
+    DEFAULT_DRAFT,
+    DSPARK_DRAFTER,
+    MAX_DRAFT,
+    ContractError,
+    DraftRule,
+    DraftSpec,
+)
 from mtplib.errors import InputError
+from mtplib.model.dspark.spec import ARCH as DSPARK_ARCH
+from mtplib.model.dspark.validate import is_dspark, validate_dspark
 from mtplib.model.gguf_header import GGUFHeader
 from mtplib.ownership.plan import PlanError, ShardPlan
 from mtplib.runtime.engine_options import EngineOptions
 from mtplib.runtime.links import WanLink
 from mtplib.runtime.settings import DecodeSettings
 from mtplib.runtime.tls_config import TlsConfig
+
+log = logging.getLogger(__name__)
 
 #: the seam a ranged run asks for when none is given: ``auto`` = patches/0007's shard-to-shard
 #: ring where this build and every shard speak RPC 7.2 and, under TLS, every shard's
@@ -128,6 +140,9 @@ class RunRequest:
     peer_wan: tuple[WanLink, ...] | None = None
     trunk_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
     sidecar_header: GGUFHeader | None = field(default=None, repr=False, compare=False)
+    #: what drafts from ``sidecar``, recognised from the file: "mtp" (a deepseek4 `mtp-`
+    #: sidecar) or "dspark" (arch `dflash` + `markov_w1`, upstream's draft-dspark)
+    sidecar_kind: str = "mtp"
 
     @property
     def settings(self) -> DecodeSettings:
@@ -180,11 +195,13 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     """The one function that makes a `RunRequest`, checking every field once, in this
     order (each error an InputError naming the field, as ``names`` spells it):
 
-    1. the draft length: ``draft`` (or ``k=`` / ``opts.k``; default DEFAULT_DRAFT), with
-       "no sidecar means k = 0" decided (`draft_with`, once); DraftRefused names it;
+    1. the draft length: ``draft`` (or ``k=`` / ``opts.k``; default DEFAULT_DRAFT, for a
+       DSpark draft its block size, to which a longer one is clamped), with "no sidecar
+       means k = 0" decided (`draft_with`, once); DraftRefused names it;
     2. the policy's verdict (`policy_gate`, once): MTP under a policy that disables it is
        refused here, before any file is read or shard started;
-    3. the files: each header read once and validated (the pair check validates both);
+    3. the files: each header read once and validated (the pair check validates both; a
+       DSpark draft, arch `dflash`, is validated against the trunk: ``sidecar_kind``);
     4. ranged (``plan`` given): the plan parsed against the trunk's layers, the endpoints
        checked against it (`check_endpoints`) and each one's address, one WAN link per
        shard (`parse_wan`), the drafter placement, the local shards' threads, the seam
@@ -204,8 +221,11 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
     if draft is not None and "k" in options:
         raise TypeError("give draft or k, not both")
     asked = draft if draft is not None else options.pop("k", None)
+    dspark_max = dspark_draft_max(sidecar, headers[1])  # None: not a DSpark draft
     if asked is None:
-        asked = opts.k if opts is not None else DEFAULT_DRAFT
+        # a DSpark draft drafts its block by default (upstream's n_max, clamped below)
+        asked = opts.k if opts is not None else DEFAULT_DRAFT if dspark_max is None \
+            else dspark_max
     has_sidecar = sidecar is not None
     rule = DraftRule(has_sidecar)  # carried: the run's generations are held to it
     try:
@@ -218,15 +238,27 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
             k = spec.k
     except ContractError as e:
         raise DraftRefused(str(e)) from None
+    if dspark_max is not None and spec.k > dspark_max and not own_drafter:
+        # upstream clamps n_max the same way (common/speculative.cpp:1016-1022)
+        log.warning("draft length %d exceeds the DSpark block size: clamped to %d",
+                    spec.k, dspark_max)
+        spec = DraftSpec(dspark_max)
+        k = spec.k
+    if dspark_max is not None and not own_drafter:  # the contract's dspark.v4.draft<k>
+        spec = DraftSpec(spec.k, DSPARK_DRAFTER)
     base = opts if opts is not None else EngineOptions(k=k)
     run_opts = EngineOptions.build(base, k=k, **options)
     # 2. the policy's verdict, before anything is read, loaded or started
     pol = routing.policy_gate(spec, policy)
     # 3. the files, each read and validated once
     th, sh = _headers(trunk, sidecar, headers)
+    kind = "dspark" if sh is not None and is_dspark(sh) else "mtp"
     req = dict(trunk=str(trunk), sidecar=None if sidecar is None else str(sidecar),
                draft=spec, opts=run_opts, policy=pol, draft_rule=rule, trunk_header=th,
-               sidecar_header=sh)
+               sidecar_header=sh, sidecar_kind=kind)
+    if run_opts.p_min and kind != "dspark":
+        raise InputError("p_min (--draft-p-min) applies to DSpark drafting only (a DSpark "
+                         "draft's confidence head); the MTP block drafts k tokens every step")
     # 4. the shards
     if plan is None:
         given = [name(f) for f, v in (("endpoints", endpoints is not None),
@@ -243,9 +275,33 @@ def build_request(trunk: str | os.PathLike, *, sidecar: str | os.PathLike | None
                              f"{name('plan')}: they describe shards (a whole-model run has "
                              "none)")
         return RunRequest(**req)
+    if kind == "dspark" and mtp_placement == "tail":  # the client's placement is built
+        raise InputError(f"{name('mtp_placement')} tail: DSpark on the tail shard is not "
+                         "built yet (docs/shards-and-tls.md); use client or auto")
     return RunRequest(**req, **_shards(
         th, plan, endpoints, wan, mtp_placement, shard_threads, tls, insecure_plaintext,
         allow_cache_crossing, seam, peer_wan, name))
+
+
+def dspark_draft_max(sidecar, header: GGUFHeader | None) -> int | None:
+    """The most drafts a DSpark ``sidecar`` gives per step (anchor-first: its block size,
+    within the contract's bound), or None when it is not a DSpark draft or cannot be read
+    here (the file check that follows says why)."""
+    from mtplib.errors import MtplibError
+    from mtplib.model.gguf_header import read_header_fast
+
+    if sidecar is None:
+        return None
+    try:
+        h = header or read_header_fast(sidecar)
+    except (MtplibError, OSError, ValueError):
+        return None
+    if not is_dspark(h):
+        return None
+    b = h.kv.get(DSPARK_ARCH + ".block_size")
+    if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+        return None  # refused by the file check, naming the key
+    return min(b, MAX_DRAFT)
 
 
 def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
@@ -259,6 +315,11 @@ def _headers(trunk, sidecar, given) -> tuple[GGUFHeader, GGUFHeader | None]:
     th = th or read_header(trunk)
     if sidecar is not None:
         sh = sh or read_header(sidecar)
+        if sh.arch == DSPARK_ARCH:  # a DSpark draft: checked against the trunk
+            require_deepseek4(th)
+            validate_header(th)
+            validate_dspark(sh, th)
+            return th, sh
         check_pair(th, sh)
     else:
         sh = None

@@ -20,11 +20,10 @@ default, asks for `implemented`, so a run without certification records routes t
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import envs, pins
 from mtplib.contract.capabilities import (
     Decision,
     Policy,
@@ -34,13 +33,20 @@ from mtplib.contract.capabilities import (
     policy_named,
     require_route,
 )
-from mtplib.contract.types import MTP_OFF, ContractError, DraftLength, DraftSpec
+from mtplib.contract.types import (
+    DSPARK_DRAFTER,
+    MTP_DRAFTER,
+    MTP_OFF,
+    ContractError,
+    DraftLength,
+    DraftSpec,
+)
 from mtplib.stamps import sha256_file
 
 PIN = f"llama-cpp-python=={pins.LLAMA_CPP_PYTHON_VERSION}@{pins.LLAMA_CPP_COMMIT_SHORT}"
 """The build every shard of a run shares (the adverts' pin)."""
 
-POLICY_ENV = "MTPLIB_POLICY"
+POLICY_ENV = envs.POLICY
 """Names the policy when a caller gives none (a lane sets it for its notebooks)."""
 
 DEFAULT_POLICY = "beta"
@@ -50,7 +56,7 @@ def resolve_policy(policy: Policy | str | None = None) -> Policy:
     """A Policy from a Policy, a name, or None ($MTPLIB_POLICY, else beta); ContractError
     (an InputError) for an unknown name."""
     if policy is None:
-        policy = os.environ.get(POLICY_ENV) or DEFAULT_POLICY
+        policy = envs.policy() or DEFAULT_POLICY
     return policy_named(policy)
 
 
@@ -90,13 +96,20 @@ def recipe_for(k: int) -> str:
     return DraftSpec(k).recipe
 
 
-def local_advert(*, has_sidecar: bool, policy: Policy,
-                 certified: Collection[str] = ()) -> ShardAdvert:
+def local_advert(*, has_sidecar: bool, policy: Policy, certified: Collection[str] = (),
+                 drafter: str = MTP_DRAFTER, dspark_block: int = 0) -> ShardAdvert:
     """The advert of a run in this one process (its own only shard, on this process's
     pin), whose pair check passed (`build_advert`): every recipe of the contract
     implemented (certified where ``certified`` says), DISABLED where the policy disables
-    MTP, the MTP recipes unsupported without the sidecar. Never a ranged run's: its shards
-    report their own (`mtplib.distributed.shard_report.shard_adverts`)."""
+    MTP, the MTP recipes unsupported without the sidecar. With ``drafter`` "dspark" the
+    sidecar is a DSpark draft of block size ``dspark_block``: its recipes up to that size
+    are the implemented ones, MTP's unsupported. Never a ranged run's: its shards report
+    their own (`mtplib.distributed.shard_report.shard_adverts`)."""
+    if drafter == DSPARK_DRAFTER and has_sidecar:
+        return build_advert(0, pin=PIN, policy=policy, has_mtp_sidecar=False,
+                            mtp_problem="no MTP sidecar (the draft is a DSpark draft)",
+                            certified=certified, has_dspark_draft=True,
+                            dspark_block=dspark_block).advert
     return build_advert(0, pin=PIN, policy=policy, has_mtp_sidecar=has_sidecar,
                         mtp_problem="" if has_sidecar else "no MTP sidecar",
                         certified=certified).advert
@@ -104,20 +117,23 @@ def local_advert(*, has_sidecar: bool, policy: Policy,
 
 def route(k: int | DraftSpec, *, policy: Policy | str | None = None,
           has_sidecar: bool = True, certified: Collection[str] = (),
-          adverts: Sequence[ShardAdvert] | None = None, pin: str | None = None) -> Decision:
-    """The decision for a run drafting k tokens per step (k = 0: plain decoding), negotiated
-    against ``adverts`` (default: this process's `local_advert`) and ``pin`` (the build
-    every advert must name; a ranged run gives `PIN`); raises RouteRefused, naming the
-    policy, unless the requested recipe is routed."""
+          adverts: Sequence[ShardAdvert] | None = None, pin: str | None = None,
+          drafter: str = MTP_DRAFTER, dspark_block: int = 0) -> Decision:
+    """The decision for a run drafting k tokens per step (k = 0: plain decoding) with
+    ``drafter`` (a `DraftSpec` names its own), negotiated against ``adverts`` (default:
+    this process's `local_advert`, for a DSpark draft of block size ``dspark_block``) and
+    ``pin`` (the build every advert must name; a ranged run gives `PIN`); raises
+    RouteRefused, naming the policy, unless the requested recipe is routed."""
     pol = resolve_policy(policy)
     try:
-        spec = k if isinstance(k, DraftSpec) else DraftSpec(k)
+        spec = k if isinstance(k, DraftSpec) else DraftSpec(k, drafter)
     except ContractError as e:  # no recipe of the contract: refused like an unknown one
         raise RouteRefused(f"draft length {k!r} refused under policy {pol.name!r}: unknown "
                            f"recipe: {e} (plain decoding, {MTP_OFF}, is always allowed)"
                            ) from None
     if adverts is None:
-        adverts = [local_advert(has_sidecar=has_sidecar, policy=pol, certified=certified)]
+        adverts = [local_advert(has_sidecar=has_sidecar, policy=pol, certified=certified,
+                                drafter=spec.drafter, dspark_block=dspark_block)]
     return require_route(spec.recipe, adverts, pol, pin=pin)
 
 
@@ -141,17 +157,19 @@ def check_policy(spec: DraftSpec, policy: Policy) -> None:
 
 
 def require_mtp(what: str, ks: Iterable[int] = (1,), *, policy: Policy | str | None = None,
-                has_sidecar: bool = True) -> Policy:
+                has_sidecar: bool = True, drafter: str = MTP_DRAFTER,
+                dspark_block: int = 0) -> Policy:
     """The gate of a path that runs MTP outside MTPRuntime and RangedMTP (its own MTP
     context, upstream's C++ loop, a graph check): `route` every draft length it will run,
     before it loads or starts anything. Returns the resolved policy, for the path to hand
     on to the runtimes it builds; RouteRefused (an InputError) names ``what`` and the
-    policy. ``ks`` of 1 means "the MTP block runs" (one MTP step is drafting one token)."""
+    policy. ``ks`` of 1 means "the MTP block runs" (one MTP step is drafting one token);
+    ``drafter`` "dspark": a DSpark draft of block size ``dspark_block`` runs instead."""
     pol = resolve_policy(policy)
     for k in ks:
         try:
             route(k if isinstance(k, DraftLength) else int(k), policy=pol,
-                  has_sidecar=has_sidecar)
+                  has_sidecar=has_sidecar, drafter=drafter, dspark_block=dspark_block)
         except RouteRefused as e:
             raise RouteRefused(f"{what}: {e}") from None
     return pol

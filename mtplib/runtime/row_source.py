@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from mtplib import pins
+from mtplib import envs, pins
 from mtplib.files import write_json
 from mtplib.runtime import hidden_check
 from mtplib.runtime.hidden_check import (
@@ -56,8 +55,7 @@ def clear_cache(*, disk: bool = False) -> None:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("MTPLIB_CACHE_DIR") or Path.home() / ".cache" / "mtplib"
-    return Path(root) / "row-source"
+    return envs.cache_dir() / "row-source"
 
 
 def _cache_key(path: Path, c: ContextConfig, reserve: bool,

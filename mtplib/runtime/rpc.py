@@ -29,7 +29,6 @@ import ctypes
 import functools
 import importlib.util
 import ipaddress
-import os
 import re
 import socket
 import struct
@@ -38,6 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplib import envs
 from mtplib.contract.labels import Placement
 from mtplib.ownership.plan import PlanError, ShardPlan, check_endpoints
 from mtplib.runtime import PATCHED_DIR, selected_upstream
@@ -367,13 +367,13 @@ def cpu_device() -> int:
 SHARD_DEVICES = ("cpu", "gpu")
 #: The default of `mtplib shard serve --device` (so that LocalShards' children, which a
 #: lane starts, serve the GPU on a GPU machine: the device run sets it).
-SHARD_DEVICE_ENV = "MTPLIB_SHARD_DEVICE"
+SHARD_DEVICE_ENV = envs.SHARD_DEVICE
 
 
 def shard_device_kind(kind: str | None = None) -> str:
     """The kind of device a shard serves: ``kind`` (default $MTPLIB_SHARD_DEVICE, else
     cpu), one of SHARD_DEVICES."""
-    kind = kind or os.environ.get(SHARD_DEVICE_ENV) or "cpu"
+    kind = kind or envs.shard_device() or "cpu"
     if kind not in SHARD_DEVICES:
         raise RuntimeInputError(f"shard device must be one of {', '.join(SHARD_DEVICES)}, "
                                 f"got {kind!r} (--device or ${SHARD_DEVICE_ENV})")
@@ -544,7 +544,11 @@ def open_ranged(trunk: str | Path, plan: ShardPlan | str, endpoints: Sequence[st
     if len(set(endpoints)) != len(endpoints):
         raise PlanError("every shard needs its own endpoint (a server serves one range)")
     sh = None if sidecar is None else sidecar_header or read_header(sidecar)
-    if sh is not None:
+    if sh is not None and sh.arch == "dflash":  # a DSpark draft: checked against the trunk
+        from mtplib.model.dspark.validate import validate_dspark
+
+        validate_dspark(sh, th)
+    elif sh is not None:
         check_pair(th, sh)
     devices = []
     for ep in endpoints:
@@ -583,6 +587,17 @@ def load_sidecar(trunk, sidecar: str | Path, mtp_placement: str, *, header=None,
     from mtplib.runtime.model import Model
 
     sh = header or read_header(sidecar)
+    if sh.arch == "dflash":  # a DSpark draft (`mtplib.runtime.dspark.ranged`)
+        from mtplib.runtime.dspark.ranged import load_dspark
+
+        with log_capture() as lines:
+            side = load_dspark(trunk, sidecar, mtp_placement, header=sh)
+        shard_bufs = [b for b in buffer_lines(lines) if b["fn"] == "load_tensors"
+                      and endpoint_of_buffer(b["buffer"]) and b["mib"] > 0]
+        if shard_bufs:  # its weights belong in the client: only the backend is the tail's
+            side.close()
+            raise ShardError(f"upstream put DSpark weights on a shard: {shard_bufs}")
+        return side
     names, endpoints = trunk.device_endpoints, trunk.endpoints
     if mtp_placement == Placement.CLIENT:
         # explicit CPU device: with devices=NULL upstream would spread it over the shards

@@ -9,8 +9,8 @@ rows for what was accepted. With k = 0 drafts a step is a plain one-token decode
 off and on run the same code.
 
 This module builds engines: `build_engine` (contexts and an Engine over loaded models)
-and `MTPRuntime` (load, route, build, generate). The rest lives by concern, and every
-name is exported here as before: the counts in `spec_metrics`, the engine and its
+and `MTPRuntime` (load, route, build, generate). The rest lives by concern (import a name
+from the module that defines it): the counts in `spec_metrics`, the engine and its
 sessions in `engine`, the options in `engine_options`, the generation loop and `warm_up`
 in `generation`.
 """
@@ -26,47 +26,25 @@ from mtplib.contract.capabilities import Policy
 from mtplib.contract.types import NO_DRAFT
 from mtplib.runtime import build_info
 from mtplib.runtime.drafters import Drafter
-from mtplib.runtime.engine import (
-    CHECKPOINTS,
-    Engine,
-    HeadFn,
-    PhaseFn,
-    RowFn,
-    SpecSession,
-    api_rows,
-    no_phase,
-    top2_margin,
-)
-from mtplib.runtime.engine_options import HEADS, EngineOptions, resolve_head
-from mtplib.runtime.generation import (
-    Generation,
-    expected_verify_steps,
-    generation_steps,
-    run_generation,
-    warm_up,
-)
+from mtplib.runtime.engine import Engine, PhaseFn, RowFn, api_rows, no_phase
+from mtplib.runtime.engine_options import EngineOptions
+from mtplib.runtime.generation import Generation, generation_steps, warm_up
 from mtplib.runtime.model import Context, RuntimeInputError, check_n_ctx
-from mtplib.runtime.request import RunRequest, build_request
+from mtplib.runtime.request import RunRequest, build_request, dspark_draft_max
 from mtplib.runtime.results import GenerationMetrics
 from mtplib.runtime.sampling import Sampler
 from mtplib.runtime.settings import RowSource
-from mtplib.runtime.spec_metrics import DraftCounts, Metrics
 
 if TYPE_CHECKING:
     from mtplib.runtime.batch import BatchRun
-
-__all__ = [
-    "CHECKPOINTS", "HEADS", "DraftCounts", "Engine", "EngineOptions", "Generation", "HeadFn",
-    "MTPRuntime", "Metrics", "PhaseFn", "RowFn", "RuntimeInputError", "SpecSession",
-    "api_rows", "build_engine", "expected_verify_steps", "generation_steps", "no_phase",
-    "resolve_head", "run_generation", "top2_margin", "warm_up",
-]
 
 
 def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None = None,
                  rows: RowFn | None = None, phase: PhaseFn = no_phase) -> tuple[Engine, list]:
     """Contexts and an Engine over already-loaded models; returns (engine, contexts to
-    close). MTP drafts when a sidecar is given and k > 0 (unless a drafter is given)."""
+    close). The sidecar drafts when given and k > 0 (unless a drafter is given): an MTP
+    `Model`, or a `DSparkModel` (its context beside the target's, reading the target's
+    layer-input features instead of h_nextn rows)."""
     from mtplib.runtime.drafters import MTPDrafter
     from mtplib.runtime.model import ContextConfig, context_threads
 
@@ -80,7 +58,12 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         raise RuntimeInputError("head='auto' must be resolved by the entry point "
                                 "(EngineOptions.resolved) before the engine is built")
     client_head = opts.head == "client"
-    needs_rows = use_mtp or (drafter is not None and drafter.needs_rows) or client_head
+    dspark = use_mtp and getattr(sidecar, "kind", "mtp") == "dspark"
+    if dspark and client_head:
+        raise RuntimeInputError("--head client needs the target's h_nextn rows: DSpark "
+                                "drafting runs with the head in upstream's graph")
+    needs_rows = (use_mtp and not dspark) or (drafter is not None and drafter.needs_rows) \
+        or client_head
     s = opts.settings
     owned: list = []
     # several sequences on the whole model: at least one position of tail removal, so a
@@ -109,7 +92,9 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
             from mtplib.runtime.rows import client_head as head_of
 
             head = head_of(trunk.path).logits
-        if use_mtp:
+        if dspark:
+            drafter = _dspark_drafter(sidecar, target, opts, owned)
+        elif use_mtp:
             # masked: the MTP graph's h_nextn has output rows only (unmasked aborts upstream)
             mtp_ctx = Context(sidecar, ContextConfig.from_settings(
                 s, n_seq_max=opts.n_seq_max, mtp=True, nextn_rows="masked",
@@ -119,12 +104,25 @@ def build_engine(trunk, sidecar, opts: EngineOptions, *, drafter: Drafter | None
         engine = Engine(target, drafter or Drafter(), k=opts.k if drafter else NO_DRAFT,
                         sampler=opts.sampler, rows=rows or api_rows, trace=opts.trace,
                         phase=phase, head=head, checkpoints=opts.checkpoints)
-        engine.hidden_rows = mode if needs_rows else "off"
+        if not dspark:  # DSpark's engine says "layer_inp" itself
+            engine.hidden_rows = mode if needs_rows else "off"
     except BaseException:
         for c in reversed(owned):
             c.close()
         raise
     return engine, owned
+
+
+def _dspark_drafter(sidecar, target: Context, opts: EngineOptions, owned: list) -> Drafter:
+    """The DSpark drafter on a fresh target: its features enabled before the target's first
+    decode, its context created with ``ctx_other`` = the target."""
+    from mtplib.runtime.dspark.context import DSparkContext, TargetFeatures
+    from mtplib.runtime.dspark.drafter import DSparkDrafter
+
+    features = TargetFeatures(target, sidecar.layer_ids, target.model.n_embd)
+    dctx = DSparkContext(sidecar, target, opts.settings)
+    owned.append(dctx)
+    return DSparkDrafter(dctx, features, p_min=opts.p_min)
 
 
 def _row_source(trunk, tcfg, want: RowSource, *, reserve: bool):
@@ -212,13 +210,21 @@ class MTPRuntime:
         # a passing certification run for this exact pair (if recorded) makes the advert's
         # recipe certified, so a policy that wants certified can route it
         certified = certified_recipes(req.trunk, req.sidecar) if spec.mtp else frozenset()
-        self.routing = routing_metrics(route(spec, policy=self.policy, certified=certified),
-                                       self.policy)
+        self.routing = routing_metrics(route(
+            spec, policy=self.policy, certified=certified,
+            dspark_block=dspark_draft_max(req.sidecar, req.sidecar_header) or 0),
+            self.policy)
         try:
             self.trunk = Model(req.trunk, **trunk_kwargs)
             self._owned.append(self.trunk)
             self.sidecar = None
-            if use_mtp:
+            if use_mtp and req.sidecar_kind == "dspark":
+                from mtplib.runtime.dspark.context import DSparkModel
+
+                self.sidecar = DSparkModel(req.sidecar, header=req.sidecar_header,
+                                           trunk_header=req.trunk_header)
+                self._owned.append(self.sidecar)
+            elif use_mtp:
                 self.sidecar = Model(req.sidecar, load_mtp=True, **sidecar_kwargs)
                 self._owned.append(self.sidecar)
             self.engine, ctxs = build_engine(self.trunk, self.sidecar, self.opts,
@@ -299,9 +305,10 @@ class MTPRuntime:
             mem = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                    "trunk_weights_bytes": self.trunk.size_bytes,
                    "target_seq_state_bytes": self.target.state_size(seq)}
-            if self.mtp_ctx is not None:
-                mem["mtp_weights_bytes"] = self.sidecar.size_bytes
-                mem["mtp_seq_state_bytes"] = self.mtp_ctx.state_size(seq)
+            if self.mtp_ctx is not None:  # the drafter's: mtp_* or dspark_*
+                kind = getattr(self.sidecar, "kind", "mtp")
+                mem[f"{kind}_weights_bytes"] = self.sidecar.size_bytes
+                mem[f"{kind}_seq_state_bytes"] = self.mtp_ctx.state_size(seq)
         return mem
 
     def close(self) -> None:
