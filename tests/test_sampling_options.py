@@ -238,3 +238,16 @@ def test_each_pick_gets_its_positions_true_history():
             hist = prompt + toks
             assert all(calls[len(prompt) + i] == hist[:len(prompt) + i] for i in range(32))
     assert accepted > 0  # windows with accepted drafts were checked
+
+
+def test_a_uniform_rounded_up_to_one_never_picks_a_trailing_zero_mass_token(monkeypatch):
+    """u * cdf[-1] can round to cdf[-1]; the pick is then the last token with mass, not
+    the vocabulary's last id when that one is banned."""
+    import numpy as np
+
+    from mtplib.runtime.sampling import Sampler
+
+    s = Sampler(temperature=1.0, seed=0, logit_bias=((4, float("-inf")),))
+    monkeypatch.setattr(Sampler, "uniform", lambda self, stream, position: 1.0)
+    logits = np.array([0.0, 1.0, 2.0, 0.5, 3.0], dtype=np.float32)
+    assert s.pick(logits) == 3

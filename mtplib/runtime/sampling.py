@@ -244,9 +244,13 @@ class Sampler:
                 return tok
             return constrained_argmax(z, constraint)
         allowed = None if constraint is None else constraint.allowed()
-        cdf = np.cumsum(self.probs(logits, history, allowed=allowed))
+        probs = self.probs(logits, history, allowed=allowed)
+        cdf = np.cumsum(probs)
         u = self.uniform(stream, position) * cdf[-1]
-        return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+        i = int(np.searchsorted(cdf, u, side="right"))  # cdf[i] > u >= cdf[i-1]: p_i > 0
+        # u rounded up to cdf[-1] (a uniform within 2^-53 of 1): the last token with mass,
+        # never a trailing token the bias, the filters or a grammar left at 0
+        return i if i < len(cdf) else int(np.flatnonzero(probs)[-1])
 
 
 def constrained_argmax(z: np.ndarray, constraint: Constraint) -> int:
