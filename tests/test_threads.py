@@ -12,7 +12,10 @@ import pytest
 
 from mtplib.runtime.model import SMALL_MODEL_BYTES, context_threads
 
-SHOW = "import os, mtplib.runtime; print(os.environ.get('OMP_WAIT_POLICY'))"
+#: the policy is set where the process first loads upstream (`choose_upstream`, called by
+#: `mtplib.runtime.lib.load`), not at import of mtplib (tests/test_envs.py)
+SHOW = ("import os; from mtplib.runtime import choose_upstream; choose_upstream(); "
+        "print(os.environ.get('OMP_WAIT_POLICY'))")
 
 
 def _policy(env: dict) -> str:

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from mtplib.contract.labels import StepKind
 from mtplib.paths import REPO
 from mtplib.reports import common
 
@@ -33,7 +34,7 @@ MODULE = "mtplib.reports.graph_reuse.bytes_table"
 #: named, not __name__ (which is __main__ under python -m)
 log = logging.getLogger(MODULE)
 PROMPT = [5, 9, 17, 33, 2, 40, 41, 42]
-LABELS = ("prefill", "decode", "verify")
+LABELS = (StepKind.PREFILL, StepKind.DECODE, StepKind.VERIFY)
 
 
 def measure(model: str, mtp: str, plan: str, ks: list[int], n_new: int) -> dict:

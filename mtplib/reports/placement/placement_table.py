@@ -26,6 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from mtplib.contract.labels import Placement
 from mtplib.distributed.ranged_mtp import RangedMTP
 from mtplib.lab.wan.inputs import trained_prompts
 from mtplib.model.fixture import write_fixture
@@ -49,7 +50,7 @@ ASSUMED_TAIL_FRACTIONS = (1.0, 0.1, 0.01)
 
 def waits(pair, prompt) -> list[dict]:
     rows = []
-    for placement in ("tail", "client"):
+    for placement in (Placement.TAIL, Placement.CLIENT):
         # the star: what the committed figures measured (the default seam then)
         with RangedMTP(str(pair.trunk), plan=PLAN, sidecar=str(pair.sidecar),
                        mtp_placement=placement, seam="star") as r:
@@ -72,7 +73,7 @@ def draft_costs(name: str, pair, loads: int) -> dict:
                  "head_s": []}
     opts = EngineOptions(k=K, settings=SETTINGS)
     for _ in range(loads):
-        for placement in ("client", "tail"):
+        for placement in (Placement.CLIENT, Placement.TAIL):
             with RangedMTP(str(pair.trunk), plan=PLAN, sidecar=str(pair.sidecar),
                            mtp_placement=placement, opts=opts, seam="star") as r:
                 rec = r.placement_record

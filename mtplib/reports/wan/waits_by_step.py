@@ -17,6 +17,7 @@ import json
 import logging
 
 from mtplib import host, paths
+from mtplib.contract.labels import Placement
 from mtplib.reports import common
 
 MODULE = "mtplib.reports.wan.waits_by_step"
@@ -38,7 +39,7 @@ def measure() -> dict:
     prompt = trained_prompts(1, 48)[0]
     settings = DecodeSettings(n_ctx=256, n_threads=1)
     rows = []
-    for placement in ("tail", "client"):
+    for placement in (Placement.TAIL, Placement.CLIENT):
         # the star: what the committed figures measured (the default seam then)
         with RangedMTP(str(pair.trunk), plan="0-1,2-3", sidecar=str(pair.sidecar),
                        mtp_placement=placement, allow_cache_crossing=True,
