@@ -289,4 +289,3 @@ def test_post_sampling_probs_are_the_distribution_drawn_from(prompts):
         p = np.exp([lp for _, lp in r.top])
         assert p[3] == 0 and p[:3].sum() == pytest.approx(1.0) and np.all(p[:3] > 0)
         assert r.token in [t for t, _ in r.top[:3]]
-

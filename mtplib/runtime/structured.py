@@ -239,4 +239,3 @@ def _response_format(rf: object, schema: object, where: str) -> tuple[object, st
     shown = kind if isinstance(kind, str) else repr(kind)
     raise InputError(f"response_format type must be text, json_object or json_schema, got "
                      f"{shown}")
-

@@ -125,4 +125,3 @@ def jobs_of(cfg: ServeConfig, req: BaseRequest, prompts: list[str | list[int | s
                 timings_per_token=req.timings_per_token,
                 return_progress=req.return_progress and req.stream, events=events))
     return jobs
-

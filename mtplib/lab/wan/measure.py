@@ -160,4 +160,3 @@ def main(argv: list[str] | None = None) -> int:
                   upstream=upstream_info())
     print(finish(res, a.out)["json"])
     return 0
-

@@ -76,4 +76,3 @@ def main_compute(cs: list[ComputeInputs]) -> ComputeInputs:
     """What the tables use: a GPU measurement where there is one, else the assumption (a
     CPU figure is not what a shard of H200s computes at: it is shown beside it)."""
     return next((c for c in cs if c.name == "measured-gpu"), ASSUMED_COMPUTE)
-

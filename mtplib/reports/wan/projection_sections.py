@@ -201,4 +201,3 @@ def graph_section(inv: Inventory, tr: Inventory, prm: ProjectionParams) -> list[
       f"bytes ({ctl[0]}-{ctl[-1]} B per step by the per-layer estimate).")
     w("")
     return L
-
