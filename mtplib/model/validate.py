@@ -173,7 +173,8 @@ KEYS: dict[str, tuple[str, bool]] = {
 _SCALAR_OF = {"u32": U32, "f32": F32, "bool": BOOL, "str": STR}
 
 
-def _type_name(t: tuple[int, int | None]) -> str:
+def type_name(t: tuple[int, int | None]) -> str:
+    """A GGUF value type as upstream's loader names it (``array of f32``)."""
     if t[0] == ARR:
         return f"array of {GGUF_TYPE_NAMES.get(t[1], t[1])}"
     return GGUF_TYPE_NAMES.get(t[0], str(t[0]))
@@ -199,21 +200,21 @@ def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
             ok = t == (_SCALAR_OF[spec], None)
             want = f"a {GGUF_TYPE_NAMES[_SCALAR_OF[spec]]}"
         if not ok:
-            out.append(Problem(key, Shown(f"<{_type_name(t)}>"), f"must be {want}"))
+            out.append(Problem(key, Shown(f"<{type_name(t)}>"), f"must be {want}"))
     # the tokenizer: src/llama-vocab.cpp:2460-2500 (tokens: strings; scores: f32 or i32;
     # token types: i32; at least as many scores / types as tokens)
     tk = "tokenizer.ggml.tokens"
     if tk not in h.kv:
         out.append(Problem(tk, ABSENT, "required (upstream's vocabulary)"))
     elif h.kv_types.get(tk) != (ARR, STR):
-        out.append(Problem(tk, Shown(f"<{_type_name(h.kv_types.get(tk, (-1, None)))}>"),
+        out.append(Problem(tk, Shown(f"<{type_name(h.kv_types.get(tk, (-1, None)))}>"),
                            "must be an array of strings"))
     for key, types in (("tokenizer.ggml.scores", (F32, I32)), ("tokenizer.ggml.token_type",
                                                                 (I32,))):
         if key in h.kv:
             t = h.kv_types.get(key, (-1, None))
             if t[0] != ARR or t[1] not in types:
-                out.append(Problem(key, Shown(f"<{_type_name(t)}>"), "must be an array of "
+                out.append(Problem(key, Shown(f"<{type_name(t)}>"), "must be an array of "
                                    + " or ".join(GGUF_TYPE_NAMES[x] for x in types)))
             elif h.array_lengths.get(key, 0) < h.array_lengths.get(tk, 0):
                 out.append(Problem(key, Shown(f"<{h.array_lengths.get(key)} entries>"),

@@ -44,6 +44,8 @@ HISTORY = "history.jsonl"
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
+    """Linear warm-up, then cosine down to ``min_lr_frac``; also the DSpark draft's schedule
+    (`DSparkTrainConfig` has the same fields)."""
     if step < tc.warmup:
         return tc.lr * (step + 1) / tc.warmup
     frac = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))

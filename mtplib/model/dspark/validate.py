@@ -29,7 +29,6 @@ from mtplib.model.dspark.spec import (
     stage_config,
 )
 from mtplib.model.gguf_header import (
-    GGUF_TYPE_NAMES,
     GGUFHeader,
     ModelFileError,
     layout_problem,
@@ -46,6 +45,7 @@ from mtplib.model.validate import (
     U32,
     Problem,
     Shown,
+    type_name,
 )
 
 P = ARCH + "."
@@ -141,12 +141,6 @@ def dspark_problems(h: GGUFHeader, trunk: GGUFHeader | None = None
     return cfg, out
 
 
-def _type_name(t: tuple[int, int | None]) -> str:
-    if t[0] == ARR:
-        return f"array of {GGUF_TYPE_NAMES.get(t[1], t[1])}"
-    return GGUF_TYPE_NAMES.get(t[0], str(t[0]))
-
-
 def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
     # llama-model-loader.cpp:164-171, 316-331, 459-482: keys are read by exact type
     for suffix, (spec, required) in KEYS.items():
@@ -167,7 +161,7 @@ def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
         else:
             ok, want = t == (_SCALAR[spec], None), f"a {spec}"
         if not ok:
-            out.append(Problem(key, Shown(f"<{_type_name(t)}>"), f"must be {want}"))
+            out.append(Problem(key, Shown(f"<{type_name(t)}>"), f"must be {want}"))
     tk = "tokenizer.ggml.tokens"
     if h.kv_types.get(tk) != (ARR, STR):
         out.append(Problem(tk, ABSENT if tk not in h.kv else Shown("<not strings>"),
@@ -177,7 +171,7 @@ def _key_types(h: GGUFHeader, out: list[Problem]) -> None:
         out.append(Problem(MASK_KEY, ABSENT, "required: the noise token of the draft block "
                            "(the converter writes dspark_noise_token_id)"))
     elif h.kv_types.get(MASK_KEY) != (U32, None):
-        out.append(Problem(MASK_KEY, Shown(f"<{_type_name(h.kv_types[MASK_KEY])}>"),
+        out.append(Problem(MASK_KEY, Shown(f"<{type_name(h.kv_types[MASK_KEY])}>"),
                            "must be a u32"))
 
 

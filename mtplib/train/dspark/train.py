@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -34,17 +33,11 @@ import torch.nn.functional as F
 from mtplib.train.dspark import metrics
 from mtplib.train.dspark.config import MASK_BYTE, DSparkTrainConfig, trained_dspark
 from mtplib.train.dspark.model import DSparkDraft, trunk_features
+from mtplib.train.train import lr_at
 
 log = logging.getLogger(__name__)
 CKPT = "checkpoint.pt"
 HISTORY = "history.jsonl"
-
-
-def lr_at(step: int, tc: DSparkTrainConfig) -> float:
-    if step < tc.warmup:
-        return tc.lr * (step + 1) / tc.warmup
-    frac = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))
-    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def mask_token_id(tokenizer_json: str | Path) -> int:
